@@ -1,0 +1,27 @@
+# Idempotent set-up: `make venv` creates .venv once (torch==2.13.0 first, so pip never pulls CUDA wheels).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv test train lint clean
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+test: venv
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+
+train: venv
+	$(BIN)/python scripts/train_gtrxl.py
+
+lint: venv
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,185 @@
+"""The attention interface every ``attention`` entry implements.
+
+:class:`Attention` owns the multi-head projections and the plumbing shared by all variants; a variant overrides
+one of two methods:
+
+- :meth:`Attention.attend` (stateless kernel over the given keys) - the default :meth:`core` wraps it with an
+  exact KV cache, so any kernel that is exact under causal masking streams exactly for free;
+- :meth:`Attention.core` (stateful) - e.g. linear attention carries (S, z) instead of a KV cache.
+
+Conventions: q (B, H, T, D) are the T new tokens; k, v (B, H, S, D) are all keys the new tokens may see, the new
+tokens being the last T of them (bottom-right alignment: key j is causally visible from query i iff
+j <= S - T + i). q_pos (B, T), k_pos (B, S) are positions since reset; k_valid (B, S) marks real keys. A query
+always sees its own key, so no row is ever fully masked (padded queries give finite, ignored outputs).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from rl_transformers.backbone.context import ForwardContext
+from rl_transformers.backbone.position.base import Position
+from rl_transformers.backbone.state import KVCache
+
+
+def visible_mask(t: int, k_valid: Tensor, causal: bool) -> Tensor:
+    """(B, 1, T, S) bool: key may be attended (padding, causality, and always self)."""
+    s = k_valid.shape[1]
+    i = torch.arange(t, device=k_valid.device)[:, None] + (s - t)
+    j = torch.arange(s, device=k_valid.device)[None, :]
+    allowed = k_valid[:, None, None, :].expand(-1, 1, t, s)
+    if causal:
+        allowed = allowed & (j <= i)
+    return allowed | (j == i)
+
+
+def attention_entropy(probs: Tensor) -> Tensor:
+    """Mean entropy (nats) of attention rows, a cheap diagnostic."""
+    p = probs.clamp_min(1e-12)
+    return -(probs * p.log()).sum(-1).mean()
+
+
+def dense_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    position: Position,
+    q_pos: Tensor,
+    k_pos: Tensor,
+    layer: int,
+    dropout: nn.Module | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Softmax attention with the position scheme's logits and value term; returns (out, probs).
+
+    Shapes: q (B, H, *, Tq, D), k/v (B, H, *, Tk, D), mask broadcastable to the logits (True = attend).
+    Usable on blocks (extra * dims) by banded / blocked kernels.
+    """
+    logits = position.logits(q, k, q_pos, k_pos, layer)
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if mask is not None:
+        probs = torch.nan_to_num(probs, nan=0.0)  # blocks in which a query sees no key
+    dropped = dropout(probs) if dropout is not None else probs
+    out = torch.matmul(dropped, v)
+    extra = position.value_term(dropped, q_pos, k_pos, layer)
+    return (out if extra is None else out + extra), probs
+
+
+class Attention(nn.Module):
+    """Multi-head attention with pluggable kernel. Registered subclasses set ``Options`` and ``capabilities``."""
+
+    Options: ClassVar[type]
+    capabilities: ClassVar[Any]
+    registry_name: ClassVar[str]
+    position: Position
+    position_kinds: ClassVar[frozenset[str]] = frozenset({"none", "input", "qk", "bias", "scores"})
+    """Position kinds this kernel supports (kernel/linear attentions cannot take logit biases)."""
+
+    def __init__(self, cfg: Any, options: Any, position: Position, layer: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.options = options
+        # A plain reference, not a submodule: the scheme is owned (and moved / saved) once by the Backbone.
+        object.__setattr__(self, "position", position)
+        self.layer = layer
+        self.n_heads = cfg.n_heads
+        self.d_head = cfg.d_head
+        self.causal = cfg.causal
+        d = cfg.d_model
+        self.q_proj = nn.Linear(d, d)
+        self.k_proj = nn.Linear(d, d)
+        self.v_proj = nn.Linear(d, d)
+        self.o_proj = nn.Linear(d, d)
+        self.attn_dropout = nn.Dropout(cfg.dropout)
+
+    @classmethod
+    def check_config(cls, cfg: Any, options: Any) -> None:
+        """Raise ValueError for combinations this attention cannot run (called by BackboneConfig)."""
+        from rl_transformers.backbone import registry
+
+        kind = registry.get("position", cfg.position).cls.kind
+        if kind not in cls.position_kinds:
+            raise ValueError(
+                f"attention {cls.registry_name!r} cannot use position {cfg.position!r} (a {kind!r} scheme); "
+                f"it supports {sorted(cls.position_kinds)} schemes, e.g. position='rope' or 'none'"
+            )
+
+    # -- helpers ----------------------------------------------------------------------------------------------
+    def split_heads(self, x: Tensor) -> Tensor:
+        """(B, T, d) -> (B, H, T, D)."""
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, self.d_head).transpose(1, 2)
+
+    def merge_heads(self, x: Tensor) -> Tensor:
+        """(B, H, T, D) -> (B, T, d)."""
+        b, h, t, dh = x.shape
+        return x.transpose(1, 2).reshape(b, t, h * dh)
+
+    # -- state ------------------------------------------------------------------------------------------------
+    def init_state(self, batch: int, device: torch.device | None, dtype: torch.dtype) -> Any:
+        """Empty streaming state (default: an empty KV cache)."""
+        return KVCache.empty(batch, self.n_heads, self.d_head, device, dtype)
+
+    @property
+    def max_cache(self) -> int | None:
+        """Bound on cached keys (None = unbounded). Variants with a window override this."""
+        return getattr(self.options, "max_cache", None)
+
+    # -- forward ----------------------------------------------------------------------------------------------
+    def forward(self, x: Tensor, ctx: ForwardContext, state: Any = None) -> tuple[Tensor, Any]:
+        """x (B, T, d) -> (y (B, T, d), new state)."""
+        pos, valid = ctx.pos, ctx.valid
+        q = self.position.transform_q(self.split_heads(self.q_proj(x)), pos, self.layer)
+        application = len(ctx.attention_inputs)  # = layer index, or step index under universal depth
+        ctx.attention_inputs.append(x)
+        mem = ctx.memory_for(application)
+        if mem is not None:  # Transformer-XL style: hidden states prepended on the key/value side
+            kv_in = torch.cat([mem.h.to(x.dtype), x], dim=1)
+            k_pos = torch.cat([mem.pos, pos], dim=1)
+            k_valid = torch.cat([mem.valid, valid], dim=1)
+        else:
+            kv_in, k_pos, k_valid = x, pos, valid
+        k = self.position.transform_k(self.split_heads(self.k_proj(kv_in)), k_pos, self.layer)
+        v = self.split_heads(self.v_proj(kv_in))
+        out, state = self.core(q, k, v, pos, k_pos, k_valid, ctx, state)
+        return self.o_proj(self.merge_heads(out)), state
+
+    def core(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        k_valid: Tensor,
+        ctx: ForwardContext,
+        state: Any,
+    ) -> tuple[Tensor, Any]:
+        """Default stateful wrapper: exact KV cache (bounded by ``max_cache``) around :meth:`attend`."""
+        if isinstance(state, KVCache):
+            new_state = state.append(k, v, k_pos, k_valid, self.max_cache)
+            k = torch.cat([state.k, k], dim=2)
+            v = torch.cat([state.v, v], dim=2)
+            k_pos = torch.cat([state.pos, k_pos], dim=1)
+            k_valid = torch.cat([state.valid, k_valid], dim=1)
+        else:
+            new_state = state
+        return self.attend(q, k, v, q_pos, k_pos, k_valid, ctx), new_state
+
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        k_valid: Tensor,
+        ctx: ForwardContext,
+    ) -> Tensor:
+        """Stateless kernel: (B, H, T, D) output of the T queries over the S keys."""
+        raise NotImplementedError

@@ -1,0 +1,182 @@
+"""Transformer blocks: how attention and feed-forward sub-layers are wrapped with norms and residuals.
+
+- ``post_ln`` (Vaswani et al. 2017, arXiv 1706.03762): x = LN(x + Attn(x)); x = LN(x + FFN(x)).
+- ``pre_ln`` (Xiong et al. 2020, arXiv 2002.04745): x = x + Attn(LN(x)); x = x + FFN(LN(x)); final LN.
+- ``gtrxl`` (Parisotto et al. 2019, arXiv 1910.06764): identity-map reordering (LN on the branch input only,
+  ReLU on the branch output) and a GRU-type gate instead of each residual sum, with gate bias b_g (default 2.0)
+  so that at initialisation the block is close to the identity.
+- ``rezero`` (Bachlechner et al. 2020, arXiv 2003.04887): x = x + α·F(x) with a scalar α initialised at 0.
+- ``reversible`` (Gomez et al. 2017, arXiv 1707.04585; Kitaev et al. 2020, arXiv 2001.04451): two streams,
+  y1 = x1 + Attn(x2), y2 = x2 + FFN(y1); activations are recomputed in backward (see ``reversible.py``).
+
+Every block takes ``ffn_chunks``: the position-wise FFN is applied to ``ffn_chunks`` slices of the sequence in
+turn, which bounds the size of its hidden activation (Kitaev 2020, §3 "chunking"). Shapes: x (B, T, d).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from rl_transformers.backbone.attention.base import Attention
+from rl_transformers.backbone.context import ForwardContext
+from rl_transformers.backbone.registry import register
+
+
+@dataclass(frozen=True)
+class BlockOptions:
+    ffn_chunks: int = 1
+    """Apply the FFN to this many sequence chunks in turn (bounds its activation memory)."""
+
+    def __post_init__(self) -> None:
+        if self.ffn_chunks < 1:
+            raise ValueError(f"ffn_chunks must be >= 1, got {self.ffn_chunks!r}")
+
+
+class FeedForward(nn.Module):
+    """Position-wise FFN d -> d_ff -> d, optionally applied chunk by chunk along the sequence."""
+
+    def __init__(self, cfg: Any, chunks: int = 1) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.d_model, cfg.ffn_width)
+        self.fc2 = nn.Linear(cfg.ffn_width, cfg.d_model)
+        self.act: nn.Module = nn.GELU() if cfg.activation == "gelu" else nn.ReLU()
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.chunks = chunks
+
+    def _ffn(self, x: Tensor) -> Tensor:
+        return self.fc2(self.dropout(self.act(self.fc1(x))))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.chunks == 1 or x.shape[1] <= 1:
+            return self._ffn(x)
+        return torch.cat([self._ffn(part) for part in x.chunk(self.chunks, dim=1)], dim=1)
+
+
+class Block(nn.Module):
+    """Base block. Subclasses implement :meth:`forward`; ``final_norm`` asks the model for a last LayerNorm."""
+
+    Options: ClassVar[type]
+    registry_name: ClassVar[str]
+    final_norm: ClassVar[bool] = True
+
+    def __init__(self, cfg: Any, options: BlockOptions, attention: Attention, layer: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.options = options
+        self.attention = attention
+        self.layer = layer
+        self.ffn = FeedForward(cfg, options.ffn_chunks)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, ctx: ForwardContext, state: Any) -> tuple[Tensor, Any]:
+        raise NotImplementedError
+
+    @classmethod
+    def check_config(cls, cfg: Any, options: Any) -> None:
+        return None
+
+    @classmethod
+    def run_stack(
+        cls, blocks: list[Block], x: Tensor, ctx: ForwardContext, states: tuple[Any, ...]
+    ) -> tuple[Tensor, tuple[Any, ...]]:
+        """Apply ``blocks`` in order (reversible blocks override this to recompute activations in backward)."""
+        new_states = []
+        for i, block in enumerate(blocks):
+            x = ctx.enter_layer(x, i)
+            x, s = block(x, ctx, states[i])
+            new_states.append(s)
+        return x, tuple(new_states)
+
+
+@register("block", "post_ln", options=BlockOptions)
+class PostLNBlock(Block):
+    final_norm = False
+
+    def __init__(self, cfg: Any, options: BlockOptions, attention: Attention, layer: int) -> None:
+        super().__init__(cfg, options, attention, layer)
+        self.norm1 = nn.LayerNorm(cfg.d_model)
+        self.norm2 = nn.LayerNorm(cfg.d_model)
+
+    def forward(self, x: Tensor, ctx: ForwardContext, state: Any) -> tuple[Tensor, Any]:
+        a, state = self.attention(x, ctx, state)
+        x = self.norm1(x + self.dropout(a))
+        x = self.norm2(x + self.dropout(self.ffn(x)))
+        return x, state
+
+
+@register("block", "pre_ln", options=BlockOptions)
+class PreLNBlock(Block):
+    def __init__(self, cfg: Any, options: BlockOptions, attention: Attention, layer: int) -> None:
+        super().__init__(cfg, options, attention, layer)
+        self.norm1 = nn.LayerNorm(cfg.d_model)
+        self.norm2 = nn.LayerNorm(cfg.d_model)
+
+    def forward(self, x: Tensor, ctx: ForwardContext, state: Any) -> tuple[Tensor, Any]:
+        a, state = self.attention(self.norm1(x), ctx, state)
+        x = x + self.dropout(a)
+        x = x + self.dropout(self.ffn(self.norm2(x)))
+        return x, state
+
+
+@dataclass(frozen=True)
+class GTrXLOptions(BlockOptions):
+    gate_bias: float = 2.0
+    """b_g: subtracted inside the update gate z = σ(W_z y + U_z x − b_g); large b_g = identity at init."""
+
+
+class GRUGate(nn.Module):
+    """GRU-type gating g(x, y) of Parisotto 2019 (eq. in §3.2), x = residual stream, y = branch output."""
+
+    def __init__(self, d: int, gate_bias: float) -> None:
+        super().__init__()
+        self.w = nn.Linear(d, 3 * d, bias=False)  # W_r, W_z, W_g applied to y
+        self.u_rz = nn.Linear(d, 2 * d, bias=False)  # U_r, U_z applied to x
+        self.u_g = nn.Linear(d, d, bias=False)  # U_g applied to r ⊙ x
+        self.gate_bias = gate_bias
+
+    def forward(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        wr, wz, wg = self.w(y).chunk(3, dim=-1)
+        ur, uz = self.u_rz(x).chunk(2, dim=-1)
+        r = torch.sigmoid(wr + ur)
+        z = torch.sigmoid(wz + uz - self.gate_bias)
+        h = torch.tanh(wg + self.u_g(r * x))
+        return (1 - z) * x + z * h, z
+
+
+@register("block", "gtrxl", options=GTrXLOptions)
+class GTrXLBlock(Block):
+    def __init__(self, cfg: Any, options: GTrXLOptions, attention: Attention, layer: int) -> None:
+        super().__init__(cfg, options, attention, layer)
+        self.norm1 = nn.LayerNorm(cfg.d_model)
+        self.norm2 = nn.LayerNorm(cfg.d_model)
+        self.gate1 = GRUGate(cfg.d_model, options.gate_bias)
+        self.gate2 = GRUGate(cfg.d_model, options.gate_bias)
+
+    def forward(self, x: Tensor, ctx: ForwardContext, state: Any) -> tuple[Tensor, Any]:
+        a, state = self.attention(self.norm1(x), ctx, state)
+        x, z1 = self.gate1(x, torch.relu(self.dropout(a)))
+        x, z2 = self.gate2(x, torch.relu(self.dropout(self.ffn(self.norm2(x)))))
+        if ctx.collect_info:
+            ctx.add_info(f"backbone/gate_openness/layer{self.layer}", 0.5 * (z1.mean() + z2.mean()).detach())
+        return x, state
+
+
+@register("block", "rezero", options=BlockOptions)
+class ReZeroBlock(Block):
+    final_norm = False
+
+    def __init__(self, cfg: Any, options: BlockOptions, attention: Attention, layer: int) -> None:
+        super().__init__(cfg, options, attention, layer)
+        # One residual weight per sub-layer, both 0 at init: the block starts as the identity.
+        self.alpha_attn = nn.Parameter(torch.zeros(()))
+        self.alpha_ffn = nn.Parameter(torch.zeros(()))
+
+    def forward(self, x: Tensor, ctx: ForwardContext, state: Any) -> tuple[Tensor, Any]:
+        a, state = self.attention(x, ctx, state)
+        x = x + self.alpha_attn * self.dropout(a)
+        x = x + self.alpha_ffn * self.dropout(self.ffn(x))
+        return x, state

@@ -1,0 +1,68 @@
+"""Per-forward context handed to every layer: positions, padding, memory, and the aux/info sinks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+
+@dataclass
+class MemoryContext:
+    """Hidden states a memory module prepends on the key/value side of one layer.
+
+    h: (B, M, d) stop-gradient hidden states; pos: (B, M) their positions; valid: (B, M) bool.
+    """
+
+    h: Tensor
+    pos: Tensor
+    valid: Tensor
+
+
+@dataclass
+class ForwardContext:
+    """Everything a layer needs besides its input and its own state.
+
+    pos: (B, T) positions of the new tokens; valid: (B, T) bool key-padding mask (True = real token);
+    causal: causal masking; aux: named auxiliary losses (summed over layers); info: diagnostics or None.
+    memory: per-layer :class:`MemoryContext` (or None) filled by the memory module.
+    """
+
+    pos: Tensor
+    valid: Tensor
+    causal: bool
+    aux: dict[str, Tensor] = field(default_factory=dict)
+    info: dict[str, Any] | None = None
+    memory: list[MemoryContext | None] | None = None
+    attention_inputs: list[Tensor] = field(default_factory=list)
+    """Inputs of each attention application in this forward, in order (after the block's input norm). Memory
+    modules build the next memory from them; the index of an application is its position in this list."""
+    extras: dict[str, Any] = field(default_factory=dict)
+    """Free slots for cross-module hooks (e.g. the kNN memory's per-layer store)."""
+
+    embed: Any = None
+    """Callable (x, pos, layer) -> x adding per-layer input embeddings (absolute positional schemes)."""
+
+    def enter_layer(self, x: Tensor, layer: int) -> Tensor:
+        """Called by depth controllers with the hidden states entering ``layer`` (adds input embeddings)."""
+        if self.embed is not None:
+            x = self.embed(x, self.pos, layer)
+        return x
+
+    def add_aux(self, name: str, value: Tensor) -> None:
+        """Add an auxiliary loss (summed when several layers report the same name)."""
+        self.aux[name] = self.aux[name] + value if name in self.aux else value
+
+    def add_info(self, name: str, value: Any) -> None:
+        if self.info is not None:
+            self.info[name] = value
+
+    @property
+    def collect_info(self) -> bool:
+        return self.info is not None
+
+    def memory_for(self, layer: int) -> MemoryContext | None:
+        if self.memory is None or layer >= len(self.memory):
+            return None
+        return self.memory[layer]

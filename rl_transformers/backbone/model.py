@@ -1,0 +1,127 @@
+"""Backbone: embeddings in, a stack of blocks (under a depth controller), embeddings out.
+
+``Backbone(cfg)(x, state=None, reset=None, key_padding_mask=None)`` maps x (B, T, d) to
+``BackboneOutput(y (B, T, d), state, aux_losses, info)``. The state carries per-row positions (tokens seen
+since the last reset), one attention state per layer (a KV cache, a linear-attention (S, z), ...) or the memory
+module's state, and the depth controller's state. It is returned, never stored on the module, so callers (PPO
+with many envs, DT rollouts) keep, slice, reset and detach it themselves.
+
+``reset`` (B,) bool clears rows before this chunk (an episode starts); ``key_padding_mask`` (B, T) bool marks
+real tokens (False = padding: never attended to by other tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from rl_transformers.backbone import registry
+from rl_transformers.backbone.blocks import Block
+from rl_transformers.backbone.config import BackboneConfig
+from rl_transformers.backbone.context import ForwardContext
+from rl_transformers.backbone.state import BackboneState
+
+
+@dataclass
+class BackboneOutput:
+    y: Tensor
+    """(B, T, d) output hidden states."""
+    state: BackboneState
+    """State to pass to the next chunk."""
+    aux_losses: dict[str, Tensor] = field(default_factory=dict)
+    """Named auxiliary losses (unweighted; the trainer weights them)."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """Diagnostics (filled only when ``backbone.collect_info`` is True)."""
+
+
+class Backbone(nn.Module):
+    """The shared encoder stack. See the module docstring and design.md."""
+
+    def __init__(self, cfg: BackboneConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.collect_info = False
+        self.position = registry.get("position", cfg.position).cls(cfg, cfg.options("position"))
+        attention_cls = registry.get("attention", cfg.attention).cls
+        block_cls = registry.get("block", cfg.block).cls
+        attention_options, block_options = cfg.options("attention"), cfg.options("block")
+
+        def make_block(layer: int) -> Block:
+            attention = attention_cls(cfg, attention_options, self.position, layer)
+            return block_cls(cfg, block_options, attention, layer)
+
+        self.depth = registry.get("depth", cfg.depth).cls(cfg, cfg.options("depth"), make_block)
+        self.memory = (
+            registry.get("memory", cfg.memory).cls(cfg, cfg.options("memory")) if cfg.memory else None
+        )
+        self.final_norm: nn.Module = nn.LayerNorm(cfg.d_model) if block_cls.final_norm else nn.Identity()
+
+    # -- state ------------------------------------------------------------------------------------------------
+    def init_state(
+        self, batch_size: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> BackboneState:
+        """The empty state for ``batch_size`` rows."""
+        if device is None or dtype is None:
+            p = next(self.parameters())
+            device = p.device if device is None else device
+            dtype = p.dtype if dtype is None else dtype
+        device = torch.device(device)
+        if self.memory is not None:
+            layers: tuple[Any, ...] = (None,) * self.depth.n_applications
+            memory = self.memory.init_state(batch_size, device, dtype)
+        else:
+            layers = tuple(
+                self.depth.attention_for(i).init_state(batch_size, device, dtype)
+                for i in range(self.depth.n_applications)
+            )
+            memory = None
+        return BackboneState(
+            pos=torch.zeros(batch_size, dtype=torch.long, device=device),
+            layers=layers,
+            memory=memory,
+            depth=self.depth.init_state(batch_size, device, dtype),
+        )
+
+    # -- forward ----------------------------------------------------------------------------------------------
+    def forward(
+        self,
+        x: Tensor,
+        state: BackboneState | None = None,
+        reset: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+    ) -> BackboneOutput:
+        if x.dim() != 3 or x.shape[-1] != self.cfg.d_model:
+            raise ValueError(f"expected x of shape (B, T, {self.cfg.d_model}), got {tuple(x.shape)}")
+        b, t, _ = x.shape
+        if state is None:
+            state = self.init_state(b, x.device, x.dtype)
+        if reset is not None:
+            state = state.reset(reset.to(torch.bool))
+        valid = (
+            torch.ones(b, t, dtype=torch.bool, device=x.device)
+            if key_padding_mask is None
+            else key_padding_mask.to(torch.bool)
+        )
+        pos = state.pos[:, None] + torch.arange(t, device=x.device)
+        ctx = ForwardContext(
+            pos=pos,
+            valid=valid,
+            causal=self.cfg.causal,
+            info={} if self.collect_info else None,
+            memory=self.memory.read(state.memory) if self.memory is not None else None,
+            embed=self.position.embed if self.position.kind == "input" else None,
+        )
+        ctx.extras["memory_state"] = state.memory
+        h, layers, depth_state = self.depth(x, ctx, state.layers, state.depth)
+        y = self.final_norm(h)
+        memory = self.memory.write(state.memory, ctx) if self.memory is not None else None
+        new_state = BackboneState(pos=state.pos + t, layers=layers, memory=memory, depth=depth_state)
+        return BackboneOutput(y=y, state=new_state, aux_losses=ctx.aux, info=ctx.info or {})
+
+
+def build_backbone(cfg: BackboneConfig) -> Backbone:
+    """Same as ``Backbone(cfg)``."""
+    return Backbone(cfg)

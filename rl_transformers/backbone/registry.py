@@ -1,0 +1,167 @@
+"""The registry: name -> (options dataclass, module class, capabilities), per family.
+
+Every variant registers itself with one decorator line in its own module::
+
+    @register("attention", "performer", options=PerformerOptions,
+              capabilities=Capabilities(causal=True, exact=False, streaming="exact"))
+    class PerformerAttention(Attention): ...
+
+Modules are discovered by importing every module of the ``position``, ``attention``, ``memory`` and ``depth``
+sub-packages and the ``blocks`` module the first time the registry is read, so adding a variant is one new file,
+one ``register`` line and one test file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Streaming = Literal["exact", "window", "none"]
+FAMILIES = ("attention", "position", "memory", "block", "depth")
+_PACKAGES = ("position", "attention", "memory", "depth")
+_MODULES = ("blocks",)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a registry entry can do (see design.md)."""
+
+    causal: bool = True
+    """Supports causal (autoregressive) masking."""
+    exact: bool = True
+    """Equals dense softmax attention under its own mask / bias (False: an approximation)."""
+    streaming: Streaming = "exact"
+    """exact: chunked == full run; window: state is a bounded window of past inputs; none: caller recomputes."""
+    noncausal: bool = True
+    """Supports bidirectional (non-causal) attention."""
+
+    def __post_init__(self) -> None:
+        if self.streaming not in ("exact", "window", "none"):
+            raise ValueError(f"streaming={self.streaming!r} is not one of ['exact', 'none', 'window']")
+
+
+@dataclass(frozen=True)
+class Entry:
+    family: str
+    name: str
+    cls: type
+    options: type
+    capabilities: Capabilities
+
+    def validate(self, cfg: Any, options: Any) -> None:
+        """Reject incompatible combinations at construction (the class may add its own ``check_config``)."""
+        caps = self.capabilities
+        if cfg.causal and not caps.causal:
+            raise ValueError(
+                f"{self.family} {self.name!r} does not support causal=True (it needs the whole sequence); "
+                f"use causal=False or another {self.family}"
+            )
+        if not cfg.causal and not caps.noncausal:
+            raise ValueError(f"{self.family} {self.name!r} is causal-only; set causal=True")
+        check = getattr(self.cls, "check_config", None)
+        if check is not None:
+            check(cfg, options)
+
+
+_REGISTRY: dict[str, dict[str, Entry]] = {family: {} for family in FAMILIES}
+_loaded = False
+
+
+def register(
+    family: str, name: str, *, options: type, capabilities: Capabilities | None = None
+) -> Callable[[type], type]:
+    """Class decorator adding an entry to the registry."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; valid families: {list(FAMILIES)}")
+    if not dataclasses.is_dataclass(options):
+        raise TypeError(f"options of {family} {name!r} must be a dataclass, got {options!r}")
+
+    def decorate(cls: type) -> type:
+        existing = _REGISTRY[family].get(name)
+        if existing is not None and existing.cls.__qualname__ != cls.__qualname__:
+            raise ValueError(
+                f"{family} {name!r} is registered twice ({existing.cls.__qualname__}, {cls.__qualname__})"
+            )
+        _REGISTRY[family][name] = Entry(family, name, cls, options, capabilities or Capabilities())
+        cls.registry_name = name  # type: ignore[attr-defined]
+        cls.Options = options  # type: ignore[attr-defined]
+        cls.capabilities = capabilities or Capabilities()  # type: ignore[attr-defined]
+        return cls
+
+    return decorate
+
+
+def _load() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    base = __name__.rsplit(".", 1)[0]
+    for mod in _MODULES:
+        importlib.import_module(f"{base}.{mod}")
+    for pkg_name in _PACKAGES:
+        pkg = importlib.import_module(f"{base}.{pkg_name}")
+        for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+            if not info.name.startswith("_"):
+                importlib.import_module(f"{pkg.__name__}.{info.name}")
+
+
+def _unknown(kind: str, value: str, valid: list[str]) -> ValueError:
+    close = difflib.get_close_matches(str(value), valid, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return ValueError(f"unknown {kind} {value!r}.{hint} Valid {kind} names: {valid}")
+
+
+def get(family: str, name: str) -> Entry:
+    """The registry entry of ``family`` called ``name`` (ValueError listing valid names otherwise)."""
+    _load()
+    if family not in _REGISTRY:
+        raise _unknown("family", family, list(FAMILIES))
+    entries = _REGISTRY[family]
+    if name not in entries:
+        raise _unknown(family, name, sorted(entries))
+    return entries[name]
+
+
+def available() -> dict[str, list[str]]:
+    """Registered names per family: {"attention": [...], "position": [...], ...}."""
+    _load()
+    return {family: list(entries) for family, entries in _REGISTRY.items()}
+
+
+def capabilities(family: str, name: str) -> Capabilities:
+    """Capabilities of one entry, e.g. ``capabilities("attention", "performer")``."""
+    return get(family, name).capabilities
+
+
+def build_options(family: str, name: str, options: Any) -> Any:
+    """Validate ``options`` (dict or dataclass) against the entry's options dataclass and return an instance."""
+    entry = get(family, name)
+    if isinstance(options, entry.options):
+        return options
+    if options is None:
+        options = {}
+    if dataclasses.is_dataclass(options) and not isinstance(options, type):
+        raise ValueError(f"{family} {name!r} takes {entry.options.__name__}, got {type(options).__name__}")
+    if not isinstance(options, dict):
+        raise ValueError(
+            f"{family}_options for {name!r} must be a dict or {entry.options.__name__}, got {options!r}"
+        )
+    valid = [f.name for f in dataclasses.fields(entry.options)]
+    for key in options:
+        if key not in valid:
+            close = difflib.get_close_matches(key, valid, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(
+                f"unknown option {key!r} for {family} {name!r}.{hint} Valid options: {valid or '(none)'}"
+            )
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
+    try:
+        return entry.options(**values)
+    except TypeError as err:  # e.g. wrong type reaching a dataclass without its own check
+        raise ValueError(f"bad options for {family} {name!r}: {err}") from err

@@ -1,0 +1,121 @@
+"""Every registry entry through the design.md invariants (reference, causality, streaming, reset, gradients).
+
+The cases are drawn from ``available()`` at collection time, so a new variant is tested as soon as it registers.
+Each attention runs with a position scheme it supports; each position / block / memory / depth runs with
+``full`` attention. Family-specific equalities (window >= L == full, ...) live in tests/backbone/test_<family>.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rl_transformers.backbone import BackboneConfig, available, capabilities, registry
+from tests.backbone import invariants as inv
+
+
+def _attention_cases() -> list[dict]:
+    cases = []
+    for name in available()["attention"]:
+        cls = registry.get("attention", name).cls
+        caps = capabilities("attention", name)
+        position = "rope" if "qk" in cls.position_kinds else "none"
+        causal = caps.causal
+        cases.append(
+            pytest.param(dict(attention=name, position=position, causal=causal), id=f"attention-{name}")
+        )
+    return cases
+
+
+def _other_cases() -> list:
+    cases = []
+    for name in available()["position"]:
+        causal = True
+        cases.append(pytest.param(dict(position=name), id=f"position-{name}"))
+    for name in available()["block"]:
+        cases.append(pytest.param(dict(block=name), id=f"block-{name}"))
+    for name in available()["memory"]:
+        cases.append(pytest.param(dict(memory=name, position="rope"), id=f"memory-{name}"))
+    for name in available()["depth"]:
+        cases.append(pytest.param(dict(depth=name), id=f"depth-{name}"))
+    del causal
+    return cases
+
+
+ALL_CASES = _attention_cases() + _other_cases()
+
+
+def _streaming(case: dict) -> str:
+    kinds = [("attention", case.get("attention", "full")), ("position", case.get("position", "rope"))]
+    for kind in ("memory", "depth", "block"):
+        if case.get(kind):
+            kinds.append((kind, case[kind]))
+    levels = [capabilities(k, n).streaming for k, n in kinds]
+    return "none" if "none" in levels else "window" if "window" in levels else "exact"
+
+
+@pytest.mark.parametrize("case", ALL_CASES)
+def test_forward_shapes_and_finite(case: dict) -> None:
+    bb = inv.tiny_backbone(**case)
+    x = torch.randn(2, 9, bb.cfg.d_model, dtype=torch.float64)
+    out = bb(x)
+    assert out.y.shape == x.shape
+    assert torch.isfinite(out.y).all()
+    for name, value in out.aux_losses.items():
+        assert torch.isfinite(value).all(), name
+
+
+@pytest.mark.parametrize("case", ALL_CASES)
+def test_gradients(case: dict) -> None:
+    inv.check_gradients(inv.tiny_backbone(**case))
+
+
+@pytest.mark.parametrize("case", ALL_CASES)
+def test_causality(case: dict) -> None:
+    bb = inv.tiny_backbone(**case)
+    if not bb.cfg.causal:
+        pytest.skip("non-causal entry")
+    inv.check_causal(bb)
+
+
+@pytest.mark.parametrize("case", ALL_CASES)
+def test_streaming_equals_full(case: dict) -> None:
+    if _streaming(case) != "exact":
+        pytest.skip(f"streaming={_streaming(case)!r}: covered by the family test with its window mask")
+    bb = inv.tiny_backbone(**case)
+    if not bb.cfg.causal:
+        pytest.skip("streaming is defined for causal models")
+    inv.check_streaming(bb)
+
+
+@pytest.mark.parametrize("case", ALL_CASES)
+def test_reset_row_equals_fresh(case: dict) -> None:
+    if _streaming(case) == "none":
+        pytest.skip("no streaming state")
+    bb = inv.tiny_backbone(**case)
+    if not bb.cfg.causal:
+        pytest.skip("streaming is defined for causal models")
+    inv.check_reset(bb)
+    inv.check_state_ops(bb)
+
+
+def test_available_lists_design_names() -> None:
+    names = available()
+    assert set(names) == {"attention", "position", "memory", "block", "depth"}
+    assert "full" in names["attention"]
+    assert {"post_ln", "pre_ln", "gtrxl", "rezero"} <= set(names["block"])
+
+
+def test_unknown_names_and_options_are_explained() -> None:
+    with pytest.raises(ValueError, match=r"unknown attention 'ful'\. Did you mean 'full'\?.*\['full'"):
+        BackboneConfig(attention="ful")
+    with pytest.raises(
+        ValueError, match=r"unknown option 'max_cach'.*Did you mean 'max_cache'.*Valid options"
+    ):
+        BackboneConfig(attention_options={"max_cach": 3})
+    with pytest.raises(ValueError, match=r"unknown position 'alibii'"):
+        BackboneConfig(position="alibii")
+    with pytest.raises(ValueError, match="not divisible"):
+        BackboneConfig(d_model=10, n_heads=4)
+    with pytest.raises(ValueError, match="absolute position scheme"):
+        BackboneConfig(memory="xl", position="sinusoidal")
