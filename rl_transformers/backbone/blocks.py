@@ -15,6 +15,7 @@ turn, which bounds the size of its hidden activation (Kitaev 2020, §3 "chunking
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -180,3 +181,152 @@ class ReZeroBlock(Block):
         x = x + self.alpha_attn * self.dropout(a)
         x = x + self.alpha_ffn * self.dropout(self.ffn(x))
         return x, state
+
+
+@dataclass(frozen=True)
+class ReversibleOptions(BlockOptions):
+    recompute: bool = True
+    """Recompute activations in backward (the point of the block). False = plain autograd through the same
+    two-stream computation (stores activations; for debugging and for the gradient-equality test)."""
+
+
+def _rng_state(device: torch.device) -> tuple[Tensor, Tensor | None]:
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_rng_state(state: tuple[Tensor, Tensor | None], device: torch.device) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
+def _layer_context(ctx: ForwardContext, layer: int) -> ForwardContext:
+    """A copy of ``ctx`` as seen by attention application ``layer`` (for recomputation in backward)."""
+    return dataclasses.replace(ctx, attention_inputs=list(ctx.attention_inputs[:layer]), aux={}, info=None)
+
+
+class _ReversibleStack(torch.autograd.Function):
+    """y1 = x1 + F_i(x2), y2 = x2 + G_i(y1) over all blocks, storing only the last (y1, y2).
+
+    Backward walks the blocks in reverse, reconstructing x2 = y2 - G(y1) and x1 = y1 - F(x2) and
+    back-propagating through one recomputed block at a time (Gomez 2017, Alg. 1). Dropout masks are reproduced
+    by restoring the RNG state saved before each sub-layer. Gradients do not flow into the incoming state.
+    """
+
+    @staticmethod
+    def forward(fctx, x, blocks, ctx, states, out_states, params_len, *params):  # type: ignore[override]
+        rngs = []
+        with torch.no_grad():
+            x1 = x2 = x
+            for i, block in enumerate(blocks):
+                rng_f = _rng_state(x.device)
+                f, s = block.f(x2, ctx, states[i])
+                y1 = x1 + f
+                rng_g = _rng_state(x.device)
+                y2 = x2 + block.g(y1)
+                x1, x2 = y1, y2
+                out_states.append(s)
+                rngs.append((rng_f, rng_g))
+        fctx.save_for_backward(x1, x2)
+        fctx.blocks, fctx.ctx, fctx.states, fctx.rngs, fctx.params = blocks, ctx, states, rngs, params
+        return (x1 + x2) / 2
+
+    @staticmethod
+    def backward(fctx, grad_out):  # type: ignore[override]
+        y1, y2 = fctx.saved_tensors
+        params = fctx.params
+        dy1 = dy2 = grad_out / 2
+        param_grads: list[Tensor | None] = [None] * len(params)
+
+        def accumulate(grads: tuple[Tensor | None, ...]) -> None:
+            for j, g in enumerate(grads):
+                if g is not None:
+                    param_grads[j] = g if param_grads[j] is None else param_grads[j] + g
+
+        device = y1.device
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            for i in reversed(range(len(fctx.blocks))):
+                block = fctx.blocks[i]
+                rng_f, rng_g = fctx.rngs[i]
+                with torch.enable_grad():
+                    y1r = y1.detach().requires_grad_(True)
+                    _set_rng_state(rng_g, device)
+                    g = block.g(y1r)
+                grads = torch.autograd.grad(g, (y1r, *params), dy2, allow_unused=True)
+                dy1 = dy1 + grads[0]
+                accumulate(grads[1:])
+                x2 = (y2 - g).detach()
+                with torch.enable_grad():
+                    x2r = x2.requires_grad_(True)
+                    _set_rng_state(rng_f, device)
+                    f, _ = block.f(x2r, _layer_context(fctx.ctx, i), fctx.states[i])
+                grads = torch.autograd.grad(f, (x2r, *params), dy1, allow_unused=True)
+                dy2 = dy2 + grads[0]
+                accumulate(grads[1:])
+                y1, y2 = (y1 - f).detach(), x2
+        return (dy1 + dy2, None, None, None, None, None, *param_grads)
+
+
+@register("block", "reversible", options=ReversibleOptions)
+class ReversibleBlock(Block):
+    """One reversible layer: F = Attn(LN(·)), G = FFN(LN(·)); the stack runs as two streams (see run_stack)."""
+
+    def __init__(self, cfg: Any, options: ReversibleOptions, attention: Attention, layer: int) -> None:
+        super().__init__(cfg, options, attention, layer)
+        self.norm1 = nn.LayerNorm(cfg.d_model)
+        self.norm2 = nn.LayerNorm(cfg.d_model)
+
+    def f(self, x: Tensor, ctx: ForwardContext, state: Any) -> tuple[Tensor, Any]:
+        a, state = self.attention(self.norm1(x), ctx, state)
+        return self.dropout(a), state
+
+    def g(self, x: Tensor) -> Tensor:
+        return self.dropout(self.ffn(self.norm2(x)))
+
+    def forward(self, x: Tensor, ctx: ForwardContext, state: Any) -> tuple[Tensor, Any]:
+        raise RuntimeError(
+            "reversible blocks run as a whole stack (ReversibleBlock.run_stack), not one by one"
+        )
+
+    @classmethod
+    def check_config(cls, cfg: Any, options: Any) -> None:
+        if cfg.depth != "fixed":
+            raise ValueError(
+                f"block 'reversible' needs depth='fixed' (got {cfg.depth!r}): it recomputes a fixed stack"
+            )
+        if cfg.position == "learned" and cfg.options("position").per_layer:
+            raise ValueError(
+                "block 'reversible' cannot add per-layer learned positions (use per_layer=False)"
+            )
+
+    @classmethod
+    def run_stack(
+        cls, blocks: list[Block], x: Tensor, ctx: ForwardContext, states: tuple[Any, ...]
+    ) -> tuple[Tensor, tuple[Any, ...]]:
+        x = ctx.enter_layer(x, 0)
+        revs: list[ReversibleBlock] = blocks  # type: ignore[assignment]
+        if not (revs[0].options.recompute and torch.is_grad_enabled()):
+            x1 = x2 = x
+            new_states = []
+            for i, block in enumerate(revs):
+                f, s = block.f(x2, ctx, states[i])
+                x1 = x1 + f
+                x2 = x2 + block.g(x1)
+                new_states.append(s)
+            return (x1 + x2) / 2, tuple(new_states)
+        aux_before = set(ctx.aux)
+        params = list(
+            dict.fromkeys(
+                [*(p for b in revs for p in b.parameters()), *revs[0].attention.position.parameters()]
+            )
+        )
+        params = [p for p in params if p.requires_grad]
+        out_states: list[Any] = []
+        y = _ReversibleStack.apply(x, revs, ctx, states, out_states, len(params), *params)
+        if set(ctx.aux) - aux_before:
+            raise ValueError(
+                f"attention {revs[0].attention.registry_name!r} returns aux losses {sorted(set(ctx.aux) - aux_before)}, "
+                "which cannot be trained through recomputing reversible blocks; use recompute=False or another block"
+            )
+        return y, tuple(out_states)

@@ -1,0 +1,366 @@
+"""Crash-safe checkpoints, RNG state capture, and a manager for ``step_<n>.pt`` / ``last.pt`` / ``best.pt``.
+
+Method: :func:`atomic_save` writes with ``torch.save`` into a temporary file in the destination directory,
+``fsync``s it, then ``os.replace``s it over the target, so a crash or Ctrl-C mid-write leaves either the old
+file or the new one, never a torn one. :func:`capture_rng_state` snapshots the global generators (Python
+``random``, NumPy's legacy global ``np.random``, torch CPU and every CUDA device) as tensors and plain
+Python containers, so checkpoints load with ``torch.load(weights_only=True)``; restoring it makes the next
+draws identical to an uninterrupted run. Generators the trainer owns (Gymnasium env ``np_random``, explicit
+``torch.Generator`` / ``np.random.Generator`` objects) are not global and must be saved by the trainer.
+
+:class:`CheckpointManager` lays out ``<run_dir>/checkpoints/``::
+
+    step_<n>.pt    one per save, the newest ``keep_last`` kept (None = all, 0 = none)
+    last.pt        the most recent save
+    best.pt        the save with the best ``metric`` so far (``mode`` "max" or "min"), when tracked
+    index.json     labels: step and metric value of ``last`` and ``best``, the kept steps
+
+``last.pt`` and ``best.pt`` are hard links to the step file when the file system allows (no extra copy).
+A dict payload gets a ``"checkpoint_meta"`` entry ``{"step", "metric", "metric_value"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import re
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+__all__ = [
+    "CheckpointManager",
+    "atomic_save",
+    "capture_rng_state",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "restore_rng_state",
+]
+
+_STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+META_KEY = "checkpoint_meta"
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (POSIX); silently skipped where directories can't be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _temp_path(path: Path) -> tuple[int, Path]:
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    return fd, Path(name)
+
+
+def atomic_save(obj: Any, path: str | Path) -> Path:
+    """``torch.save(obj)`` to ``path`` atomically: temp file in the same directory, fsync, ``os.replace``.
+
+    On any failure (including ``KeyboardInterrupt``) the temp file is removed and ``path`` is untouched.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = _temp_path(path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; match what a plain torch.save would give
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def _atomic_link(src: Path, dst: Path) -> None:
+    """Make ``dst`` an (atomic) hard link to ``src``, or a copy where hard links are not supported."""
+    fd, tmp = _temp_path(dst)
+    os.close(fd)
+    tmp.unlink()
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(
+    path: str | Path, map_location: str | torch.device | None = "cpu", *, weights_only: bool = True
+) -> Any:
+    """``torch.load`` a checkpoint (a file, or the latest one of a run directory, see :func:`latest_checkpoint`).
+
+    ``weights_only=True`` (torch's safe loader) accepts tensors and plain containers, which is what this
+    module writes; pass ``False`` only for trusted files holding other objects (e.g. NumPy arrays).
+    """
+    resolved = latest_checkpoint(path)
+    if resolved is None:
+        raise FileNotFoundError(f"no checkpoint found at {path} (looked for last.pt and step_<n>.pt)")
+    return torch.load(resolved, map_location=map_location, weights_only=weights_only)
+
+
+def latest_checkpoint(path: str | Path) -> Path | None:
+    """The checkpoint to resume from: ``path`` itself if it is a file; else in ``path/checkpoints/`` (or
+    ``path``) ``last.pt``, or failing that the ``step_<n>.pt`` with the largest ``n``; ``None`` if none."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    directory = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    if not directory.is_dir():
+        return None
+    if (directory / "last.pt").is_file():
+        return directory / "last.pt"
+    steps = _step_files(directory)
+    return steps[max(steps)] if steps else None
+
+
+def _step_files(directory: Path) -> dict[int, Path]:
+    found = {}
+    for entry in directory.iterdir():
+        match = _STEP_FILE.match(entry.name)
+        if match and entry.is_file():
+            found[int(match.group(1))] = entry
+    return found
+
+
+# --- RNG state -----------------------------------------------------------------------------------------
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """The global RNG states: ``{"python", "numpy", "torch"[, "cuda"]}`` (tensors and plain containers)."""
+    np_state = np.random.get_state(legacy=False)
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {
+            "bit_generator": str(np_state["bit_generator"]),
+            "state": {"key": np_state["state"]["key"].tolist(), "pos": int(np_state["state"]["pos"])},
+            "has_gauss": int(np_state["has_gauss"]),
+            "gauss": float(np_state["gauss"]),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: Mapping[str, Any]) -> None:
+    """Put back the generators saved by :func:`capture_rng_state` (keys that are absent are left alone).
+
+    Accepts the state after a ``torch.load`` or a JSON round trip (lists instead of tuples).
+    """
+    if "python" in state:
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
+    if "numpy" in state:
+        saved = state["numpy"]
+        np.random.set_state(
+            {
+                "bit_generator": saved["bit_generator"],
+                "state": {
+                    "key": np.asarray(saved["state"]["key"], dtype=np.uint32),
+                    "pos": saved["state"]["pos"],
+                },
+                "has_gauss": saved["has_gauss"],
+                "gauss": saved["gauss"],
+            }
+        )
+    if "torch" in state:
+        torch.set_rng_state(torch.as_tensor(state["torch"], dtype=torch.uint8).cpu())
+    if "cuda" in state and state["cuda"] is not None:
+        if not torch.cuda.is_available():
+            warnings.warn(
+                "checkpoint has CUDA RNG states but CUDA is not available: not restored", stacklevel=2
+            )
+            return
+        cuda_states = [torch.as_tensor(s, dtype=torch.uint8).cpu() for s in state["cuda"]]
+        n_devices = torch.cuda.device_count()
+        if len(cuda_states) != n_devices:
+            warnings.warn(
+                f"checkpoint has {len(cuda_states)} CUDA RNG states, this machine {n_devices} devices: "
+                "restoring the common ones",
+                stacklevel=2,
+            )
+        for device, device_state in enumerate(cuda_states[:n_devices]):
+            torch.cuda.set_rng_state(device_state, device)
+
+
+# --- manager -------------------------------------------------------------------------------------------
+
+
+class CheckpointManager:
+    """Saves ``step_<n>.pt`` + ``last.pt`` (+ ``best.pt``) under ``run_dir/checkpoints`` with labels.
+
+    Args:
+        run_dir: the run directory (``checkpoints/`` is created inside).
+        keep_last: how many ``step_<n>.pt`` files to keep (``None`` keeps all, ``0`` writes none: only
+            ``last.pt`` / ``best.pt``).
+        metric: name of the metric that selects ``best.pt`` (e.g. ``"eval/normalized_score"``); ``None``
+            disables ``best.pt``.
+        mode: ``"max"`` or ``"min"``: whether larger or smaller metric values are better.
+
+    A manager opened on an existing run directory (resume) reads ``index.json`` and keeps the best value
+    seen so far, so a resumed run only replaces ``best.pt`` with a truly better checkpoint.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        keep_last: int | None = 3,
+        metric: str | None = None,
+        mode: Literal["max", "min"] = "max",
+    ) -> None:
+        if keep_last is not None and keep_last < 0:
+            raise ValueError(f"keep_last must be None or >= 0, got {keep_last}")
+        if mode not in ("max", "min"):
+            raise ValueError(f"mode must be one of ['max', 'min'], got {mode!r}")
+        self.directory = Path(run_dir) / "checkpoints"
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.keep_last = keep_last
+        self.metric = metric
+        self.mode = mode
+        self.best_step: int | None = None
+        self.best_value: float | None = None
+        self.last_step: int | None = None
+        index = self._read_index()
+        if index.get("best") and index.get("metric") == metric and index.get("mode") == mode:
+            self.best_step = int(index["best"]["step"])
+            self.best_value = float(index["best"]["metric_value"])
+        if index.get("last"):
+            self.last_step = int(index["last"]["step"])
+
+    @property
+    def last_path(self) -> Path:
+        return self.directory / "last.pt"
+
+    @property
+    def best_path(self) -> Path:
+        return self.directory / "best.pt"
+
+    @property
+    def index_path(self) -> Path:
+        return self.directory / "index.json"
+
+    def step_path(self, step: int) -> Path:
+        return self.directory / f"step_{int(step)}.pt"
+
+    def is_better(self, value: float | None) -> bool:
+        """Whether ``value`` would replace ``best.pt`` (NaN and ``None`` never do)."""
+        if self.metric is None or value is None or not math.isfinite(value):
+            return False
+        if self.best_value is None:
+            return True
+        return value > self.best_value if self.mode == "max" else value < self.best_value
+
+    def save(self, state: Any, step: int, metric_value: float | None = None) -> Path:
+        """Save ``state`` for ``step``; update ``last.pt``, ``best.pt`` (if better) and ``index.json``.
+
+        Returns the path written first (``step_<n>.pt``, or ``last.pt`` when ``keep_last == 0``).
+        """
+        if metric_value is not None and self.metric is None:
+            raise ValueError(
+                "metric_value given but this CheckpointManager tracks no metric (pass metric=...)"
+            )
+        step = int(step)
+        value = None if metric_value is None else float(metric_value)
+        payload = state
+        if isinstance(state, Mapping):
+            meta = {"step": step, "metric": self.metric, "metric_value": value}
+            payload = {**state, META_KEY: meta}
+        if self.keep_last == 0:
+            primary = atomic_save(payload, self.last_path)
+        else:
+            primary = atomic_save(payload, self.step_path(step))
+            _atomic_link(primary, self.last_path)
+        self.last_step = step
+        if self.is_better(value):
+            _atomic_link(primary, self.best_path)
+            self.best_step, self.best_value = step, value
+        self._prune()
+        self._write_index(step, value)
+        _fsync_dir(self.directory)
+        return primary
+
+    def load(
+        self,
+        which: Literal["last", "best"] | int = "last",
+        map_location: str | torch.device | None = "cpu",
+        *,
+        weights_only: bool = True,
+    ) -> Any:
+        """Load ``"last"``, ``"best"`` or the checkpoint of a given step."""
+        if which == "last":
+            path = self.last_path
+        elif which == "best":
+            path = self.best_path
+        elif isinstance(which, int):
+            path = self.step_path(which)
+        else:
+            raise ValueError(f"which must be 'last', 'best' or a step number, got {which!r}")
+        if not path.is_file():
+            raise FileNotFoundError(f"no checkpoint {path}")
+        return torch.load(path, map_location=map_location, weights_only=weights_only)
+
+    def kept_steps(self) -> list[int]:
+        """Steps of the ``step_<n>.pt`` files on disk, ascending."""
+        return sorted(_step_files(self.directory))
+
+    def _prune(self) -> None:
+        if self.keep_last is None:
+            return
+        steps = self.kept_steps()
+        for step in steps[: max(len(steps) - self.keep_last, 0)]:
+            self.step_path(step).unlink(missing_ok=True)
+
+    def _read_index(self) -> dict[str, Any]:
+        if not self.index_path.is_file():
+            return {}
+        try:
+            return json.loads(self.index_path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            return {}
+
+    def _write_index(self, step: int, value: float | None) -> None:
+        now = time.strftime("%Y-%m-%dT%H:%M:%S")
+        best = None
+        if self.best_step is not None:
+            best = {"file": self.best_path.name, "step": self.best_step, "metric_value": self.best_value}
+        index = {
+            "metric": self.metric,
+            "mode": self.mode,
+            "last": {"file": self.last_path.name, "step": step, "metric_value": value, "saved_at": now},
+            "best": best,
+            "steps": self.kept_steps(),
+        }
+        fd, tmp = _temp_path(self.index_path)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(index, f, indent=2)
+                f.write("\n")
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, self.index_path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise

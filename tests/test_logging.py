@@ -1,0 +1,208 @@
+"""Tests for rl_transformers.logging: TensorBoard scalars/hparams/text, JSONL rows, stdout table, timing."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+import rl_transformers.logging as rl_logging
+from rl_transformers.logging import STANDARD_TAGS, Logger, hparams_markdown, measure_time
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _events(log_dir: Path) -> EventAccumulator:
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    return acc
+
+
+def test_tensorboard_scalars_have_tags_steps_and_values(tmp_path: Path) -> None:
+    with Logger(tmp_path, stdout=False) as logger:
+        logger.record("train/loss", 0.25)
+        logger.record_mean("rollout/ep_rew_mean", 1.0)
+        logger.record_mean("rollout/ep_rew_mean", 4.0)
+        logger.dump(step=128)
+        logger.record("train/loss", torch.tensor(-1.5))  # one-element tensors are unwrapped
+        logger.record("time/fps", np.int64(900))
+        logger.dump(step=256)
+    acc = _events(tmp_path)
+    assert set(acc.Tags()["scalars"]) == {"train/loss", "rollout/ep_rew_mean", "time/fps"}
+    loss = [(e.step, e.value) for e in acc.Scalars("train/loss")]
+    assert loss == [(128, 0.25), (256, -1.5)]
+    rew = acc.Scalars("rollout/ep_rew_mean")
+    assert [(e.step, e.value) for e in rew] == [(128, 2.5)]  # the mean of 1 and 4, only in its window
+    assert [(e.step, e.value) for e in acc.Scalars("time/fps")] == [(256, 900.0)]
+
+
+def test_jsonl_rows_match_records_and_means(tmp_path: Path) -> None:
+    logger = Logger(tmp_path, stdout=False, tensorboard=False)
+    logger.record("train/learning_rate", 1e-3)
+    logger.record("train/learning_rate", 5e-4)  # the last value wins
+    for v in (1.0, 2.0, 6.0):
+        logger.record_mean("rollout/ep_len_mean", v)
+    logger.record_mean("train/value_loss", [0.5, 1.5])  # every element counts
+    logger.record_mean("train/value_loss", torch.tensor([2.0]))
+    logger.record("time/total_timesteps", 4096)
+    written = logger.dump(7)
+    logger.record("train/loss", 3.0)
+    logger.dump(8)
+    assert logger.dump(9) == {}  # nothing recorded: nothing written
+    logger.close()
+    rows = _read_jsonl(tmp_path / "progress.jsonl")
+    assert rows == [
+        {
+            "step": 7,
+            "rollout/ep_len_mean": 3.0,
+            "time/total_timesteps": 4096,
+            "train/learning_rate": 5e-4,
+            "train/value_loss": 4.0 / 3.0,
+        },
+        {"step": 8, "train/loss": 3.0},  # the window was cleared by the first dump
+    ]
+    assert written == {k: v for k, v in rows[0].items() if k != "step"}
+    assert isinstance(rows[0]["time/total_timesteps"], int)
+
+
+def test_dump_flushes_jsonl_before_close(tmp_path: Path) -> None:
+    logger = Logger(tmp_path, stdout=False, tensorboard=False)
+    logger.record("train/loss", 1.0)
+    logger.dump(1)
+    assert _read_jsonl(tmp_path / "progress.jsonl") == [{"step": 1, "train/loss": 1.0}]
+    logger.close()
+    logger.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        logger.dump(2)
+
+
+def test_hparams_entry_and_markdown_table(tmp_path: Path) -> None:
+    hparams = {"learning_rate": 3e-4, "backbone": {"n_layers": 2, "attention": "full"}, "seeds": (1, 2)}
+    with Logger(tmp_path, stdout=False) as logger:
+        logger.log_hparams(hparams, {"rollout/ep_rew_mean": None, "eval/mean_reward": 12.0}, step=5)
+        logger.text("notes", "hello")
+    acc = _events(tmp_path)
+    content = acc.PluginTagToContent("hparams")
+    assert {"_hparams_/experiment", "_hparams_/session_start_info"} <= set(content)
+    start = HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
+    assert start.hparams["learning_rate"].number_value == pytest.approx(3e-4)
+    assert start.hparams["backbone.n_layers"].number_value == 2
+    assert start.hparams["backbone.attention"].string_value == "full"
+    assert start.hparams["seeds"].string_value == "[1, 2]"
+    experiment = HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
+    assert {m.name.tag for m in experiment.metric_infos} == {"rollout/ep_rew_mean", "eval/mean_reward"}
+    # a metric with a value and a step is also written as a scalar; one without is only declared
+    assert [(e.step, e.value) for e in acc.Scalars("eval/mean_reward")] == [(5, 12.0)]
+    assert "rollout/ep_rew_mean" not in acc.Tags()["scalars"]
+    table = acc.Tensors("hyperparameters/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert table.splitlines() == [
+        "| parameter | value |",
+        "|---|---|",
+        "| learning_rate | 0.0003 |",
+        "| backbone.n_layers | 2 |",
+        "| backbone.attention | full |",
+        "| seeds | [1, 2] |",
+    ]
+    assert acc.Tensors("notes/text_summary")[0].tensor_proto.string_val[0] == b"hello"
+
+
+def test_hparams_markdown_escapes_pipes() -> None:
+    assert hparams_markdown({"env": "a|b"}).splitlines()[-1] == "| env | a\\|b |"
+
+
+def test_stdout_table_and_switch_off(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with Logger(tmp_path / "on", tensorboard=False) as logger:
+        logger.record("rollout/ep_rew_mean", 12.5)
+        logger.record("train/loss", 0.125)
+        logger.record("train/hidden", 7.0, exclude="stdout")
+        logger.dump(64)
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("---") and lines[-1].startswith("---")
+    assert "| step " in lines[1] and "64" in lines[1]
+    assert any("rollout/" in line for line in lines)
+    assert any("ep_rew_mean" in line and "12.5" in line for line in lines)
+    assert any("loss" in line and "0.125" in line for line in lines)
+    assert "hidden" not in out
+    assert _read_jsonl(tmp_path / "on" / "progress.jsonl")[0]["train/hidden"] == 7.0  # only stdout skipped
+
+    with Logger(tmp_path / "off", stdout=False, tensorboard=False) as logger:
+        logger.record("train/loss", 0.125)
+        logger.dump(64)
+    assert capsys.readouterr().out == ""
+
+    stream = io.StringIO()  # or sent elsewhere
+    with Logger(None, stream=stream) as logger:
+        logger.record("train/loss", 2.0)
+        logger.dump(1)
+    assert "loss" in stream.getvalue()
+
+
+def test_non_finite_values_are_logged_and_reported(tmp_path: Path) -> None:
+    with Logger(tmp_path, stdout=False) as logger:
+        logger.record("train/loss", float("nan"))
+        logger.record_mean("train/grad_norm", [1.0, float("inf")])
+        logger.record("train/value_loss", 0.5)
+        assert logger.non_finite_keys() == ["train/grad_norm", "train/loss"]
+        logger.dump(3)  # no exception
+    row = _read_jsonl(tmp_path / "progress.jsonl")[0]
+    assert math.isnan(row["train/loss"]) and row["train/grad_norm"] == math.inf
+    assert math.isnan(_events(tmp_path).Scalars("train/loss")[0].value)
+
+
+def test_record_rejects_bad_values_and_outputs(tmp_path: Path) -> None:
+    logger = Logger(None, stdout=False)
+    with pytest.raises(ValueError, match="record_mean"):
+        logger.record("x", torch.zeros(3))
+    with pytest.raises(TypeError, match="dict"):
+        logger.record("x", {"a": 1})
+    with pytest.raises(ValueError, match="valid"):
+        logger.record("x", 1.0, exclude="tensorbord")
+
+
+def test_purge_step_drops_rows_of_the_interrupted_run(tmp_path: Path) -> None:
+    with Logger(tmp_path, stdout=False) as logger:
+        for step in (10, 20, 30):
+            logger.record("train/loss", float(step))
+            logger.dump(step)
+    # resumed from the checkpoint of step 20: rows from step 21 on are replaced by the continued run
+    with Logger(tmp_path, stdout=False, purge_step=21) as logger:
+        logger.record("train/loss", -30.0)
+        logger.dump(30)
+    expected = [(10, 10.0), (20, 20.0), (30, -30.0)]
+    assert [(r["step"], r["train/loss"]) for r in _read_jsonl(tmp_path / "progress.jsonl")] == expected
+    assert [(e.step, e.value) for e in _events(tmp_path).Scalars("train/loss")] == expected
+
+
+def test_measure_time_records_elapsed_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter([100.0, 102.5, 200.0, 201.0, 300.0, 303.0, 400.0, 400.25])
+    monkeypatch.setattr(rl_logging, "perf_counter", lambda: next(clock))
+    logger = Logger(None, stdout=False)
+    with measure_time("rollout", logger) as timer:
+        pass
+    assert timer.elapsed == 2.5
+    with logger.measure_time("train/update_s", mean=True):
+        pass
+    with measure_time("update_s", logger, mean=True) as timer:  # no "/": becomes time/update_s_s
+        pass
+    assert logger.pending() == {"time/rollout_s": 2.5, "train/update_s": 1.0, "time/update_s_s": 3.0}
+    with measure_time("alone") as timer:  # no logger: only measures
+        pass
+    assert timer.elapsed == 0.25
+    assert logger.pending()["time/rollout_s"] == 2.5  # unchanged
+
+
+def test_standard_tags_use_sb3_names() -> None:
+    assert rl_logging.EP_REW_MEAN == "rollout/ep_rew_mean"
+    assert rl_logging.FPS == "time/fps"
+    assert rl_logging.APPROX_KL == "train/approx_kl"
+    assert all(tag.split("/")[0] in {"rollout", "train", "time", "eval"} for tag in STANDARD_TAGS)
