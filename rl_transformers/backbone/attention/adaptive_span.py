@@ -1,0 +1,121 @@
+"""``adaptive_span``: adaptive attention span (Sukhbaatar et al. 2019, arXiv 1905.07799).
+
+Each head h learns a span z_h ∈ [0, max_span]; attention weights are multiplied by the soft ramp
+m_z(x) = clamp((R + z − x) / R, 0, 1) of the distance x = i − j, i.e. softmax(s + log m_z), so keys further
+than z + R get exactly zero weight. Those keys are not computed at all: queries are processed in blocks that
+only gather the keys inside the current largest span, so time and memory fall as spans shrink
+(``info["backbone/adaptive_span/scores/layer<l>"]`` counts the computed scores). The L1 penalty
+mean_h(z_h) / max_span goes to ``aux_losses["adaptive_span_l1"]``. With ``dynamic=True`` the span is a
+function of the query, z_t = max_span·σ(v·x_t + b) (the paper's "dynamic attention span"). Streaming keeps a KV
+cache of max_span + R keys, which is exact because no query can see further. Causal; O(T·(z+R)) time/memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from rl_transformers.backbone.attention.base import Attention, visible_mask
+from rl_transformers.backbone.context import ForwardContext
+from rl_transformers.backbone.registry import Capabilities, register
+
+
+@dataclass(frozen=True)
+class AdaptiveSpanOptions:
+    max_span: int = 256
+    """S: the largest span a head may learn."""
+    ramp: int = 32
+    """R: width of the soft ramp."""
+    init_span: float = 0.5
+    """Initial span as a fraction of max_span."""
+    dynamic: bool = False
+    """Span predicted per query, z_t = S·σ(v·x_t + b), instead of one learned span per head."""
+    query_block: int = 64
+    """Queries processed per block (each block gathers only the keys inside the span)."""
+
+    def __post_init__(self) -> None:
+        if self.max_span < 1 or self.ramp < 1 or self.query_block < 1:
+            raise ValueError(
+                f"max_span, ramp and query_block must be >= 1, got {self.max_span}, {self.ramp}, {self.query_block}"
+            )
+        if not 0.0 <= self.init_span <= 1.0:
+            raise ValueError(f"init_span is a fraction of max_span in [0, 1], got {self.init_span!r}")
+
+
+def span_ramp(distance: Tensor, span: Tensor, ramp: int) -> Tensor:
+    """m_z(x) = clamp((R + z − x) / R, 0, 1)."""
+    return ((ramp + span - distance) / ramp).clamp(0.0, 1.0)
+
+
+@register(
+    "attention",
+    "adaptive_span",
+    options=AdaptiveSpanOptions,
+    capabilities=Capabilities(causal=True, exact=True, streaming="exact", noncausal=False),
+)
+class AdaptiveSpanAttention(Attention):
+    def __init__(self, cfg: Any, options: AdaptiveSpanOptions, position: Any, layer: int) -> None:
+        super().__init__(cfg, options, position, layer)
+        if options.dynamic:
+            self.span_proj = nn.Linear(cfg.d_head, 1)  # per-head v, b on the query
+            nn.init.zeros_(self.span_proj.weight)
+            p = min(max(options.init_span, 1e-4), 1 - 1e-4)
+            nn.init.constant_(self.span_proj.bias, math.log(p / (1 - p)))
+            self.span_frac = None
+        else:
+            self.span_frac = nn.Parameter(torch.full((cfg.n_heads,), float(options.init_span)))
+
+    @property
+    def max_cache(self) -> int | None:
+        return self.options.max_span + self.options.ramp
+
+    def spans(self, q: Tensor) -> Tensor:
+        """(B, H, T) spans in positions (static spans broadcast over batch and time)."""
+        s = self.options.max_span
+        if self.span_frac is not None:
+            return (self.span_frac.clamp(0.0, 1.0) * s).view(1, -1, 1).expand(q.shape[0], -1, q.shape[2])
+        return s * torch.sigmoid(self.span_proj(q)).squeeze(-1)
+
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        k_valid: Tensor,
+        ctx: ForwardContext,
+    ) -> Tensor:
+        t, s = q.shape[2], k.shape[2]
+        spans = self.spans(q)
+        ctx.add_aux("adaptive_span_l1", spans.mean() / self.options.max_span)
+        reach = math.ceil(float(spans.detach().max()) + self.options.ramp)  # no key further than this counts
+        mask = visible_mask(t, k_valid, causal=True)
+        outs, n_scores = [], 0
+        blk = self.options.query_block
+        for start in range(0, t, blk):
+            stop = min(t, start + blk)
+            k_hi = s - t + stop  # last key visible to this block (exclusive)
+            k_lo = max(0, s - t + start - reach)
+            qb, kb, vb = q[:, :, start:stop], k[:, :, k_lo:k_hi], v[:, :, k_lo:k_hi]
+            qp, kp = q_pos[:, start:stop], k_pos[:, k_lo:k_hi]
+            logits = self.position.logits(qb, kb, qp, kp, self.layer)
+            dist = (qp.unsqueeze(-1) - kp.unsqueeze(-2)).unsqueeze(1).to(q.dtype)  # (B, 1, tb, kb)
+            ramp = span_ramp(dist, spans[:, :, start:stop].unsqueeze(-1), self.options.ramp)
+            allowed = mask[:, :, start:stop, k_lo:k_hi] & (ramp > 0)
+            logits = logits + torch.where(allowed, ramp.clamp_min(1e-30).log(), torch.zeros_like(ramp))
+            logits = logits.masked_fill(~allowed, float("-inf"))
+            probs = torch.nan_to_num(torch.softmax(logits, dim=-1), nan=0.0)
+            dropped = self.attn_dropout(probs) if self.training else probs
+            out = torch.matmul(dropped, vb)
+            extra = self.position.value_term(dropped, qp, kp, self.layer)
+            outs.append(out if extra is None else out + extra)
+            n_scores += qb.shape[2] * kb.shape[2]
+        if ctx.collect_info:
+            ctx.add_info(f"backbone/adaptive_span/scores/layer{self.layer}", n_scores)
+            ctx.add_info(f"backbone/adaptive_span/span/layer{self.layer}", spans.detach().mean())
+        return torch.cat(outs, dim=2)
