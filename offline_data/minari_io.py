@@ -1,0 +1,398 @@
+"""Read and write Minari datasets (minari 0.5) as lists of `Episode`, without jax or a DataCollector.
+
+Minari keeps a dataset with id `namespace/name-vN` under `<root>/namespace/name-vN/data/` (metadata.json +
+main_data.hdf5); `<root>` is `$MINARI_DATASETS_PATH`, else `~/.minari/datasets`, read at call time, so
+every function here takes `root=` and sets the variable only for its own duration. Each stored episode has
+T + 1 observations and T actions / rewards / flags; `read_minari` splits them into aligned `observations`
+and `next_observations` (see `offline_data.episode`). Writing goes through
+`minari.create_dataset_from_buffers` with one `EpisodeBuffer` per episode, then checks that the reference
+scores and env specs really landed in metadata.json: Minari silently drops the references when it is
+given neither `env` nor `eval_env`, and it cannot `gym.make` an env whose extra is not installed
+(MuJoCo), so missing keys are written afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import os
+import shutil
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.envs.registration import EnvSpec
+
+from offline_data.episode import DatasetInfo, Episode, OfflineDataset
+
+__all__ = [
+    "dataset_path",
+    "infer_spaces",
+    "minari_root",
+    "read_minari",
+    "validate_dataset_id",
+    "write_minari_dataset",
+]
+
+ROOT_ENV_VAR = "MINARI_DATASETS_PATH"
+
+
+@contextlib.contextmanager
+def minari_root(root: str | os.PathLike[str] | None) -> Iterator[None]:
+    """Point Minari at `root` (sets MINARI_DATASETS_PATH) for the duration; None keeps the current one."""
+    if root is None:
+        yield
+        return
+    old = os.environ.get(ROOT_ENV_VAR)
+    os.environ[ROOT_ENV_VAR] = str(Path(root).expanduser().resolve())
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(ROOT_ENV_VAR, None)
+        else:
+            os.environ[ROOT_ENV_VAR] = old
+
+
+def validate_dataset_id(dataset_id: str) -> None:
+    """Raise `ValueError` unless `dataset_id` is a versioned Minari id such as `rlt/hopper/medium-v0`."""
+    from minari.dataset.minari_dataset import DATASET_ID_RE
+
+    match = DATASET_ID_RE.fullmatch(dataset_id)
+    if match is None or match.group("version") is None:
+        raise ValueError(
+            f"malformed Minari dataset id {dataset_id!r}: expected (namespace/)name-vN with letters, digits, "
+            "'-', '_' and a version, e.g. 'rlt/hopper/medium-v0'"
+        )
+
+
+def dataset_path(dataset_id: str, root: str | os.PathLike[str] | None = None) -> Path:
+    """Directory of a Minari dataset id under `root` (whether or not it exists)."""
+    from minari.storage.datasets_root_dir import get_dataset_path
+
+    validate_dataset_id(dataset_id)
+    with minari_root(root):
+        return get_dataset_path(dataset_id)
+
+
+def _next_free_id(dataset_id: str) -> str:
+    from minari.dataset.minari_dataset import gen_dataset_id, parse_dataset_id
+    from minari.storage.datasets_root_dir import get_dataset_path
+
+    namespace, name, version = parse_dataset_id(dataset_id)
+    while True:
+        version += 1
+        candidate = gen_dataset_id(namespace, name, version)
+        if not get_dataset_path(candidate).exists():
+            return candidate
+
+
+def check_writable(
+    dataset_id: str, root: str | os.PathLike[str] | None = None, overwrite: bool = False
+) -> None:
+    """Raise `FileExistsError` if the id exists under `root` and `overwrite` is False (no side effects)."""
+    path = dataset_path(dataset_id, root)
+    if path.exists() and not overwrite:
+        with minari_root(root):
+            free = _next_free_id(dataset_id)
+        raise FileExistsError(
+            f"Minari dataset {dataset_id!r} already exists at {path}; pass overwrite=True (CLI: --overwrite) "
+            f"to replace it, or use a new version such as {free!r}"
+        )
+
+
+# ----------------------------------------------------------------------------------------------- reading
+
+
+def _resolve_minari(source: Any, root: str | os.PathLike[str] | None) -> tuple[Any, str]:
+    """A `MinariDataset` for an id, a dataset directory, its data/ directory, or a MinariDataset."""
+    import minari
+
+    if isinstance(source, minari.MinariDataset):
+        return source, source.spec.dataset_id
+    text = str(source)
+    path = Path(text).expanduser()
+    if path.exists():
+        if path.is_file() and path.name == "main_data.hdf5":
+            path = path.parent
+        if (path / "metadata.json").is_file():
+            return minari.MinariDataset(path), text
+        if (path / "data" / "metadata.json").is_file():
+            return minari.MinariDataset(path / "data"), text
+        raise ValueError(
+            f"{text!r} is neither a Minari dataset directory (no data/metadata.json) nor its data/"
+        )
+    validate_dataset_id(text)
+    with minari_root(root):
+        try:
+            return minari.load_dataset(text, download=False), text
+        except FileNotFoundError:
+            from minari.storage.datasets_root_dir import get_dataset_path
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                local = list(minari.list_local_datasets())
+            close = difflib.get_close_matches(text, local, n=3)
+            hint = f" Did you mean {close}?" if close else f" Local datasets: {local or 'none'}."
+            raise FileNotFoundError(
+                f"Minari dataset {text!r} not found under {get_dataset_path()} (set root= or "
+                f"{ROOT_ENV_VAR}; nothing is downloaded).{hint}"
+            ) from None
+
+
+def _flatten_observations(obs: Any, space: gym.spaces.Space, where: str) -> np.ndarray:
+    if isinstance(space, gym.spaces.Box):
+        return np.asarray(obs)
+    if isinstance(space, gym.spaces.Dict) and all(
+        isinstance(s, gym.spaces.Box) for s in space.spaces.values()
+    ):
+        parts = [np.asarray(obs[key]) for key in space.spaces]
+        return np.concatenate([p.reshape(len(p), -1) for p in parts], axis=1)
+    raise ValueError(
+        f"{where}: unsupported observation space {space}; supported: Box, or Dict of Box (flattened)"
+    )
+
+
+def _flat_observation_space(space: gym.spaces.Space, where: str) -> tuple[gym.spaces.Space, bool]:
+    if isinstance(space, gym.spaces.Box):
+        return space, False
+    if isinstance(space, gym.spaces.Dict) and all(
+        isinstance(s, gym.spaces.Box) for s in space.spaces.values()
+    ):
+        return gym.spaces.flatten_space(space), True
+    raise ValueError(
+        f"{where}: unsupported observation space {space}; supported: Box, or Dict of Box (flattened)"
+    )
+
+
+def check_action_space(space: gym.spaces.Space, where: str) -> None:
+    """Raise `ValueError` unless the action space is a Box or a Discrete."""
+    if not isinstance(space, gym.spaces.Box | gym.spaces.Discrete):
+        raise ValueError(f"{where}: unsupported action space {space}; supported: Box, Discrete")
+
+
+def _spec_from_json(text: Any) -> EnvSpec | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return EnvSpec.from_json(text)
+    except Exception:  # a spec written by another gymnasium version: the episodes are still usable
+        return None
+
+
+def read_minari(source: Any, *, root: str | os.PathLike[str] | None = None) -> OfflineDataset:
+    """Episodes and metadata of a Minari dataset given by id (under `root`), directory or `MinariDataset`.
+
+    Raises `ValueError` naming the dataset and episode for misaligned lengths, non-finite values or empty
+    episodes, and for observation / action spaces other than Box (or Dict of Box) / Box or Discrete.
+    """
+    from minari.dataset.minari_storage import MinariStorage
+
+    dataset, name = _resolve_minari(source, root)
+    raw_meta = MinariStorage.read_raw_metadata(dataset.spec.data_path)
+    obs_space, flattened = _flat_observation_space(dataset.observation_space, f"Minari dataset {name!r}")
+    check_action_space(dataset.action_space, f"Minari dataset {name!r}")
+    if dataset.total_episodes == 0:
+        raise ValueError(f"Minari dataset {name!r} holds no episodes")
+    episodes: list[Episode] = []
+    seeds = [meta.get("seed") for meta in dataset.storage.get_episode_metadata(dataset.episode_indices)]
+    for index, (episode, seed) in enumerate(zip(dataset.iterate_episodes(), seeds, strict=True)):
+        where = f"Minari dataset {name!r} episode {index}"
+        obs = _flatten_observations(episode.observations, dataset.observation_space, where)
+        try:
+            episodes.append(
+                Episode.from_observation_sequence(
+                    obs,
+                    episode.actions,
+                    episode.rewards,
+                    episode.terminations,
+                    episode.truncations,
+                    seed=None if seed is None else int(seed),
+                )
+            )
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+    ref_min, ref_max = raw_meta.get("ref_min_score"), raw_meta.get("ref_max_score")
+    has_refs = ref_min is not None and ref_max is not None
+    info = DatasetInfo(
+        source=name,
+        format="minari",
+        observation_space=obs_space,
+        action_space=dataset.action_space,
+        dataset_id=raw_meta.get("dataset_id"),
+        env_spec=dataset.env_spec,
+        eval_env_spec=_spec_from_json(raw_meta.get("eval_env_spec")),
+        ref_min_score=float(ref_min) if has_refs else None,
+        ref_max_score=float(ref_max) if has_refs else None,
+        ref_scores_source="dataset" if has_refs else None,
+        observations_flattened=flattened,
+        metadata=raw_meta,
+    )
+    return OfflineDataset(episodes, info)
+
+
+# ----------------------------------------------------------------------------------------------- writing
+
+
+def infer_spaces(episodes: Sequence[Episode]) -> tuple[gym.spaces.Box, gym.spaces.Space]:
+    """Observation / action spaces implied by the data when no env says otherwise.
+
+    Observations: unbounded Box of the stored shape and dtype. Integer actions: Discrete(max + 1).
+    Float actions: Box on [-1, 1] when every action lies there (the D4RL convention), else on the
+    per-dimension data range.
+    """
+    if not episodes:
+        raise ValueError("cannot infer spaces from an empty list of episodes")
+    first = episodes[0]
+    obs_dtype = (
+        first.observations.dtype if np.issubdtype(first.observations.dtype, np.floating) else np.float32
+    )
+    obs_space = gym.spaces.Box(-np.inf, np.inf, shape=first.observations.shape[1:], dtype=obs_dtype)
+    actions = np.concatenate([ep.actions for ep in episodes], axis=0)
+    if np.issubdtype(actions.dtype, np.integer):
+        if actions.ndim != 1 or actions.min() < 0:
+            raise ValueError(
+                f"integer actions must be 1-D and >= 0 to form a Discrete space, got shape {actions.shape} "
+                f"and minimum {actions.min()}"
+            )
+        return obs_space, gym.spaces.Discrete(int(actions.max()) + 1)
+    low, high = actions.min(axis=0), actions.max(axis=0)
+    if low.min() >= -1.0 and high.max() <= 1.0:
+        low, high = np.full_like(low, -1.0), np.full_like(high, 1.0)
+    return obs_space, gym.spaces.Box(low, high, dtype=actions.dtype)
+
+
+def _as_spec(env: str | EnvSpec | gym.Env | None) -> EnvSpec | None:
+    if env is None or isinstance(env, EnvSpec):
+        return env
+    if isinstance(env, gym.Env):
+        return env.spec
+    return gym.spec(env)
+
+
+def _makeable(spec: EnvSpec) -> bool:
+    try:
+        gym.make(spec).close()
+    except Exception:  # e.g. gymnasium.error.DependencyNotInstalled for MuJoCo without `mujoco`
+        return False
+    return True
+
+
+def _to_buffer(episode: Episode, obs_space: gym.spaces.Space, act_space: gym.spaces.Space) -> Any:
+    from minari.data_collector.episode_buffer import EpisodeBuffer
+
+    observations = episode.all_observations
+    if isinstance(obs_space, gym.spaces.Box):
+        observations = observations.astype(obs_space.dtype, copy=False)
+    if isinstance(act_space, gym.spaces.Discrete):
+        actions = episode.actions.astype(np.int64)
+    else:
+        actions = episode.actions.astype(act_space.dtype, copy=False)
+    return EpisodeBuffer(
+        seed=episode.seed,
+        observations=observations,
+        actions=actions,
+        rewards=episode.rewards,
+        terminations=episode.terminations,
+        truncations=episode.truncations,
+    )
+
+
+def write_minari_dataset(
+    dataset_id: str,
+    episodes: Sequence[Episode],
+    *,
+    env: str | EnvSpec | gym.Env | None = None,
+    eval_env: str | EnvSpec | gym.Env | None = None,
+    observation_space: gym.spaces.Space | None = None,
+    action_space: gym.spaces.Space | None = None,
+    ref_min_score: float | None = None,
+    ref_max_score: float | None = None,
+    algorithm_name: str | None = None,
+    author: str | None = None,
+    author_email: str | None = None,
+    code_permalink: str | None = None,
+    description: str | None = None,
+    extra_metadata: dict[str, Any] | None = None,
+    root: str | os.PathLike[str] | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write `episodes` as Minari dataset `dataset_id` under `root`; returns its directory.
+
+    `env` is the collection env (id, spec or instance; its spec and spaces are stored), `eval_env` the
+    evaluation env (defaults to `env`). Spaces default to the env's, else `infer_spaces`. Reference scores
+    must be given together; they are verified in metadata.json after writing. An existing id raises
+    `FileExistsError` unless `overwrite`; a failed write removes the half-written directory.
+    """
+    validate_dataset_id(dataset_id)
+    if not episodes:
+        raise ValueError(f"no episodes to write to Minari dataset {dataset_id!r}")
+    if (ref_min_score is None) != (ref_max_score is None):
+        raise ValueError(
+            f"give both reference scores or neither, got ref_min_score={ref_min_score!r}, "
+            f"ref_max_score={ref_max_score!r}"
+        )
+    env_spec = _as_spec(env)
+    eval_spec = _as_spec(eval_env) or env_spec
+    if env_spec is not None and _makeable(env_spec):
+        with contextlib.closing(gym.make(env_spec)) as made:
+            observation_space = observation_space or made.observation_space
+            action_space = action_space or made.action_space
+        minari_env, minari_eval = env_spec, eval_spec
+    else:  # store the specs ourselves below: Minari would try (and fail) to gym.make them
+        minari_env, minari_eval = None, None
+    if observation_space is None or action_space is None:
+        inferred_obs, inferred_act = infer_spaces(episodes)
+        observation_space = observation_space or inferred_obs
+        action_space = action_space or inferred_act
+    check_action_space(action_space, f"Minari dataset {dataset_id!r}")
+
+    import minari
+
+    check_writable(dataset_id, root, overwrite)
+    path = dataset_path(dataset_id, root)
+    with minari_root(root):
+        if path.exists():
+            shutil.rmtree(path)
+        try:
+            with warnings.catch_warnings():
+                # the None-valued optional fields are deliberate; Minari warns for each
+                warnings.filterwarnings("ignore", message=r".*is set to None", category=UserWarning)
+                warnings.filterwarnings("ignore", message=r"env_spec is None", category=UserWarning)
+                dataset = minari.create_dataset_from_buffers(
+                    dataset_id,
+                    [_to_buffer(ep, observation_space, action_space) for ep in episodes],
+                    env=minari_env,
+                    eval_env=minari_eval,
+                    observation_space=observation_space,
+                    action_space=action_space,
+                    algorithm_name=algorithm_name,
+                    author=author,
+                    author_email=author_email,
+                    code_permalink=code_permalink,
+                    ref_min_score=ref_min_score,
+                    ref_max_score=ref_max_score,
+                    description=description,
+                    jpeg_encoding=False,
+                )
+            stored = dataset.storage.metadata
+            wanted: dict[str, Any] = dict(extra_metadata or {})
+            if ref_min_score is not None and ref_max_score is not None:
+                wanted["ref_min_score"] = float(ref_min_score)
+                wanted["ref_max_score"] = float(ref_max_score)
+            if env_spec is not None and "env_spec" not in stored:
+                wanted["env_spec"] = env_spec.to_json()
+            if eval_spec is not None and "eval_env_spec" not in stored:
+                wanted["eval_env_spec"] = eval_spec.to_json()
+            dataset.storage.update_metadata(wanted)
+            stored = dataset.storage.metadata
+            for key in ("ref_min_score", "ref_max_score"):
+                if key in wanted and stored.get(key) != wanted[key]:
+                    raise RuntimeError(f"{key} did not land in {dataset_id!r} metadata: {stored.get(key)!r}")
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+    return path
