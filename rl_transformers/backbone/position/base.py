@@ -3,10 +3,11 @@
 A scheme acts at one of four places, declared by ``kind``:
 
 - ``"input"``: adds a vector to the hidden states before a layer (sinusoidal, learned);
-- ``"qk"``: transforms queries and keys by their positions (RoPE, XPOS) - works with every attention,
-  including the kernel / linear family;
+- ``"qk"``: transforms queries and keys by their positions (RoPE) - works with every attention, including the
+  kernel / linear family;
 - ``"bias"``: adds a bias that depends only on q_pos - k_pos to the logits (ALiBi, T5, KERPLE, Sandwich);
-- ``"scores"``: computes the logits itself and may add a value term (Shaw, Transformer-XL, DA).
+- ``"scores"``: computes the logits itself and may add a value term (Shaw, Transformer-XL, DA, and XPOS, whose
+  exponential scale is applied relative to the query block so long streams never overflow).
 
 Attention kernels call :meth:`Position.logits` on any sub-blocks of queries and keys, passing the absolute
 positions of those queries and keys, so banded / blocked kernels get every "bias"/"scores" scheme for free.

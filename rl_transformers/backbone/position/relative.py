@@ -1,0 +1,159 @@
+"""Learned relative schemes that build the logits themselves (kind ``"scores"``): ``shaw``, ``xl_relative``.
+
+- ``shaw`` (Shaw et al. 2018, arXiv 1803.02155): clipped relative key and value embeddings a^K_r, a^V_r for
+  r = clip(j - i, -k, k) (2k + 1 learned vectors of width D per layer, shared by the heads):
+  logits_ij = q_i·(k_j + a^K_{r(i,j)}) / sqrt(D) and out_i = Σ_j α_ij (v_j + a^V_{r(i,j)}). No per-pair
+  D-vectors are built: the key term is q @ A^K^T over the 2k + 1 distances, then gathered per pair; the value
+  term scatter-adds α_ij into the 2k + 1 distance buckets, then multiplies by A^V (:meth:`value_term`).
+- ``xl_relative`` (Dai et al. 2019, arXiv 1901.02860): sinusoidal embeddings R_{i-j} (width d_model) of the
+  distance, a per-layer projection W_R (d_model -> H·D) and two global per-head vectors u, v (H, D) shared by
+  all layers: logits_ij = ((q_i + u)·k_j + (q_i + v)·W_R R_{i-j}) / sqrt(D). The position term is evaluated
+  once per distinct distance: when the query and key positions are consecutive runs with one common offset
+  (training passes, KV-cache streaming) with the rel-shift trick over the Tq + Tk - 1 distances; otherwise
+  (rows reset at different times, non-contiguous blocks) by a gather from the distinct distances. Both are
+  exact.
+
+Shapes: q (B, H, *, Tq, D), k (B, H, *, Tk, D), q_pos (B, *, Tq), k_pos (B, *, Tk) long; logits
+(B, H, *, Tq, Tk). Positions come from q_pos / k_pos, which continue across streaming chunks, so both schemes
+stream exactly and are shift-invariant. Cost: O(B·H·Tq·(Tk + 2k + 1)·D) for shaw, O(B·H·Tq·(Tq + Tk)·D) plus
+O((Tq + Tk)·d_model·H·D) for xl_relative; memory O(B·H·Tq·Tk) in both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rl_transformers.backbone.position.absolute import sinusoid_table
+from rl_transformers.backbone.position.base import NoOptions, Position, relative
+from rl_transformers.backbone.registry import register
+
+
+def per_head(p: Tensor, like: Tensor) -> Tensor:
+    """(H, D) per-head vector shaped (H, 1, ..., D) to broadcast against ``like`` (B, H, *, T, D)."""
+    return p.view((p.shape[0],) + (1,) * (like.dim() - 3) + (p.shape[1],))
+
+
+# -- Shaw ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ShawOptions:
+    max_distance: int = 16
+    """k: relative distances j - i are clipped to [-k, k] (2k + 1 learned key and value vectors per layer)."""
+
+    def __post_init__(self) -> None:
+        if self.max_distance < 1:
+            raise ValueError(f"shaw max_distance must be >= 1, got {self.max_distance!r}")
+
+
+@register("position", "shaw", options=ShawOptions)
+class ShawPosition(Position):
+    kind = "scores"
+
+    def __init__(self, cfg: Any, options: ShawOptions) -> None:
+        super().__init__(cfg, options)
+        n = 2 * options.max_distance + 1
+        self.keys = nn.Parameter(torch.randn(cfg.n_layers, n, cfg.d_head) * 0.02)
+        """(n_layers, 2k + 1, D) a^K per clipped distance (index r + k)."""
+        self.values = nn.Parameter(torch.randn(cfg.n_layers, n, cfg.d_head) * 0.02)
+        """(n_layers, 2k + 1, D) a^V per clipped distance (index r + k)."""
+
+    def buckets(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """(B, 1, *, Tq, Tk) index clip(j - i, -k, k) + k."""
+        k = self.options.max_distance
+        return (-relative(q_pos, k_pos)).clamp(-k, k).add(k).unsqueeze(1)
+
+    def logits(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        content = torch.matmul(q, k.transpose(-1, -2))
+        per_distance = torch.matmul(q, self.keys[layer].to(q.dtype).transpose(0, 1))  # (B, H, *, Tq, 2k+1)
+        index = self.buckets(q_pos, k_pos).expand(*per_distance.shape[:-1], k_pos.shape[-1])
+        return (content + torch.gather(per_distance, -1, index)) * self.scale
+
+    def value_term(self, probs: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        index = self.buckets(q_pos, k_pos).expand_as(probs)
+        mass = probs.new_zeros(*probs.shape[:-1], self.keys.shape[1]).scatter_add(-1, index, probs)
+        return torch.matmul(mass, self.values[layer].to(probs.dtype))
+
+
+# -- Transformer-XL ------------------------------------------------------------------------------------------
+def rel_shift(x: Tensor, tk: int) -> Tensor:
+    """out[..., i, j] = x[..., i, Tq - 1 - i + j] for x (..., Tq, Tq + Tk - 1) -> out (..., Tq, Tk).
+
+    If column c of x holds distance d_max - c (d_max = the largest query-key distance), then out[i, j] holds
+    the distance d_max - (Tq - 1) + i - j, i.e. the pair (i, j) of consecutive query and key positions. Done with
+    one pad and reshapes (Dai et al. 2019): padding one column makes row i start Tq - 1 - i steps further.
+    """
+    tq, n = x.shape[-2], x.shape[-1]
+    if n != tq + tk - 1:
+        raise ValueError(f"rel_shift needs Tq + Tk - 1 = {tq + tk - 1} columns, got {n}")
+    flat = F.pad(x, (0, 1)).flatten(-2)  # row i starts at i·(n + 1)
+    return flat[..., tq - 1 : tq - 1 + tq * n].unflatten(-1, (tq, n))[..., :tk]
+
+
+def contiguous_offset(q_pos: Tensor, k_pos: Tensor) -> int | None:
+    """q_pos[..., 0] - k_pos[..., 0] if both are consecutive runs with one offset in every row, else None."""
+    tq, tk = q_pos.shape[-1], k_pos.shape[-1]
+    steps_q = torch.arange(tq, device=q_pos.device)
+    steps_k = torch.arange(tk, device=k_pos.device)
+    if not torch.equal(q_pos - q_pos[..., :1], steps_q.expand_as(q_pos)):
+        return None
+    if not torch.equal(k_pos - k_pos[..., :1], steps_k.expand_as(k_pos)):
+        return None
+    offset = (q_pos[..., 0] - k_pos[..., 0]).flatten()
+    if offset.numel() == 0 or not bool((offset == offset[0]).all()):
+        return None
+    return int(offset[0])
+
+
+def distinct_distances(rel: Tensor) -> tuple[Tensor, Tensor]:
+    """(values (U,), index like ``rel``) with values[index] == rel, for per-distance tables.
+
+    A dense range min..max when it is short (at most Tq + Tk values, e.g. rows reset at different times), else
+    the sorted distinct values (``torch.unique``), so arbitrary positions never build a huge table.
+    """
+    lo, hi = int(rel.min()), int(rel.max())
+    if hi - lo + 1 <= rel.shape[-2] + rel.shape[-1]:
+        return torch.arange(lo, hi + 1, device=rel.device), rel - lo
+    return torch.unique(rel, return_inverse=True)
+
+
+@register("position", "xl_relative", options=NoOptions)
+class XLRelativePosition(Position):
+    kind = "scores"
+
+    def __init__(self, cfg: Any, options: NoOptions) -> None:
+        super().__init__(cfg, options)
+        h, dh = cfg.n_heads, cfg.d_head
+        self.u = nn.Parameter(torch.randn(h, dh) * 0.02)
+        """(H, D) global content bias u (shared by all layers)."""
+        self.v = nn.Parameter(torch.randn(h, dh) * 0.02)
+        """(H, D) global position bias v (shared by all layers)."""
+        self.r_proj = nn.ModuleList(nn.Linear(cfg.d_model, h * dh, bias=False) for _ in range(cfg.n_layers))
+        """Per-layer W_R: d_model -> H·D."""
+
+    def projected(self, dist: Tensor, layer: int, like: Tensor) -> Tensor:
+        """W_R R_dist of distances dist (N,) as (H, 1, ..., D, N), right-multiplying ``like`` (B, H, *, T, D)."""
+        proj = cast(nn.Linear, self.r_proj[layer])
+        emb = sinusoid_table(dist, self.cfg.d_model).to(proj.weight.dtype)
+        p = proj(emb).view(-1, self.n_heads, self.d_head).permute(1, 2, 0)  # (H, D, N)
+        return p.reshape((self.n_heads,) + (1,) * (like.dim() - 4) + p.shape[1:]).to(like.dtype)
+
+    def position_scores(self, qv: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        """(q + v)·W_R R_{i-j} for every pair, (B, H, *, Tq, Tk) (unscaled)."""
+        tq, tk = q_pos.shape[-1], k_pos.shape[-1]
+        offset = contiguous_offset(q_pos, k_pos)
+        if offset is not None:
+            # Columns: distances from the largest, offset + Tq - 1, down to the smallest, offset - (Tk - 1).
+            dist = offset + tq - 1 - torch.arange(tq + tk - 1, device=q_pos.device)
+            return rel_shift(torch.matmul(qv, self.projected(dist, layer, qv)), tk)
+        distinct, index = distinct_distances(relative(q_pos, k_pos))
+        per_distance = torch.matmul(qv, self.projected(distinct, layer, qv))  # (B, H, *, Tq, U)
+        return torch.gather(per_distance, -1, index.unsqueeze(1).expand(*per_distance.shape[:-1], tk))
+
+    def logits(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        content = torch.matmul(q + per_head(self.u.to(q.dtype), q), k.transpose(-1, -2))
+        position = self.position_scores(q + per_head(self.v.to(q.dtype), q), q_pos, k_pos, layer)
+        return (content + position) * self.scale
