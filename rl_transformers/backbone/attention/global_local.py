@@ -1,0 +1,391 @@
+"""Window + global patterns: ``longformer``, ``bigbird`` and ``etc``.
+
+``longformer`` (Beltagy et al. 2020, arXiv 2004.05150): a (dilated) sliding window plus global tokens. Head h
+with dilation d_h sees keys j with |i - j| <= w·d_h and (i - j) mod d_h == 0 (causal: 0 <= i - j; so w + 1 keys
+incl. itself causal, 2w + 1 bidirectional). ``global_tokens`` are absolute positions (since reset) that are
+symmetric: a global query attends every key, and every query attends the global keys; causal: only keys j <= i
+in both directions. Streaming keeps a bounded state: a window of the last max(w·max d, max global position)
+keys plus the keys of the global positions seen so far (exact).
+
+``bigbird`` (Zaheer et al. 2020, arXiv 2007.14062): positions in blocks of ``block`` tokens; a query of block m
+attends the blocks m - b_w .. m + b_w (causal: .. m, keys j <= i), the global tokens (symmetric, as above) and
+``n_random`` random key blocks per query block, shared by all heads and drawn with a ``torch.Generator`` seeded
+from (``seed``, m) so the pattern is deterministic and does not depend on the sequence length. Causal: random
+blocks are drawn from the past blocks 0 .. m - b_w - 1 only; bidirectional: from every block of the call
+outside the window. Random keys reach the whole past, so streaming keeps the exact unbounded KV cache.
+
+``etc`` (Ainslie et al. 2020, arXiv 2004.08483, global-local attention): the first ``n_global`` positions are the
+global input (g2g, g2l: they attend every key) and all later positions the long input; long tokens attend all
+global tokens (l2g) and the long tokens within radius r (l2l, |i - j| <= r); causal: keys j <= i everywhere.
+We chose existing tokens (the first n_global positions, e.g. a task / return-to-go prefix) rather than separate
+learned global tokens, which would need hidden states of their own flowing through every layer of the stack.
+Same bounded streaming state as ``longformer``.
+
+All three run as a band (window) part, a global-column part and a random-block part merged exactly by
+log-sum-exp, plus dense rows for the global queries (see ``_banded``): O(T·(w·d + G) + G·S) per head for
+longformer / etc, O(T·b·(2 b_w + 1 + n_random) + T·G + G·S) for bigbird; never T x S.
+Shapes: q (B, H, T, D), k, v (B, H, S, D), q_pos (B, T), k_pos, k_valid (B, S).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rl_transformers.backbone.attention._banded import (
+    Keys,
+    Part,
+    band_part,
+    columns_part,
+    explicit_keys,
+    gather_keys,
+    gathered_part,
+    global_rows,
+    merge_parts,
+    position_index,
+    query_blocks,
+)
+from rl_transformers.backbone.attention.base import Attention
+from rl_transformers.backbone.context import ForwardContext
+from rl_transformers.backbone.registry import Capabilities, register
+from rl_transformers.backbone.state import KVCache, State
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def _check_positions(name: str, value: Any) -> None:
+    if not isinstance(value, tuple) or any(
+        not isinstance(p, int) or isinstance(p, bool) or p < 0 for p in value
+    ):
+        raise ValueError(f"{name} must be a tuple of positions (ints >= 0), got {value!r}")
+    if len(set(value)) != len(value):
+        raise ValueError(f"{name} has repeated positions: {value!r}")
+
+
+@dataclass
+class GlobalWindowCache(State):
+    """Streaming state of window + global attention.
+
+    window: the last keys (bounded KV cache); k, v (B, H, G, D) and valid (B, G): keys of the global positions
+    already seen (slot g holds global position g of the options).
+    """
+
+    window: KVCache
+    k: Tensor
+    v: Tensor
+    valid: Tensor
+
+
+class _GlobalLocal(Attention):
+    """Window (optionally dilated per head) + symmetric global tokens, with a bounded streaming state."""
+
+    def global_positions(self) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def reach(self) -> int:
+        """Largest |i - j| the window part may reach."""
+        raise NotImplementedError
+
+    def window_allow(self, qp: Tensor, kp: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    @property
+    def max_cache(self) -> int | None:
+        return max([self.reach(), *self.global_positions()])
+
+    def init_state(self, batch: int, device: torch.device | None, dtype: torch.dtype) -> Any:
+        window = KVCache.empty(batch, self.n_heads, self.d_head, device, dtype)
+        g = len(self.global_positions())
+        if g == 0:
+            return window
+        return GlobalWindowCache(
+            window=window,
+            k=torch.zeros(batch, self.n_heads, g, self.d_head, device=device, dtype=dtype),
+            v=torch.zeros(batch, self.n_heads, g, self.d_head, device=device, dtype=dtype),
+            valid=torch.zeros(batch, g, dtype=torch.bool, device=device),
+        )
+
+    def _gpos(self, device: torch.device) -> Tensor:
+        return torch.tensor(self.global_positions(), dtype=torch.long, device=device)
+
+    def _sequence_globals(
+        self, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor, k_valid: Tensor, gpos: Tensor
+    ) -> Keys:
+        want = gpos.expand(q_pos.shape[0], 1, -1)
+        return gather_keys(k, v, k_pos, k_valid, position_index(q_pos, k.shape[2], want), expected_pos=want)
+
+    def core(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        k_valid: Tensor,
+        ctx: ForwardContext,
+        state: Any,
+    ) -> tuple[Tensor, Any]:
+        if not isinstance(state, GlobalWindowCache):
+            return super().core(q, k, v, q_pos, k_pos, k_valid, ctx, state)
+        cache = state.window
+        window = cache.append(k, v, k_pos, k_valid, self.max_cache)
+        k = torch.cat([cache.k, k], dim=2)
+        v = torch.cat([cache.v, v], dim=2)
+        k_pos = torch.cat([cache.pos, k_pos], dim=1)
+        k_valid = torch.cat([cache.valid, k_valid], dim=1)
+        seen = self._sequence_globals(k, v, q_pos, k_pos, k_valid, self._gpos(q.device))
+        keep = state.valid[:, None, :, None]
+        gk = torch.where(keep, state.k, seen.k[:, :, 0])
+        gv = torch.where(keep, state.v, seen.v[:, :, 0])
+        gvalid = state.valid | seen.valid[:, 0]
+        out = self.kernel(q, k, v, q_pos, k_pos, k_valid, (gk, gv, gvalid))
+        return out, GlobalWindowCache(window, gk, gv, gvalid)
+
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        k_valid: Tensor,
+        ctx: ForwardContext,
+    ) -> Tensor:
+        return self.kernel(q, k, v, q_pos, k_pos, k_valid, None)
+
+    def extra_parts(
+        self, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor, k_valid: Tensor, is_global: Any
+    ) -> list[Part]:
+        """Further disjoint parts (bigbird's random blocks)."""
+        return []
+
+    def kernel(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        k_valid: Tensor,
+        stored: tuple[Tensor, Tensor, Tensor] | None,
+    ) -> Tensor:
+        gpos = self._gpos(q.device)
+        s = k.shape[2]
+
+        def is_global(p: Tensor) -> Tensor:
+            if gpos.numel() == 0:
+                return torch.zeros_like(p, dtype=torch.bool)
+            return (p.unsqueeze(-1) == gpos).any(dim=-1)
+
+        reach = self.reach()
+        windows = [(-reach, 0 if self.causal else reach)]
+        parts = [
+            band_part(
+                self, q, k, v, q_pos, k_pos, k_valid, windows,
+                lambda qp, kp: self.window_allow(qp, kp) & ~is_global(kp),
+            )
+        ]  # fmt: skip
+        if gpos.numel():
+            if stored is None:
+                keys = self._sequence_globals(k, v, q_pos, k_pos, k_valid, gpos)
+            else:
+                gk, gv, gvalid = stored
+                keys = explicit_keys(gk, gv, gpos.expand(q.shape[0], -1), gvalid)
+            parts.append(columns_part(self, q, q_pos, s, keys, lambda qp, kp: kp != qp))
+        parts += self.extra_parts(q, k, v, q_pos, k_pos, k_valid, is_global)
+        out = merge_parts(parts)
+        if gpos.numel():
+            out = global_rows(self, q, k, v, q_pos, k_pos, k_valid, gpos, out)
+        return out
+
+
+# ------------------------------------------------------------------------------------------------ longformer
+@dataclass(frozen=True)
+class LongformerOptions:
+    window: int = 32
+    """w: keys on each side of the query (causal: before it) within the (dilated) window."""
+    dilation: tuple[int, ...] = (1,)
+    """d: gap between window keys, one value for all heads or one per head (n_heads values)."""
+    global_tokens: tuple[int, ...] = (0,)
+    """Absolute positions (since reset) of the global tokens: they attend everything and all attend them."""
+
+    def __post_init__(self) -> None:
+        _check_int("longformer window", self.window, 0)
+        if not isinstance(self.dilation, tuple) or not self.dilation:
+            raise ValueError(
+                f"longformer dilation must be a non-empty tuple of ints >= 1, got {self.dilation!r}"
+            )
+        for d in self.dilation:
+            _check_int("longformer dilation", d, 1)
+        _check_positions("longformer global_tokens", self.global_tokens)
+
+
+@register(
+    "attention",
+    "longformer",
+    options=LongformerOptions,
+    capabilities=Capabilities(causal=True, exact=True, streaming="exact"),
+)
+class LongformerAttention(_GlobalLocal):
+    dil: Tensor
+    """(1, H, 1, 1, 1) dilation of each head."""
+
+    def __init__(self, cfg: Any, options: LongformerOptions, position: Any, layer: int) -> None:
+        super().__init__(cfg, options, position, layer)
+        dil = options.dilation * cfg.n_heads if len(options.dilation) == 1 else options.dilation
+        self.register_buffer(
+            "dil", torch.tensor(dil, dtype=torch.long).view(1, -1, 1, 1, 1), persistent=False
+        )
+
+    @classmethod
+    def check_config(cls, cfg: Any, options: Any) -> None:
+        super().check_config(cfg, options)
+        if len(options.dilation) not in (1, cfg.n_heads):
+            raise ValueError(
+                f"longformer dilation needs 1 or n_heads={cfg.n_heads} values, got {options.dilation!r}"
+            )
+
+    def global_positions(self) -> tuple[int, ...]:
+        return tuple(sorted(self.options.global_tokens))
+
+    def reach(self) -> int:
+        return self.options.window * max(self.options.dilation)
+
+    def window_allow(self, qp: Tensor, kp: Tensor) -> Tensor:
+        d = self.dil.to(qp.device)
+        delta = qp - kp
+        return (delta.abs() <= self.options.window * d) & (delta.remainder(d) == 0)
+
+
+# ------------------------------------------------------------------------------------------------------- etc
+@dataclass(frozen=True)
+class EtcOptions:
+    window: int = 32
+    """r: local radius of the long-to-long part (|i - j| <= r; causal: 0 <= i - j <= r)."""
+    n_global: int = 2
+    """The first n_global positions (since reset) are the global input."""
+
+    def __post_init__(self) -> None:
+        _check_int("etc window", self.window, 0)
+        _check_int("etc n_global", self.n_global, 0)
+
+
+@register(
+    "attention",
+    "etc",
+    options=EtcOptions,
+    capabilities=Capabilities(causal=True, exact=True, streaming="exact"),
+)
+class EtcAttention(_GlobalLocal):
+    def global_positions(self) -> tuple[int, ...]:
+        return tuple(range(self.options.n_global))
+
+    def reach(self) -> int:
+        return self.options.window
+
+    def window_allow(self, qp: Tensor, kp: Tensor) -> Tensor:
+        return (qp - kp).abs() <= self.options.window
+
+
+# --------------------------------------------------------------------------------------------------- bigbird
+@dataclass(frozen=True)
+class BigBirdOptions:
+    block: int = 16
+    """b: block length in positions; window, random keys and the compute are organised by blocks."""
+    window_blocks: int = 1
+    """b_w: neighbouring blocks on each side (causal: before) a query block sees (paper: 1, i.e. 3 blocks)."""
+    n_random: int = 2
+    """r: random key blocks per query block."""
+    global_tokens: tuple[int, ...] = (0,)
+    """Absolute positions of the global tokens (symmetric, as in longformer)."""
+    seed: int = 0
+    """Seed of the torch.Generator drawing the random blocks (the pattern is a pure function of it)."""
+
+    def __post_init__(self) -> None:
+        _check_int("bigbird block", self.block, 1)
+        _check_int("bigbird window_blocks", self.window_blocks, 0)
+        _check_int("bigbird n_random", self.n_random, 0)
+        _check_int("bigbird seed", self.seed, 0)
+        _check_positions("bigbird global_tokens", self.global_tokens)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def random_blocks(seed: int, m: int, window: int, r: int, causal: bool, n_total: int) -> tuple[int, ...]:
+    """The r random key blocks of query block m (sorted): from 0 .. m - window - 1 (causal) or from the
+    n_total blocks outside m - window .. m + window (bidirectional)."""
+    if causal:
+        candidates = list(range(max(0, m - window)))
+    else:
+        candidates = [j for j in range(n_total) if abs(j - m) > window]
+    if not candidates or r == 0:
+        return ()
+    g = torch.Generator().manual_seed(seed * 1_000_003 + m)
+    pick = torch.randperm(len(candidates), generator=g)[:r].tolist()
+    return tuple(sorted(candidates[i] for i in pick))
+
+
+@register(
+    "attention",
+    "bigbird",
+    options=BigBirdOptions,
+    capabilities=Capabilities(causal=True, exact=True, streaming="exact"),
+)
+class BigBirdAttention(_GlobalLocal):
+    def global_positions(self) -> tuple[int, ...]:
+        return tuple(sorted(self.options.global_tokens))
+
+    def reach(self) -> int:
+        return (self.options.window_blocks + 1) * self.options.block - 1
+
+    @property
+    def max_cache(self) -> int | None:
+        return None  # random blocks reach the whole past
+
+    def init_state(self, batch: int, device: torch.device | None, dtype: torch.dtype) -> Any:
+        return KVCache.empty(batch, self.n_heads, self.d_head, device, dtype)
+
+    def window_allow(self, qp: Tensor, kp: Tensor) -> Tensor:
+        b = self.options.block
+        return (
+            qp.div(b, rounding_mode="floor") - kp.div(b, rounding_mode="floor")
+        ).abs() <= self.options.window_blocks
+
+    def extra_parts(
+        self, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor, k_valid: Tensor, is_global: Any
+    ) -> list[Part]:
+        o = self.options
+        if o.n_random == 0:
+            return []
+        b, s = o.block, k.shape[2]
+        blocks = query_blocks(q, q_pos, s, b)
+        mq = blocks.pos.div(b, rounding_mode="floor")  # (B, N, c) query block of each query
+        lo, hi = mq[:, :, 0], mq[:, :, -1]  # a compute block spans at most two position blocks
+        m_min, m_max = int(lo.min()), int(hi.max())
+        n_total = int(k_pos.max()) // b + 1
+        table = torch.full((m_max - m_min + 1, o.n_random), -1, dtype=torch.long)
+        for m in range(max(m_min, 0), m_max + 1):
+            picked = random_blocks(o.seed, m, o.window_blocks, o.n_random, self.causal, n_total)
+            table[m - m_min, : len(picked)] = torch.tensor(picked, dtype=torch.long)
+        table = table.to(q.device)
+        src = torch.stack([lo, torch.where(hi != lo, hi, torch.full_like(hi, -1))], dim=-1)  # (B, N, 2)
+        rb = table[(src - m_min).clamp_min(0)]  # (B, N, 2, r)
+        rb = torch.where((src >= 0).unsqueeze(-1), rb, torch.full_like(rb, -1))
+        want = rb.unsqueeze(-1) * b + torch.arange(b, device=q.device)  # (B, N, 2, r, b) positions
+        want = torch.where(rb.unsqueeze(-1) >= 0, want, torch.full_like(want, -1))
+        tag = src[:, :, :, None, None].expand_as(want).flatten(2)  # query block each key was drawn for
+        want = want.flatten(2)
+        keys = gather_keys(k, v, k_pos, k_valid, position_index(q_pos, s, want), expected_pos=want)
+        tag5 = tag[:, None, :, None, :]
+        mq5 = mq[:, None, :, :, None]
+        return [
+            gathered_part(
+                self, blocks, keys, lambda qp, kp: (tag5 == mq5) & ~is_global(kp), include_self=False
+            )
+        ]

@@ -1,0 +1,222 @@
+"""``strided``, ``fixed`` (Sparse Transformer) and ``blockwise`` (BlockBERT) against explicit loop-built masks.
+
+Helpers (loop reference, inputs with per-row offsets / padding / cached keys, "scores" scheme, largest-tensor
+tracker) come from test_local.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rl_transformers.backbone import BackboneConfig
+from tests.backbone import invariants as inv
+from tests.backbone.test_local import (
+    LENGTHS,
+    Pattern,
+    check_against_mask,
+    check_streaming_bounded,
+    largest_tensor,
+    make_inputs,
+    make_layer,
+    run_layer,
+    support,
+)
+
+COMBINES = ["union", "alternate", "split_heads"]
+CAUSAL = pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+
+
+def strided_parts(l: int) -> tuple[Pattern, Pattern]:  # noqa: E741 - the paper's symbol
+    """A(1): 0 <= i - j <= l (both sides when bidirectional); A(2): (i - j) mod l == 0."""
+    return (lambda i, j, h: abs(i - j) <= l), (lambda i, j, h: (i - j) % l == 0)
+
+
+def fixed_parts(l: int, c: int) -> tuple[Pattern, Pattern]:  # noqa: E741
+    """A(1): floor(j / l) == floor(i / l); A(2): j mod l in {l - c, ..., l - 1}."""
+    return (lambda i, j, h: j // l == i // l), (lambda i, j, h: j % l >= l - c)
+
+
+def combined(a1: Pattern, a2: Pattern, combine: str, layer: int, n_heads: int) -> Pattern:
+    def allowed(i: int, j: int, h: int) -> bool:
+        if combine == "union":
+            return a1(i, j, h) or a2(i, j, h)
+        if combine == "alternate":
+            return a1(i, j, h) if layer % 2 == 0 else a2(i, j, h)
+        return a1(i, j, h) if h < (n_heads + 1) // 2 else a2(i, j, h)
+
+    return allowed
+
+
+# ------------------------------------------------------------------------------------------ strided / fixed
+@CAUSAL
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("combine", COMBINES)
+def test_strided_matches_explicit_mask(causal: bool, length: int, combine: str) -> None:
+    for layer in (0, 1):
+        pattern = combined(*strided_parts(3), combine, layer, 3)
+        opts = dict(stride=3, combine=combine, n_heads=3, layer=layer)
+        check_against_mask("strided", pattern, causal, length, length, **opts)
+        check_against_mask("strided", pattern, causal, length + 8, 5, **opts)
+
+
+@CAUSAL
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("combine", COMBINES)
+def test_fixed_matches_explicit_mask(causal: bool, length: int, combine: str) -> None:
+    for layer in (0, 1):
+        for l, c in ((4, 2), (3, 1)):  # noqa: E741
+            pattern = combined(*fixed_parts(l, c), combine, layer, 3)
+            opts = dict(stride=l, summary=c, combine=combine, n_heads=3, layer=layer)
+            check_against_mask("fixed", pattern, causal, length, length, **opts)
+            check_against_mask("fixed", pattern, causal, length + 8, 5, **opts)
+
+
+@CAUSAL
+@pytest.mark.parametrize("name", ["strided", "fixed"])
+def test_combine_modes_give_the_documented_unions(causal: bool, name: str) -> None:
+    opts = dict(stride=4, summary=2) if name == "fixed" else dict(stride=4)
+    a1 = support(name, causal, 19, combine="alternate", layer=0, **opts)  # even layer: A(1) only
+    a2 = support(name, causal, 19, combine="alternate", layer=1, **opts)  # odd layer: A(2) only
+    union = support(name, causal, 19, combine="union", **opts)
+    split = support(name, causal, 19, combine="split_heads", n_heads=4, **opts)
+    assert not torch.equal(a1, a2)
+    torch.testing.assert_close(union, a1 | a2)
+    torch.testing.assert_close(split[:2], a1[:1].expand(2, -1, -1))
+    torch.testing.assert_close(split[2:], a2[:1].expand(2, -1, -1))
+
+
+def test_causal_factorisation_reaches_every_past_position_in_two_hops() -> None:
+    """Child et al.: with A(1) then A(2) (two layers / heads), every j <= i is reachable from i."""
+    for name, opts in (("strided", dict(stride=4)), ("fixed", dict(stride=4, summary=1))):
+        a1 = support(name, True, 25, combine="alternate", layer=0, **opts)[0].double()
+        a2 = support(name, True, 25, combine="alternate", layer=1, **opts)[0].double()
+        reach = (a2 @ a1) > 0  # layer 2 (A(2)) reads layer-1 outputs (A(1))
+        assert torch.equal(reach, torch.ones(25, 25).tril().bool()), name
+
+
+@pytest.mark.parametrize("name", ["strided", "fixed"])
+def test_scores_position_scheme_on_strided_parts(name: str) -> None:
+    for causal in (True, False):
+        parts = fixed_parts(4, 2) if name == "fixed" else strided_parts(3)
+        opts = dict(stride=4, summary=2) if name == "fixed" else dict(stride=3)
+        pattern = combined(*parts, "union", 0, 2)
+        check_against_mask(name, pattern, causal, 23, 23, scores=True, **opts)
+        check_against_mask(name, pattern, causal, 23, 6, scores=True, **opts)
+
+
+def test_strided_and_fixed_stream_exactly() -> None:
+    check_streaming_bounded("strided", stride=3)  # A(2) looks back without bound: full cache
+    check_streaming_bounded("fixed", stride=4, summary=2)
+    # alternate: even layers only need the last l keys
+    bb = inv.tiny_backbone(attention="strided", attention_options={"stride": 3, "combine": "alternate"})
+    inv.check_streaming(bb, length=17)
+    caches = [bb.depth.attention_for(i).max_cache for i in range(2)]
+    assert caches == [3, None]
+
+
+def test_split_heads_needs_two_heads() -> None:
+    with pytest.raises(ValueError, match="split_heads"):
+        BackboneConfig(
+            d_model=8, n_heads=1, attention="strided", attention_options={"combine": "split_heads"}
+        )
+    with pytest.raises(ValueError, match="Did you mean 'union'"):
+        BackboneConfig(attention="fixed", attention_options={"combine": "unoin"})
+    with pytest.raises(ValueError, match="summary=5 must be <= stride=4"):
+        BackboneConfig(attention="fixed", attention_options={"stride": 4, "summary": 5})
+
+
+# ------------------------------------------------------------------------------------------------- blockwise
+def blockwise_pattern(n: int, size: int, perms: list[list[int]], causal: bool) -> Pattern:
+    """Block i (within its super-block of n blocks) attends block perms[h][i] of the same super-block; causal: a
+    future target falls back to the own block (then causal inside it)."""
+
+    def allowed(i: int, j: int, h: int) -> bool:
+        qb, kb = i // size, j // size
+        if qb // n != kb // n:
+            return False
+        target = perms[h][qb % n]
+        if causal and target > qb % n:
+            target = qb % n
+        return kb % n == target
+
+    return allowed
+
+
+@CAUSAL
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize(("n", "size"), [(3, 2), (2, 4)])
+def test_blockwise_matches_explicit_mask(causal: bool, length: int, n: int, size: int) -> None:
+    shifts = [[(i - h) % n for i in range(n)] for h in range(2)]  # default: head h shifts by h
+    pattern = blockwise_pattern(n, size, shifts, causal)
+    check_against_mask("blockwise", pattern, causal, length, length, n_blocks=n, block_size=size)
+    check_against_mask("blockwise", pattern, causal, length + 7, 4, n_blocks=n, block_size=size)
+    perms = ((2, 0, 1), (1, 2, 0)) if n == 3 else ((1, 0), (0, 1))
+    pattern = blockwise_pattern(n, size, [list(p) for p in perms], causal)
+    check_against_mask(
+        "blockwise", pattern, causal, length, length, n_blocks=n, block_size=size, permutations=perms
+    )
+
+
+@CAUSAL
+@pytest.mark.parametrize("length", [7, 13])
+def test_blockwise_whole_sequence_form(causal: bool, length: int) -> None:
+    """block_size=None: the call's keys are cut into n equal blocks by index (BlockBERT)."""
+    n = 3
+    size = -(-length // n)
+    att = make_layer("blockwise", causal, n_blocks=n, block_size=None)
+    q, k, v, _, _, valid = make_inputs(1, 2, length, length)
+    pos = torch.arange(length)[None] + 4  # blocks follow the index, whatever the positions
+    got = run_layer(att, q, k, v, pos, pos, valid)
+    fixed = make_layer("blockwise", causal, n_blocks=n, block_size=size)
+    idx = torch.arange(length)[None]
+    torch.testing.assert_close(got, run_layer(fixed, q, k, v, idx, idx, valid), atol=1e-12, rtol=0)
+    bb = inv.tiny_backbone(attention="blockwise", attention_options={"block_size": None})
+    state = bb(torch.randn(1, 3, 16, dtype=torch.float64)).state
+    with pytest.raises(ValueError, match="block_size"):
+        bb(torch.randn(1, 2, 16, dtype=torch.float64), state=state)
+
+
+@CAUSAL
+def test_blockwise_identity_and_one_block_equals_full(causal: bool) -> None:
+    x = torch.randn(2, 13, 16, dtype=torch.float64)
+    full = inv.tiny_backbone(attention="full", causal=causal)
+    for opts in (
+        {"n_blocks": 1, "block_size": None},
+        {"n_blocks": 1, "block_size": 13, "permutations": ((0,),)},
+    ):
+        bb = inv.tiny_backbone(attention="blockwise", attention_options=opts, causal=causal)
+        with torch.no_grad():
+            torch.testing.assert_close(bb(x).y, full(x).y, atol=1e-12, rtol=0)
+
+
+def test_blockwise_causal_fallback_is_documented_behaviour() -> None:
+    sup = support("blockwise", True, 8, n_blocks=2, block_size=2, permutations=((1, 0),))
+    assert sup[0, 1].nonzero().flatten().tolist() == [0, 1]  # block 0 -> block 1 is future: own block, causal
+    assert sup[0, 3].nonzero().flatten().tolist() == [0, 1, 3]  # block 1 -> block 0 (+ itself)
+    assert sup[0, 5].nonzero().flatten().tolist() == [4, 5]  # next super-block: block 0 -> own block, causal
+    assert sup[0, 6].nonzero().flatten().tolist() == [4, 5, 6]
+    with pytest.raises(ValueError, match="not a permutation of range"):
+        BackboneConfig(attention="blockwise", attention_options={"permutations": ((0, 0),)})
+    with pytest.raises(ValueError, match="1 or n_heads=4 permutations"):
+        BackboneConfig(attention="blockwise", attention_options={"permutations": ((0, 1), (1, 0))})
+
+
+def test_blockwise_streams_with_bounded_cache() -> None:
+    check_streaming_bounded("blockwise", n_blocks=3, block_size=2, bound=5)
+
+
+# --------------------------------------------------------------------------------------------------- memory
+@CAUSAL
+def test_memory_is_far_below_length_squared(causal: bool) -> None:
+    length = 8192
+    cases = {
+        "strided": dict(stride=128),
+        "fixed": dict(stride=128, summary=4),
+        "blockwise": dict(n_blocks=2, block_size=64),
+    }
+    for name, options in cases.items():
+        largest = largest_tensor(name, causal, length, **options)
+        assert largest <= length * length // 8, f"{name}: a tensor of {largest} elements"
+    half = largest_tensor("blockwise", causal, length // 2, n_blocks=2, block_size=64)
+    assert largest <= 2.2 * half
