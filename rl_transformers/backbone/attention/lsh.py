@@ -1,0 +1,338 @@
+"""``lsh``: Reformer's locality-sensitive-hashing attention (Kitaev et al. 2020, arXiv 2001.04451).
+
+Shared-QK: keys are the length-normalised queries, k_j = q_j / |q_j| (this module's ``k_proj`` *is* its
+``q_proj``, so the key of every token - new, cached or from a memory - is its own query direction). Angular LSH
+with random rotations R_r (D x n_buckets/2, one per head and hash round, drawn once from a generator seeded by
+``seed`` and the layer index and kept as a buffer; optionally redrawn from the global RNG at every training
+forward): h_r(x) = argmax([xR_r; -xR_r]). In round r the tokens are sorted by (bucket, index) and each query
+attends the keys of its own bucket that lie at most ``chunk_size`` places before it in that order - causal: the
+``chunk_size`` most recent keys of its bucket; bidirectional: ``chunk_size`` on each side. The kernel cuts the
+sorted sequence into chunks of ``chunk_size`` and lets each chunk look at its predecessor (and successor), as in
+the paper, so time and memory are O(n_hashes · L · chunk_size) per head.
+
+Deviation from the paper, on purpose: Reformer attends "the own chunk and the previous one", so where the chunk
+boundaries fall depends on how many *later* tokens hash into earlier buckets - a causal model then leaks the
+future into the past. Windowing by rank inside the bucket keeps the same cost and makes the layer strictly
+causal and streamable: the KV cache (raw shared keys, optionally bounded by ``max_cache``) is re-hashed and
+re-sorted each call, and any chunking of a sequence gives the full run's outputs.
+
+Self-masking (paper §2.2): a token does not attend to itself (its logit is replaced by -1e4) unless it has no
+other key. Rounds are merged with the paper's log-sum-exp weighting, with logits of pairs met in N_ij rounds
+lowered by log N_ij: the result is *exactly* the softmax over the union of the rounds' key sets, so adding hash
+rounds can only add keys and moves the output towards full (self-masked) attention. With ``n_buckets=1`` and
+``chunk_size >= L`` the layer is full shared-QK attention with the self-masking rule.
+
+"bias" / "scores" position schemes get per-head gathered positions (see :func:`per_head_logits`).
+:func:`reformer_config` builds the Reformer preset (LSH + reversible blocks + chunked FFN).
+
+Shapes: q (B, H, T, D); k, v (B, H, S, D), the T new tokens being the last T keys; internally R = n_hashes
+rounds, n chunks of m = chunk_size sorted tokens, W = 2 (causal) or 3 (bidirectional) chunks of keys per chunk.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from rl_transformers.backbone.attention.base import Attention
+from rl_transformers.backbone.context import ForwardContext
+from rl_transformers.backbone.registry import Capabilities, register
+
+SELF_LOGIT = -1e4
+"""Logit given to a token's own key under shared-QK: weight exp(-1e4) ~ 0 unless the token has no other key."""
+
+
+# -- positions that differ per head (content-based sorting is per head) -------------------------------------------
+def _pick_head(x: Tensor, head: int) -> Tensor:
+    return x[:, head] if x.shape[1] > 1 else x[:, 0]
+
+
+def _head_pos(pos: Tensor, i: int, per_head: bool) -> Tensor:
+    return pos[:, i] if per_head else pos
+
+
+def per_head_logits(
+    att: Attention,
+    q: Tensor,
+    k: Tensor,
+    q_pos: Tensor,
+    k_pos: Tensor,
+    heads: list[int] | None = None,
+) -> Tensor:
+    """Scaled logits with the position scheme, for blocks whose positions may differ per head.
+
+    q (B, h, *, Tq, D), k (B, h, *, Tk, D); q_pos (B, h, *, Tq) and k_pos (B, h, *, Tk) per head, or
+    (B, *, Tq) / (B, *, Tk) shared by the heads. ``heads``: the model head index of each of the h heads (default
+    0..h-1). Schemes that leave the logits alone cost one matmul; "bias" / "scores" schemes are called once per
+    head on that head's positions (their per-head parameters broadcast to all H heads, and head ``heads[i]`` of
+    the result is kept).
+    """
+    position = att.position
+    if not position.modifies_scores:
+        return torch.matmul(q, k.transpose(-1, -2)) * position.scale
+    h = q.shape[1]
+    heads = list(range(h)) if heads is None else heads
+    per_head = q_pos.dim() == q.dim() - 1
+    if not per_head and heads == list(range(att.n_heads)):
+        return position.logits(q, k, q_pos, k_pos, att.layer)
+    out = []
+    for i, head in enumerate(heads):
+        logits = position.logits(
+            q[:, i : i + 1],
+            k[:, i : i + 1],
+            _head_pos(q_pos, i, per_head),
+            _head_pos(k_pos, i, per_head),
+            att.layer,
+        )
+        out.append(_pick_head(logits, head))
+    return torch.stack(out, dim=1)
+
+
+def per_head_value_term(
+    att: Attention,
+    probs: Tensor,
+    q_pos: Tensor,
+    k_pos: Tensor,
+    heads: list[int] | None = None,
+) -> Tensor | None:
+    """The scheme's value term (Shaw) for probs (B, h, *, Tq, Tk) with per-head or shared positions, or None."""
+    position = att.position
+    if not position.modifies_scores:
+        return None
+    h = probs.shape[1]
+    heads = list(range(h)) if heads is None else heads
+    per_head = q_pos.dim() == probs.dim() - 1
+    if not per_head and heads == list(range(att.n_heads)):
+        return position.value_term(probs, q_pos, k_pos, att.layer)
+    out = []
+    for i, head in enumerate(heads):
+        term = position.value_term(
+            probs[:, i : i + 1], _head_pos(q_pos, i, per_head), _head_pos(k_pos, i, per_head), att.layer
+        )
+        if term is None:
+            return None
+        out.append(_pick_head(term, head))
+    return torch.stack(out, dim=1)
+
+
+# -- options ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LSHOptions:
+    n_buckets: int = 8
+    """Hash buckets per round: even (angular LSH uses n_buckets/2 random directions), or 1 = no hashing."""
+    n_hashes: int = 2
+    """Hash rounds; their key sets are merged exactly, so more rounds = closer to full attention."""
+    chunk_size: int = 32
+    """m: each query sees at most m keys of its bucket before it (and m after it when bidirectional), besides
+    itself; the sorted sequence is processed in chunks of m. chunk_size >= L with n_buckets=1 = full attention."""
+    redraw: bool = False
+    """Redraw the random rotations (from the global torch RNG) at every forward in training mode."""
+    seed: int = 0
+    """Seed of the stored rotations (combined with the layer index)."""
+    max_cache: int | None = None
+    """Bound the KV cache to this many past keys; queries then also ignore keys more than max_cache steps back
+    in full runs, so streaming stays exact. None = unbounded."""
+
+    def __post_init__(self) -> None:
+        nb = self.n_buckets
+        if not isinstance(nb, int) or nb < 1 or (nb > 1 and nb % 2):
+            raise ValueError(f"n_buckets must be 1 or an even int >= 2, got {nb!r}")
+        if not isinstance(self.n_hashes, int) or self.n_hashes < 1:
+            raise ValueError(f"n_hashes must be an int >= 1, got {self.n_hashes!r}")
+        if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be an int >= 1, got {self.chunk_size!r}")
+        if self.max_cache is not None and self.max_cache < 1:
+            raise ValueError(f"max_cache must be >= 1 or None, got {self.max_cache!r}")
+
+
+def draw_rotations(
+    n_hashes: int, n_heads: int, d_head: int, n_buckets: int, generator: torch.Generator | None = None
+) -> Tensor:
+    """(R, H, D, n_buckets/2) Gaussian rotations; round r's draw does not depend on n_hashes (nested rounds)."""
+    half = n_buckets // 2
+    return torch.stack([torch.randn(n_heads, d_head, half, generator=generator) for _ in range(n_hashes)])
+
+
+def hash_buckets(x: Tensor, rotations: Tensor) -> Tensor:
+    """Angular LSH buckets (B, H, R, S) of x (B, H, S, D): argmax over [xR; -xR] (Kitaev 2020, §2)."""
+    if rotations.shape[-1] == 0:
+        b, h, s, _ = x.shape
+        return torch.zeros(b, h, rotations.shape[0], s, dtype=torch.long, device=x.device)
+    proj = torch.einsum("bhsd,rhdn->bhrsn", x, rotations.to(x.dtype))
+    return torch.cat([proj, -proj], dim=-1).argmax(dim=-1)
+
+
+def _neighbours(x: Tensor, offsets: list[int], fill: float | int | bool) -> Tensor:
+    """x (B, H, R, n, m, *) -> (B, H, R, n, len(offsets)·m, *): chunks n+o for each offset (``fill`` outside)."""
+    n = x.shape[3]
+    parts = []
+    for o in offsets:
+        if o == 0:
+            parts.append(x)
+            continue
+        pad = torch.full_like(x[:, :, :, : abs(o)], fill)
+        parts.append(
+            torch.cat([pad, x[:, :, :, : n + o]], 3) if o < 0 else torch.cat([x[:, :, :, o:], pad], 3)
+        )
+    return torch.cat(parts, dim=4)
+
+
+@register(
+    "attention",
+    "lsh",
+    options=LSHOptions,
+    capabilities=Capabilities(causal=True, exact=False, streaming="exact", noncausal=True),
+)
+class LSHAttention(Attention):
+    """Shared-QK LSH attention; the default KV cache (raw shared keys) gives exact streaming."""
+
+    rotations: Tensor
+    """(R, H, D, n_buckets/2) stored random rotations (a buffer)."""
+
+    def __init__(self, cfg: Any, options: LSHOptions, position: Any, layer: int) -> None:
+        super().__init__(cfg, options, position, layer)
+        # Shared-QK (Kitaev 2020, §2.1): the key projection is the query projection (registered under both
+        # names, one set of parameters); keys are normalised in the kernel.
+        self.k_proj = self.q_proj
+        g = torch.Generator().manual_seed(options.seed * 100_003 + layer)
+        self.register_buffer(
+            "rotations", draw_rotations(options.n_hashes, cfg.n_heads, cfg.d_head, options.n_buckets, g)
+        )
+
+    def current_rotations(self) -> Tensor:
+        if self.training and self.options.redraw and self.rotations.shape[-1] > 0:
+            return torch.randn_like(self.rotations)
+        return self.rotations
+
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        k_valid: Tensor,
+        ctx: ForwardContext,
+    ) -> Tensor:
+        b, h, t, d = q.shape
+        s = k.shape[2]
+        opts = self.options
+        w = opts.chunk_size
+        # Every token of the sequence is a query (cached / memory tokens' raw shared key is their query): the
+        # rank windows are then plain chunk neighbourhoods. Only the last T outputs are returned.
+        qa = torch.cat([k[:, :, : s - t], q], dim=2) if s > t else q
+        kn = F.normalize(k, dim=-1)
+        m = w if w < s else s
+        n = math.ceil(s / m)
+        sp = n * m
+        pad = sp - s
+        valid, pos = k_valid, k_pos
+        if pad:
+            qa, kn, v = (F.pad(x, (0, 0, 0, pad)) for x in (qa, kn, v))
+            valid = F.pad(valid, (0, pad), value=False)
+            pos = F.pad(pos, (0, pad))
+        rounds = self.current_rotations()
+        r = rounds.shape[0]
+        nb = opts.n_buckets
+        buckets = hash_buckets(kn, rounds)  # (B, H, R, Sp)
+        buckets = torch.where(valid[:, None, None, :], buckets, torch.full_like(buckets, nb))  # padding last
+        idx = torch.arange(sp, device=q.device)
+        order = torch.argsort(buckets * sp + idx, dim=-1)  # sort by (bucket, index)
+        rank = torch.empty_like(order).scatter_(-1, order, idx.expand_as(order))  # sorted place of each token
+
+        def sort(x: Tensor) -> Tensor:  # (B, H, Sp, D) -> (B, H, R, n, m, D)
+            xe = x.unsqueeze(2).expand(b, h, r, sp, x.shape[-1])
+            return xe.gather(3, order.unsqueeze(-1).expand(b, h, r, sp, x.shape[-1])).view(b, h, r, n, m, -1)
+
+        def sort_row(x: Tensor) -> Tensor:  # (B, Sp) -> (B, H, R, n, m)
+            return x[:, None, None, :].expand(b, h, r, sp).gather(3, order).view(b, h, r, n, m)
+
+        causal = self.causal
+        offsets = [0] if n == 1 else ([-1, 0] if causal else [-1, 0, 1])
+        qs = sort(qa)
+        ks = _neighbours(sort(kn), offsets, 0.0)
+        vs = _neighbours(sort(v), offsets, 0.0)
+        pos_q = sort_row(pos)
+        pos_k = _neighbours(pos_q, offsets, 0)
+        tok_q = order.view(b, h, r, n, m)
+        tok_k = _neighbours(tok_q, offsets, -1)
+        bucket_q = buckets.gather(3, order).view(b, h, r, n, m)
+        bucket_k = _neighbours(bucket_q, offsets, -1)
+        valid_k = _neighbours(sort_row(valid), offsets, False)
+        rank_q = idx.view(n, m)
+        rank_k = _neighbours(rank_q.expand(b, h, r, n, m), offsets, -(10 * sp))
+
+        def in_window(delta: Tensor) -> Tensor:
+            return (delta >= 0) & (delta <= w) if causal else delta.abs() <= w
+
+        iq, ik = tok_q.unsqueeze(-1), tok_k.unsqueeze(-2)
+        allowed = valid_k.unsqueeze(-2) & (bucket_q.unsqueeze(-1) == bucket_k.unsqueeze(-2))
+        allowed = allowed & in_window(rank_q.unsqueeze(-1) - rank_k.unsqueeze(-2))
+        if causal:
+            allowed = allowed & (ik <= iq)
+        if opts.max_cache is not None:
+            allowed = allowed & (iq - ik <= opts.max_cache)
+        own = ik == iq
+        allowed = allowed | own
+
+        logits = per_head_logits(self, qs, ks, pos_q, pos_k)  # (B, H, R, n, m, W·m)
+        logits = logits.masked_fill(own, SELF_LOGIT)
+        if r > 1:
+            # N_ij = number of rounds in which j is in i's bucket window; logits - log N_ij make the merged result
+            # the softmax over the union of the rounds' key sets (Kitaev 2020, §2.3, "multi-round LSH").
+            count = torch.zeros_like(logits)
+            flat_q = tok_q.reshape(b, h, -1)
+            flat_k = tok_k.clamp_min(0).reshape(b, h, -1)
+            for r2 in range(r):
+                bq = buckets[:, :, r2].gather(2, flat_q).view_as(tok_q).unsqueeze(-1)
+                bk = buckets[:, :, r2].gather(2, flat_k).view_as(tok_k).unsqueeze(-2)
+                rq = rank[:, :, r2].gather(2, flat_q).view_as(tok_q).unsqueeze(-1)
+                rk = rank[:, :, r2].gather(2, flat_k).view_as(tok_k).unsqueeze(-2)
+                count = count + ((bq == bk) & in_window(rq - rk)).to(count.dtype)
+            logits = logits - count.clamp_min(1.0).log()
+        logits = logits.masked_fill(~allowed, float("-inf"))
+        lse = torch.logsumexp(logits, dim=-1)  # finite: the own key is always allowed
+        probs = torch.exp(logits - lse.unsqueeze(-1))
+        dropped = self.attn_dropout(probs) if self.training else probs
+        out = torch.matmul(dropped, vs)
+        extra = per_head_value_term(self, dropped, pos_q, pos_k)
+        if extra is not None:
+            out = out + extra
+        # Back to token order and merge the rounds with softmax(lse_r) weights.
+        out = out.view(b, h, r, sp, d).gather(3, rank.unsqueeze(-1).expand(b, h, r, sp, d))
+        lse = lse.view(b, h, r, sp).gather(3, rank)
+        merged = (torch.softmax(lse, dim=2).unsqueeze(-1) * out).sum(dim=2)
+        if ctx.collect_info:
+            ctx.add_info(
+                f"backbone/lsh_keys_per_query/layer{self.layer}",
+                allowed.sum(-1).to(q.dtype).mean().detach(),
+            )
+        return merged[:, :, s - t : s]
+
+
+def reformer_config(**overrides: Any) -> Any:
+    """The Reformer preset (Kitaev 2020): LSH attention, reversible blocks, chunked FFN, rotary positions.
+
+    Keyword arguments override :class:`BackboneConfig` fields; ``attention_options`` and ``block_options`` are
+    merged into the preset's (``{"n_hashes": 4}`` keeps the preset's other LSH options).
+    """
+    from rl_transformers.backbone.config import BackboneConfig
+
+    preset: dict[str, Any] = dict(
+        attention="lsh",
+        attention_options={"n_buckets": 8, "n_hashes": 2, "chunk_size": 32},
+        block="reversible",
+        block_options={"ffn_chunks": 4},
+        position="rope",
+    )
+    for key in ("attention_options", "block_options"):
+        if key in overrides:
+            preset[key] = {**preset[key], **dict(overrides.pop(key))}
+    if "attention" in overrides and overrides["attention"] != "lsh":
+        raise ValueError(f"reformer_config is the LSH preset; got attention={overrides['attention']!r}")
+    return BackboneConfig(**{**preset, **overrides})

@@ -1,0 +1,394 @@
+"""``routing``: Routing Transformer attention with online k-means (Roy et al. 2021, arXiv 2003.05997).
+
+Each routing head keeps n_clusters unit centroids μ (a buffer, never streaming state). Queries and keys are
+length-normalised (x̂ = x / |x|) and assigned to their nearest centroid, c(x) = argmax_c x̂·μ_c (the paper's
+Algorithm 1; we use this per-token argmax rather than the balanced top-k of the reference implementation
+because it depends on each token alone, which keeps causal routing strictly causal and streamable). A query
+attends the keys of its own cluster (causal: the past ones), always plus its own key; logits use the raw q, k.
+With one cluster this is full attention.
+
+Training: the commitment loss mean ‖x̂ - μ_c(x)‖² over the new queries and keys is returned as the aux loss
+``routing_commitment`` (gradient into the projections only), and, in training mode only, the centroids move by
+an exponential moving average towards the mean of their assigned vectors, μ_c <- normalise(λ μ_c + (1 - λ)
+mean_c), as a no-grad buffer update after the layer has used the old centroids. ``local_heads`` of the H heads
+(the first ones) use a sliding window of ``local_window`` past keys instead of routing (the paper combines
+routing and local heads).
+
+Cost: the routing heads gather each cluster's queries and keys into padded blocks, O(L²/k) time and memory for
+balanced clusters (which k-means pushes towards); when padding would make the blocks larger than the dense
+T x S matrix the kernel falls back to dense masked attention, so it is never worse than dense. Local heads are
+banded, O(L·w). Streaming: a KV cache that also stores each key's cluster id (:class:`RoutingCache`), exact.
+
+Shapes: q (B, H, T, D); k, v (B, H, S, D) with the new tokens last; cluster ids (B, Hr, T|S), Hr routing heads;
+blocks (B, Hr, k, M, D).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from rl_transformers.backbone.attention.base import Attention
+from rl_transformers.backbone.attention.lsh import per_head_logits, per_head_value_term
+from rl_transformers.backbone.context import ForwardContext
+from rl_transformers.backbone.registry import Capabilities, register
+from rl_transformers.backbone.state import State
+
+
+@dataclass(frozen=True)
+class RoutingOptions:
+    n_clusters: int = 4
+    """k: centroids per routing head."""
+    local_heads: int = 0
+    """How many heads (the first ones) use a sliding window instead of routing; must be < n_heads."""
+    local_window: int = 16
+    """Keys before the query a local head sees besides itself (bidirectional: on each side)."""
+    decay: float = 0.999
+    """λ of the EMA centroid update (training mode only)."""
+    max_cache: int | None = None
+    """Bound the KV cache to this many past keys (queries then ignore older keys in full runs too)."""
+    seed: int = 0
+    """Seed of the initial centroids (combined with the layer index)."""
+
+    def __post_init__(self) -> None:
+        for name in ("n_clusters", "local_window"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if not isinstance(self.local_heads, int) or self.local_heads < 0:
+            raise ValueError(f"local_heads must be an int >= 0, got {self.local_heads!r}")
+        if not 0.0 <= self.decay < 1.0:
+            raise ValueError(f"decay must be in [0, 1), got {self.decay!r}")
+        if self.max_cache is not None and self.max_cache < 1:
+            raise ValueError(f"max_cache must be >= 1 or None, got {self.max_cache!r}")
+
+
+@dataclass
+class RoutingCache(State):
+    """KV cache plus the cluster id of every cached key of the routing heads.
+
+    k, v: (B, H, S, D); pos, valid: (B, S); clusters: (B, Hr, S) long. Columns are time-aligned across rows.
+    """
+
+    k: Tensor
+    v: Tensor
+    pos: Tensor
+    valid: Tensor
+    clusters: Tensor
+
+    @classmethod
+    def empty(
+        cls, batch: int, n_heads: int, n_routing: int, d_head: int, device: Any, dtype: torch.dtype
+    ) -> RoutingCache:
+        return cls(
+            k=torch.zeros(batch, n_heads, 0, d_head, device=device, dtype=dtype),
+            v=torch.zeros(batch, n_heads, 0, d_head, device=device, dtype=dtype),
+            pos=torch.zeros(batch, 0, dtype=torch.long, device=device),
+            valid=torch.zeros(batch, 0, dtype=torch.bool, device=device),
+            clusters=torch.zeros(batch, n_routing, 0, dtype=torch.long, device=device),
+        )
+
+    @property
+    def length(self) -> int:
+        return self.k.shape[2]
+
+
+# -- kernels ----------------------------------------------------------------------------------------------------
+def _masked_softmax(logits: Tensor, allowed: Tensor) -> Tensor:
+    """Softmax over allowed entries (every row has at least one)."""
+    return torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
+
+
+def _gather_rows(x: Tensor, index: Tensor) -> Tensor:
+    """x (B, h, N, D), index (B, h, *I) -> (B, h, *I, D)."""
+    b, h, _, d = x.shape
+    flat = index.reshape(b, h, -1)
+    return x.gather(2, flat.unsqueeze(-1).expand(b, h, flat.shape[-1], d)).view(*index.shape, d)
+
+
+def _gather_pos(pos: Tensor, index: Tensor) -> Tensor:
+    """pos (B, N), index (B, h, *I) -> (B, h, *I)."""
+    b, h = index.shape[:2]
+    flat = index.reshape(b, h, -1)
+    return pos[:, None, :].expand(b, h, pos.shape[1]).gather(2, flat).view_as(index)
+
+
+def cluster_attention(
+    att: Attention,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_pos: Tensor,
+    k_pos: Tensor,
+    k_valid: Tensor,
+    cq: Tensor,
+    ck: Tensor,
+    n_clusters: int,
+    heads: list[int],
+    max_cache: int | None = None,
+    path: Literal["auto", "dense", "blocked"] = "auto",
+) -> Tensor:
+    """Each query attends the visible keys of its cluster plus its own key: (B, h, T, D).
+
+    q (B, h, T, D), k, v (B, h, S, D); cq (B, h, T), ck (B, h, S) cluster ids; causal from ``att.causal``.
+    ``path``: "blocked" = per-cluster padded blocks, "dense" = masked T x S, "auto" = blocked unless the padded
+    blocks would be larger than the dense matrix.
+    """
+    b, h, t, d = q.shape
+    s = k.shape[2]
+    off = s - t
+    kc = torch.where(k_valid[:, None, :], ck, torch.full_like(ck, n_clusters))  # padding joins no cluster
+    count_q = F.one_hot(cq, n_clusters).sum(2)  # (B, h, k)
+    count_k = F.one_hot(kc, n_clusters + 1)[..., :n_clusters].sum(2)
+    mq, mk = int(count_q.max()), max(int(count_k.max()), 1)
+    if path == "dense" or (path == "auto" and n_clusters * mq * (mk + 1) >= t * s):
+        qi = torch.arange(t, device=q.device)[:, None] + off
+        kj = torch.arange(s, device=q.device)[None, :]
+        allowed = cq.unsqueeze(-1) == kc.unsqueeze(-2)
+        if att.causal:
+            allowed = allowed & (kj <= qi)
+        if max_cache is not None:
+            allowed = allowed & (qi - kj <= max_cache)
+        allowed = allowed | (kj == qi)
+        probs = _masked_softmax(per_head_logits(att, q, k, q_pos, k_pos, heads), allowed)
+        probs = att.attn_dropout(probs) if att.training else probs
+        out = torch.matmul(probs, v)
+        extra = per_head_value_term(att, probs, q_pos, k_pos, heads)
+        return out if extra is None else out + extra
+
+    def slots(cluster: Tensor, count: Tensor, length: int, width: int) -> tuple[Tensor, Tensor]:
+        """Token index (B, h, k, width) of each cluster's slots (sorted by index) and slot validity."""
+        order = torch.argsort(cluster * length + torch.arange(length, device=q.device), dim=-1)
+        start = count.cumsum(-1) - count
+        slot = torch.arange(width, device=q.device)
+        ok = slot < count.unsqueeze(-1)
+        where = (start.unsqueeze(-1) + slot).clamp_max(length - 1)
+        return order.gather(2, where.flatten(2)).view(b, h, n_clusters, width), ok
+
+    tok_q, ok_q = slots(cq, count_q, t, mq)
+    tok_k, ok_k = slots(kc, count_k, s, mk)
+    qb, kb, vb = _gather_rows(q, tok_q), _gather_rows(k, tok_k), _gather_rows(v, tok_k)
+    qpos_b, kpos_b = _gather_pos(q_pos, tok_q), _gather_pos(k_pos, tok_k)
+    iq, ik = (tok_q + off).unsqueeze(-1), tok_k.unsqueeze(-2)
+    allowed = ok_q.unsqueeze(-1) & ok_k.unsqueeze(-2)
+    if att.causal:
+        allowed = allowed & (ik <= iq)
+    if max_cache is not None:
+        allowed = allowed & (iq - ik <= max_cache)
+    logits = per_head_logits(att, qb, kb, qpos_b, kpos_b, heads)  # (B, h, k, mq, mk)
+    # The own key as an extra column, unless it is already in the cluster's block (then it would count twice);
+    # padded slots see only it, so no row is empty.
+    own_in_block = (kc[:, :, off:] == cq).gather(2, tok_q.flatten(2)).view_as(tok_q)
+    own_ok = ~own_in_block | ~ok_q
+    k_own, v_own = _gather_rows(k[:, :, off:], tok_q), _gather_rows(v[:, :, off:], tok_q)
+    own_pos = qpos_b.unsqueeze(-1)
+    own_logit = per_head_logits(att, qb.unsqueeze(-2), k_own.unsqueeze(-2), own_pos, own_pos, heads)
+    probs = _masked_softmax(
+        torch.cat([logits, own_logit.squeeze(-1)], dim=-1),
+        torch.cat([allowed, own_ok.unsqueeze(-1)], dim=-1),
+    )
+    probs = att.attn_dropout(probs) if att.training else probs
+    p_blk, p_own = probs[..., :mk], probs[..., mk:]
+    out = torch.matmul(p_blk, vb) + p_own * v_own
+    extra = per_head_value_term(att, p_blk, qpos_b, kpos_b, heads)
+    if extra is not None:
+        own_extra = per_head_value_term(att, p_own.unsqueeze(-2), own_pos, own_pos, heads)
+        out = out + extra + (own_extra.squeeze(-2) if own_extra is not None else 0.0)
+    # Every query sits in exactly one slot; padded slots go to a dropped extra row.
+    target = torch.where(ok_q, tok_q, torch.full_like(tok_q, t)).reshape(b, h, -1)
+    full = q.new_zeros(b, h, t + 1, d).scatter(
+        2, target.unsqueeze(-1).expand(b, h, target.shape[-1], d), out.reshape(b, h, -1, d)
+    )
+    return full[:, :, :t]
+
+
+def band_attention(
+    att: Attention,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_pos: Tensor,
+    k_pos: Tensor,
+    k_valid: Tensor,
+    window: int,
+    heads: list[int],
+    max_cache: int | None = None,
+) -> Tensor:
+    """Sliding window: query i sees keys j with 0 <= i - j <= window (bidirectional |i - j| <= window), always
+    itself. Queries in blocks of m, keys unfolded per block: O(T·(m + 2w)). Shapes as in the module docstring."""
+    b, h, t, d = q.shape
+    s = k.shape[2]
+    off = s - t
+    m = max(1, min(window, t))
+    nblk = math.ceil(t / m)
+    back, fwd = window, (0 if att.causal else window)
+    span = m + back + fwd
+    right = nblk * m - t + fwd
+    kw = F.pad(k, (0, 0, back, right))[:, :, off:].unfold(2, span, m).transpose(-1, -2)  # (B, h, n, span, D)
+    vw = F.pad(v, (0, 0, back, right))[:, :, off:].unfold(2, span, m).transpose(-1, -2)
+    start = torch.arange(nblk, device=q.device) * m + off - back
+    kj = start[:, None] + torch.arange(span, device=q.device)  # (n, span) key index
+    inside = (kj >= 0) & (kj < s)
+    kjc = kj.clamp(0, s - 1)
+    kvalid_w = k_valid[:, kjc] & inside  # (B, n, span)
+    kpos_w = k_pos[:, kjc]
+    qpad = nblk * m - t
+    qb = F.pad(q, (0, 0, 0, qpad)).view(b, h, nblk, m, d)
+    qpos_b = torch.cat([q_pos, q_pos[:, -1:].expand(b, qpad)], dim=1).view(b, nblk, m)
+    qi = (torch.arange(nblk * m, device=q.device) + off).view(nblk, m)
+    delta = qi.unsqueeze(-1) - kj.unsqueeze(-2)  # (n, m, span)
+    near = (delta >= 0) & (delta <= window) if att.causal else delta.abs() <= window
+    if max_cache is not None:
+        near = near & (delta <= max_cache)
+    allowed = (kvalid_w.unsqueeze(-2) & near) | (delta == 0)  # (B, n, m, span)
+    logits = per_head_logits(att, qb, kw, qpos_b, kpos_w, heads)
+    probs = _masked_softmax(logits, allowed.unsqueeze(1))
+    probs = att.attn_dropout(probs) if att.training else probs
+    out = torch.matmul(probs, vw)
+    extra = per_head_value_term(att, probs, qpos_b, kpos_w, heads)
+    if extra is not None:
+        out = out + extra
+    return out.reshape(b, h, nblk * m, d)[:, :, :t]
+
+
+# -- module -----------------------------------------------------------------------------------------------------
+@register(
+    "attention",
+    "routing",
+    options=RoutingOptions,
+    capabilities=Capabilities(causal=True, exact=False, streaming="exact", noncausal=True),
+)
+class RoutingAttention(Attention):
+    centroids: Tensor
+    """(Hr, k, D) unit centroids of the routing heads (a buffer, updated in training only)."""
+
+    def __init__(self, cfg: Any, options: RoutingOptions, position: Any, layer: int) -> None:
+        super().__init__(cfg, options, position, layer)
+        self.n_local = options.local_heads
+        self.n_routing = cfg.n_heads - options.local_heads
+        g = torch.Generator().manual_seed(options.seed * 100_003 + layer)
+        centroids = F.normalize(
+            torch.randn(self.n_routing, options.n_clusters, cfg.d_head, generator=g), dim=-1
+        )
+        self.register_buffer("centroids", centroids)
+
+    @classmethod
+    def check_config(cls, cfg: Any, options: Any) -> None:
+        super().check_config(cfg, options)
+        if options.local_heads >= cfg.n_heads:
+            raise ValueError(
+                f"routing local_heads={options.local_heads} must be < n_heads={cfg.n_heads} (at least one "
+                "routing head); for local heads only use attention='local'"
+            )
+        if cfg.block == "reversible" and getattr(cfg.options("block"), "recompute", False):
+            raise ValueError(
+                "attention 'routing' returns the aux loss 'routing_commitment' and updates its centroids in "
+                "training, which a recomputing reversible block cannot do; use block_options="
+                "{'recompute': False} or another block"
+            )
+
+    def init_state(self, batch: int, device: torch.device | None, dtype: torch.dtype) -> RoutingCache:
+        return RoutingCache.empty(batch, self.n_heads, self.n_routing, self.d_head, device, dtype)
+
+    def assign(self, x: Tensor, centroids: Tensor) -> Tensor:
+        """Nearest-centroid ids (B, Hr, N) of normalised x (B, Hr, N, D)."""
+        return torch.einsum("bhnd,hkd->bhnk", x, centroids.to(x.dtype)).argmax(-1)
+
+    def assigned(self, mu: Tensor, cluster: Tensor, dtype: torch.dtype) -> Tensor:
+        """Centroid (B, Hr, N, D) of each id in ``cluster`` (B, Hr, N)."""
+        heads = torch.arange(self.n_routing, device=mu.device)[:, None]
+        return mu.to(dtype)[heads, cluster]
+
+    def core(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        k_valid: Tensor,
+        ctx: ForwardContext,
+        state: Any,
+    ) -> tuple[Tensor, Any]:
+        t = q.shape[2]
+        nl, opts = self.n_local, self.options
+        mu = self.centroids.clone()  # the update below must not touch what autograd saved
+        qn, kn = F.normalize(q[:, nl:], dim=-1), F.normalize(k[:, nl:], dim=-1)
+        cq, ck = self.assign(qn, mu), self.assign(kn, mu)
+        new_k, new_valid = kn, k_valid
+        if isinstance(state, RoutingCache):
+            k = torch.cat([state.k, k], dim=2)
+            v = torch.cat([state.v, v], dim=2)
+            k_pos = torch.cat([state.pos, k_pos], dim=1)
+            k_valid = torch.cat([state.valid, k_valid], dim=1)
+            ck = torch.cat([state.clusters, ck], dim=2)
+            keep = k.shape[2] if opts.max_cache is None else min(k.shape[2], opts.max_cache)
+            state = RoutingCache(
+                k[:, :, -keep:], v[:, :, -keep:], k_pos[:, -keep:], k_valid[:, -keep:], ck[:, :, -keep:]
+            )
+        heads = list(range(nl, self.n_heads))
+        out = cluster_attention(
+            self,
+            q[:, nl:],
+            k[:, nl:],
+            v[:, nl:],
+            q_pos,
+            k_pos,
+            k_valid,
+            cq,
+            ck,
+            opts.n_clusters,
+            heads,
+            opts.max_cache,
+        )
+        if nl:
+            local = band_attention(
+                self,
+                q[:, :nl],
+                k[:, :nl],
+                v[:, :nl],
+                q_pos,
+                k_pos,
+                k_valid,
+                opts.local_window,
+                list(range(nl)),
+                opts.max_cache,
+            )
+            out = torch.cat([local, out], dim=1)
+        # Commitment loss (Roy 2021, §4.1) on the new queries and keys; gradient flows into the projections.
+        q_valid = k_valid[:, -t:]
+        new_ck = ck[:, :, -new_k.shape[2] :]
+        dq = (qn - self.assigned(mu, cq, qn.dtype)).pow(2).sum(-1)
+        dk = (new_k - self.assigned(mu, new_ck, qn.dtype)).pow(2).sum(-1)
+        wq, wk = q_valid[:, None].to(dq.dtype), new_valid[:, None].to(dk.dtype)
+        total = (wq.sum() + wk.sum()) * self.n_routing
+        loss = ((dq * wq).sum() + (dk * wk).sum()) / total.clamp_min(1.0)
+        ctx.add_aux("routing_commitment", loss)
+        if self.training:
+            self.update_centroids(mu, [(qn, cq, q_valid), (new_k, new_ck, new_valid)])
+        if ctx.collect_info:
+            usage = F.one_hot(cq, opts.n_clusters).to(q.dtype).mean(dim=(0, 2))
+            ctx.add_info(
+                f"backbone/routing_max_cluster_share/layer{self.layer}", usage.amax(-1).mean().detach()
+            )
+        return out, state
+
+    @torch.no_grad()
+    def update_centroids(self, mu: Tensor, groups: list[tuple[Tensor, Tensor, Tensor]]) -> None:
+        """EMA k-means step: μ_c <- normalise(λ μ_c + (1 - λ) mean of the valid vectors assigned to c)."""
+        n_k = self.options.n_clusters
+        sums = torch.zeros_like(mu)
+        counts = mu.new_zeros(mu.shape[:2])
+        for x, cluster, valid in groups:
+            onehot = F.one_hot(cluster, n_k).to(mu.dtype) * valid[:, None, :, None].to(mu.dtype)
+            sums += torch.einsum("bhnk,bhnd->hkd", onehot, x.to(mu.dtype))
+            counts += onehot.sum(dim=(0, 2))
+        decay = self.options.decay
+        mean = sums / counts.clamp_min(1.0).unsqueeze(-1)
+        moved = F.normalize(decay * mu + (1.0 - decay) * mean, dim=-1)
+        self.centroids.copy_(torch.where(counts.unsqueeze(-1) > 0, moved, mu))

@@ -1,0 +1,210 @@
+"""``routing`` (Routing Transformer): cluster mask vs an independent reference, one cluster == full, local
+heads, commitment loss, EMA k-means, streaming with per-key cluster ids."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rl_transformers.backbone import Backbone, BackboneConfig
+from rl_transformers.backbone.attention.base import dense_attention
+from rl_transformers.backbone.attention.routing import band_attention, cluster_attention
+from rl_transformers.backbone.context import ForwardContext
+from rl_transformers.backbone.reference import reference_attention
+from tests.backbone import invariants as inv
+
+torch.set_num_threads(1)
+
+
+def _layer(causal: bool = True, position: str = "none", **options: object):
+    cfg = BackboneConfig(
+        d_model=16, n_layers=1, n_heads=2, position=position, causal=causal, attention="routing",
+        attention_options=options,
+    )  # fmt: skip
+    return Backbone(cfg).double().eval().depth.blocks[0].attention
+
+
+def _ctx(b: int, t: int, causal: bool = True) -> ForwardContext:
+    return ForwardContext(
+        pos=torch.arange(t).expand(b, t), valid=torch.ones(b, t, dtype=torch.bool), causal=causal
+    )
+
+
+def _nearest(x: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
+    """Cluster id (B, H, N) = argmin_c |x/|x| - μ_c|, computed by distances (not dot products)."""
+    xn = x / x.norm(dim=-1, keepdim=True)
+    dist = (xn.unsqueeze(-2) - mu[None, :, None]).pow(2).sum(-1)  # (B, H, N, k)
+    return dist.argmin(-1)
+
+
+def _cluster_mask(cq, ck, valid, causal, s_off=0, max_cache=None):
+    """(B, H, T, S) by loops: same cluster, visible, plus always the own key."""
+    b, h, t = cq.shape
+    s = ck.shape[2]
+    mask = torch.zeros(b, h, t, s, dtype=torch.bool)
+    for bi in range(b):
+        for hi in range(h):
+            for i in range(t):
+                gi = i + s_off
+                for j in range(s):
+                    ok = bool(valid[bi, j]) and int(cq[bi, hi, i]) == int(ck[bi, hi, j])
+                    ok = ok and (j <= gi or not causal) and (max_cache is None or gi - j <= max_cache)
+                    mask[bi, hi, i, j] = ok or j == gi
+    return mask
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("path", ["blocked", "dense"])
+def test_cluster_attention_matches_reference(causal: bool, path: str) -> None:
+    torch.manual_seed(0)
+    att = _layer(causal=causal, n_clusters=3)
+    b, h, t, s, d = 2, 2, 9, 13, 8  # 4 keys before the queries (cache / memory)
+    q, k, v = torch.randn(b, h, t, d), torch.randn(b, h, s, d), torch.randn(b, h, s, d)
+    q, k, v = q.double(), k.double(), v.double()
+    valid = torch.ones(b, s, dtype=torch.bool)
+    valid[0, [2, 7]] = False
+    mu = att.centroids
+    cq, ck = _nearest(q, mu), _nearest(k, mu)
+    pos_q, pos_k = torch.arange(4, s).expand(b, t), torch.arange(s).expand(b, s)
+    got = cluster_attention(att, q, k, v, pos_q, pos_k, valid, cq, ck, 3, [0, 1], max_cache=6, path=path)
+    mask = _cluster_mask(cq, ck, valid, causal, s_off=s - t, max_cache=6)
+    torch.testing.assert_close(got, reference_attention(q, k, v, mask=mask), atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("position", ["alibi", "shaw"])
+def test_blocked_path_with_gathered_positions(position: str) -> None:
+    torch.manual_seed(1)
+    att = _layer(causal=True, position=position, n_clusters=3)
+    for p in att.position.parameters():
+        p.data.normal_(0, 0.3)
+    b, h, t, d = 2, 2, 12, 8
+    q, k, v = (torch.randn(b, h, t, d, dtype=torch.float64) for _ in range(3))
+    pos = (torch.arange(t) + 3).expand(b, t)
+    valid = torch.ones(b, t, dtype=torch.bool)
+    cq, ck = _nearest(q, att.centroids), _nearest(k, att.centroids)
+    got = cluster_attention(att, q, k, v, pos, pos, valid, cq, ck, 3, [0, 1], path="blocked")
+    ref, _ = dense_attention(q, k, v, _cluster_mask(cq, ck, valid, True), att.position, pos, pos, 0)
+    torch.testing.assert_close(got, ref, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_one_cluster_equals_full_attention(causal: bool) -> None:
+    x = torch.randn(2, 11, 16, dtype=torch.float64)
+    routed = inv.tiny_backbone(attention="routing", attention_options={"n_clusters": 1}, causal=causal)
+    full = inv.tiny_backbone(attention="full", causal=causal)  # same seed: same weights
+    full.load_state_dict(routed.state_dict(), strict=False)
+    with torch.no_grad():
+        torch.testing.assert_close(routed(x).y, full(x).y, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_local_heads_are_a_sliding_window(causal: bool) -> None:
+    torch.manual_seed(2)
+    att = _layer(causal=causal, local_heads=1, local_window=3, n_clusters=2)
+    b, t, d = 2, 14, 8
+    q, k, v = (torch.randn(b, 2, t, d, dtype=torch.float64) for _ in range(3))
+    pos = torch.arange(t).expand(b, t)
+    valid = torch.ones(b, t, dtype=torch.bool)
+    valid[1, 5] = False
+    out, _ = att.core(q, k, v, pos, pos, valid, _ctx(b, t, causal), None)
+    i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+    near = ((i - j >= 0) & (i - j <= 3)) if causal else (i - j).abs() <= 3
+    mask = (near & valid[:, None, None, :]) | (i == j)
+    torch.testing.assert_close(out[:, :1], reference_attention(q[:, :1], k[:, :1], v[:, :1], mask=mask))
+    # the other head routes
+    cq, ck = _nearest(q[:, 1:], att.centroids), _nearest(k[:, 1:], att.centroids)
+    mask_r = _cluster_mask(cq, ck, valid, causal)
+    torch.testing.assert_close(out[:, 1:], reference_attention(q[:, 1:], k[:, 1:], v[:, 1:], mask=mask_r))
+    # band kernel with a cache prefix and a bound
+    got = band_attention(att, q[:, :1, 4:], k[:, :1], v[:, :1], pos[:, 4:], pos, valid, 3, [0], max_cache=2)
+    ii = torch.arange(4, t)[:, None]
+    near = ((ii - j >= 0) & (ii - j <= 2)) if causal else ((ii - j).abs() <= 3) & (ii - j <= 2)
+    mask = (near & valid[:, None, None, :]) | (ii == j)
+    torch.testing.assert_close(got, reference_attention(q[:, :1, 4:], k[:, :1], v[:, :1], mask=mask))
+
+
+def test_commitment_loss_value_and_gradient() -> None:
+    torch.manual_seed(3)
+    bb = inv.tiny_backbone(attention="routing", n_layers=1, attention_options={"n_clusters": 3}).train()
+    att = bb.depth.blocks[0].attention
+    mu0 = att.centroids.clone()
+    x = torch.randn(2, 10, 16, dtype=torch.float64)
+    out = bb(x)
+    loss = out.aux_losses["routing_commitment"]
+    assert torch.isfinite(loss) and loss > 0
+    # the formula, from the layer's own projections
+    h = bb.depth.blocks[0].norm1(x)
+    q = att.q_proj(h).view(2, 10, 2, 8).transpose(1, 2)
+    k = att.k_proj(h).view(2, 10, 2, 8).transpose(1, 2)
+    pos = torch.arange(10).expand(2, 10)
+    q, k = att.position.transform_q(q, pos, 0), att.position.transform_k(k, pos, 0)
+    dist = []
+    for x_ in (q, k):
+        xn = F.normalize(x_, dim=-1)
+        d = (xn.unsqueeze(-2) - mu0[None, :, None]).pow(2).sum(-1)
+        dist.append(d.min(-1).values)
+    expected = (dist[0].sum() + dist[1].sum()) / (2 * 2 * 10 * 2)
+    torch.testing.assert_close(loss, expected.detach(), atol=1e-10, rtol=0)
+    loss.backward()
+    assert att.q_proj.weight.grad.abs().sum() > 0 and att.k_proj.weight.grad.abs().sum() > 0
+    assert att.v_proj.weight.grad is None or att.v_proj.weight.grad.abs().sum() == 0
+
+
+def test_ema_centroids_move_to_the_data_in_training_only() -> None:
+    torch.manual_seed(4)
+    att = _layer(n_clusters=2, decay=0.5)
+    b, t, d = 4, 16, 8
+    # two well separated directions; each head sees the same data
+    base = F.normalize(torch.randn(2, d, dtype=torch.float64), dim=-1)
+    pick = torch.randint(0, 2, (b, t))
+    data = base[pick] + 0.05 * torch.randn(b, t, d, dtype=torch.float64)
+    q = k = data[:, None].expand(b, 2, t, d).contiguous()
+    pos = torch.arange(t).expand(b, t)
+    valid = torch.ones(b, t, dtype=torch.bool)
+
+    def loss_and_mu() -> tuple[float, torch.Tensor]:
+        ctx = _ctx(b, t)
+        att.core(q, k, q, pos, pos, valid, ctx, None)
+        return float(ctx.aux["routing_commitment"]), att.centroids.clone()
+
+    att.eval()
+    loss0, mu0 = loss_and_mu()
+    _, mu_eval = loss_and_mu()
+    torch.testing.assert_close(mu_eval, mu0)  # eval: no update
+    att.train()
+    losses = [loss_and_mu()[0] for _ in range(8)]
+    assert losses[-1] < 0.2 * loss0, (loss0, losses)
+    assert all(a >= b_ - 1e-12 for a, b_ in itertools.pairwise(losses))
+    mu = att.centroids
+    torch.testing.assert_close(mu.norm(dim=-1), torch.ones(2, 2, dtype=torch.float64))
+    best = (mu @ base.T).amax(dim=1)  # each data direction has a centroid next to it
+    assert (best > 0.99).all(), best
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(n_clusters=3), dict(n_clusters=2, local_heads=1, local_window=3), dict(n_clusters=2, max_cache=5)],
+    ids=["routing", "with-local-head", "max_cache"],
+)
+def test_streaming_with_cluster_ids_in_the_cache(options: dict) -> None:
+    bb = inv.tiny_backbone(attention="routing", position="rope", attention_options=options)
+    inv.check_streaming(bb, length=20)
+    inv.check_causal(bb, length=16, t=7)
+    inv.check_reset(bb)
+    _, state = inv.run_chunks(bb, torch.randn(2, 20, 16, dtype=torch.float64), [7, 13])
+    cache = state.layers[0]
+    n_routing = 2 - options.get("local_heads", 0)
+    assert cache.clusters.shape == (2, n_routing, cache.length)
+    if "max_cache" in options:
+        assert cache.length == options["max_cache"]
+
+
+def test_incompatible_options_raise_at_construction() -> None:
+    with pytest.raises(ValueError, match="local_heads=2 must be < n_heads=2"):
+        _layer(local_heads=2)
+    with pytest.raises(ValueError, match=r"routing_commitment.*recompute"):
+        BackboneConfig(attention="routing", block="reversible")
+    BackboneConfig(attention="routing", block="reversible", block_options={"recompute": False})
