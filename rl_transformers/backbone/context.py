@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,10 @@ class MemoryContext:
     h: Tensor
     pos: Tensor
     valid: Tensor
+    hook: Callable[[Any, Tensor, Tensor, ForwardContext], Tensor] | None = None
+    """Optional callback ``hook(attention, x, out, ctx) -> out`` run by the attention of this application after
+    its kernel: x (B, T, d) is the attention input, out (B, H, T, D) the per-head output before the output
+    projection. Lets a memory use the layer's own projections (compressive) or mix in another attention (knn)."""
 
 
 @dataclass

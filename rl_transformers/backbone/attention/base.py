@@ -147,6 +147,8 @@ class Attention(nn.Module):
         k = self.position.transform_k(self.split_heads(self.k_proj(kv_in)), k_pos, self.layer)
         v = self.split_heads(self.v_proj(kv_in))
         out, state = self.core(q, k, v, pos, k_pos, k_valid, ctx, state)
+        if mem is not None and mem.hook is not None:  # the memory reads this layer / mixes in retrieval (knn)
+            out = mem.hook(self, x, out, ctx)
         return self.o_proj(self.merge_heads(out)), state
 
     def core(

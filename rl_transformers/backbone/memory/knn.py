@@ -1,0 +1,289 @@
+"""``knn``: Memorizing Transformer (Wu et al. 2022, arXiv 2203.08913), with SPALM gating as an option.
+
+Every layer keeps a Transformer-XL local memory of the last ``mem_len`` hidden states (the ``xl`` logic, reused);
+one layer (``layer``, default the second-to-last) is kNN-augmented: it also owns a non-differentiable external
+store of the (key, value) pairs of past tokens, N = ``store_size`` per batch row. Each new query q_t of that
+layer retrieves, per head, the k = ``top_k`` stored keys with the highest q̂·k̂ (keys and queries L2-normalised
+as in the paper, retrieval is content-only: no positions) and attends over them,
+A_mem = softmax(τ_h q̂·k̂_i) v_i with a learned per-head temperature τ_h (initialised at sqrt(D), the size of
+q·k/sqrt(D) for unit-variance entries). It is mixed with the layer's own (local) attention output per head:
+out = g·A_mem + (1 - g)·A_local, with g = σ(b_g) a learned scalar per head (``gate="per_head"``, the paper's) or
+g_t = σ(w_h·x_t + b_h) from the layer input (``gate="spalm"``, the context-dependent gate of SPALM, Yogatama et
+al. 2021, arXiv 2102.02557). Before anything was stored (fresh row, after reset) a query retrieves nothing and g
+is taken as 0. The queries and the stored keys/values use the layer's own q/k/v projections without the
+positional transform (the local attention keeps its positional scheme).
+
+What is stored: after each forward, the tokens that fall out of the local memory (the oldest columns of the XL
+window) are written, key k̂ = normalise(W_k h), value W_v h, computed from that layer's stored hidden state h with
+the current weights; padding is skipped. So a token is either in the local memory or in the store, never both
+(it is never retrieved twice), and the store only holds tokens older than everything in the local context:
+nothing from the future can be retrieved. The store is a per-row ring buffer (write pointer ``ptr``): when full,
+the oldest entry is overwritten first. ``reset`` empties the row. Streaming is "window": like ``xl``, which
+tokens are local depends on the chunking; top-k < N also makes retrieval an approximation of attention over the
+whole store (exact when top_k >= store_size).
+
+``index="exact"`` (default) scores every stored key in torch and takes an exact top-k (O(T·N·D) per head);
+``index="faiss"`` searches a faiss-cpu inner-product index built from the store (optional dependency, CPU round
+trip); both gather the selected keys back in torch so gradients reach the queries, τ and the gate.
+
+Shapes: B batch, T new tokens, N store slots, H heads, D head dim; store keys/values (B, N, H, D).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rl_transformers.backbone.context import ForwardContext, MemoryContext
+from rl_transformers.backbone.memory.base import Memory
+from rl_transformers.backbone.memory.xl import XLMemory, XLMemoryState, XLOptions
+from rl_transformers.backbone.registry import Capabilities, register
+from rl_transformers.backbone.state import State
+
+GATES = ("per_head", "spalm")
+INDEXES = ("exact", "faiss")
+_ATTENTION = "knn/attention"  # ctx.extras slot: the kNN layer's attention module (for write)
+
+
+@dataclass
+class KNNMemoryState(State):
+    """local: the XL memory of every layer; keys (B, N, H, D) normalised, values (B, N, H, D); valid (B, N);
+    pos (B, N) position of the stored token; ptr (B,) next slot to write (the oldest entry once full)."""
+
+    local: XLMemoryState
+    keys: Tensor
+    values: Tensor
+    valid: Tensor
+    pos: Tensor
+    ptr: Tensor
+
+
+def _choice(name: str, value: str, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        close = difflib.get_close_matches(str(value), valid, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown knn {name} {value!r}.{hint} Valid values: {list(valid)}")
+
+
+@dataclass(frozen=True)
+class KNNOptions:
+    mem_len: int = 64
+    """Local (Transformer-XL) memory per layer: hidden states kept and attended exactly."""
+    store_size: int = 512
+    """N: (key, value) pairs kept per batch row in the external store (FIFO)."""
+    top_k: int = 32
+    """k: entries retrieved per query and head (k >= store_size: attention over the whole store)."""
+    layer: int | None = None
+    """Index of the kNN-augmented layer (negative counts from the end); None = second-to-last (or the only)."""
+    gate: str = "per_head"
+    """per_head: g = σ(b_g) per head (Wu 2022); spalm: g_t = σ(w·x_t + b) per head (Yogatama 2021)."""
+    index: str = "exact"
+    """exact: top-k in torch; faiss: faiss-cpu inner-product search (pip install faiss-cpu)."""
+
+    def __post_init__(self) -> None:
+        for name in ("mem_len", "store_size", "top_k"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"knn {name} must be an int >= 1, got {value!r}")
+        _choice("gate", self.gate, GATES)
+        _choice("index", self.index, INDEXES)
+
+
+def resolve_layer(layer: int | None, n_layers: int) -> int:
+    """The kNN layer's index in [0, n_layers) (ValueError naming the valid range otherwise)."""
+    if layer is None:
+        return max(0, n_layers - 2)
+    if not -n_layers <= layer < n_layers:
+        raise ValueError(
+            f"knn layer={layer} is out of range for n_layers={n_layers}: use -{n_layers}..{n_layers - 1}"
+        )
+    return layer % n_layers
+
+
+def faiss_top_k(q: Tensor, keys: Tensor, valid: Tensor, k: int) -> Tensor:
+    """Indices (B, H, T, k) of the k largest q·key per query with faiss (-1 pads missing entries).
+
+    q (B, H, T, D), keys (B, N, H, D), valid (B, N). One exact inner-product index per row and head.
+    """
+    import faiss  # optional dependency
+
+    b, h, t, _ = q.shape
+    out = torch.full((b, h, t, k), -1, dtype=torch.long)
+    q_np = q.detach().float().cpu().numpy()
+    keys_np = keys.detach().float().cpu().numpy()
+    valid_cpu = valid.cpu()
+    for row in range(b):
+        slots = valid_cpu[row].nonzero().squeeze(1)
+        if slots.numel() == 0:
+            continue
+        for head in range(h):
+            index = faiss.IndexFlatIP(q.shape[-1])
+            index.add(keys_np[row, slots.numpy(), head].copy())
+            _, found = index.search(q_np[row, head].copy(), min(k, slots.numel()))
+            found_t = torch.from_numpy(found)
+            out[row, head, :, : found_t.shape[1]] = torch.where(found_t >= 0, slots[found_t.clamp_min(0)], -1)
+    return out.to(q.device)
+
+
+@register(
+    "memory",
+    "knn",
+    options=KNNOptions,
+    capabilities=Capabilities(causal=True, exact=False, streaming="window", noncausal=False),
+)
+class KNNMemory(Memory):
+    def __init__(self, cfg: Any, options: KNNOptions) -> None:
+        super().__init__(cfg, options)
+        self.local = XLMemory(cfg, XLOptions(mem_len=options.mem_len))
+        self.layer = resolve_layer(options.layer, cfg.n_layers)
+        h, dh = cfg.n_heads, cfg.d_head
+        self.log_temperature = nn.Parameter(torch.full((h,), 0.5 * math.log(dh)))  # τ_h = sqrt(D) at start
+        if options.gate == "per_head":
+            self.gate_logit = nn.Parameter(torch.zeros(h))
+        else:
+            self.gate_proj = nn.Linear(cfg.d_model, h)
+            nn.init.zeros_(self.gate_proj.weight)
+            nn.init.zeros_(self.gate_proj.bias)
+
+    @property
+    def window(self) -> int:
+        """Local context of every layer (the kNN layer also reaches the store)."""
+        return self.options.mem_len
+
+    def init_state(self, batch: int, device: torch.device | None, dtype: torch.dtype) -> KNNMemoryState:
+        n, h, dh = self.options.store_size, self.cfg.n_heads, self.cfg.d_head
+        return KNNMemoryState(
+            local=self.local.init_state(batch, device, dtype),
+            keys=torch.zeros(batch, n, h, dh, device=device, dtype=dtype),
+            values=torch.zeros(batch, n, h, dh, device=device, dtype=dtype),
+            valid=torch.zeros(batch, n, dtype=torch.bool, device=device),
+            pos=torch.zeros(batch, n, dtype=torch.long, device=device),
+            ptr=torch.zeros(batch, dtype=torch.long, device=device),
+        )
+
+    # -- read: XL memory everywhere, retrieval at the kNN layer ----------------------------------------------
+    def read(self, state: KNNMemoryState) -> list[MemoryContext | None]:
+        contexts = self.local.read(state.local)
+        mem = contexts[self.layer]
+        assert mem is not None
+        contexts[self.layer] = MemoryContext(mem.h, mem.pos, mem.valid, hook=partial(self._augment, state))
+        return contexts
+
+    def retrieve(self, state: KNNMemoryState, q: Tensor) -> tuple[Tensor, Tensor]:
+        """kNN attention of raw queries q (B, H, T, D) over the store: (A_mem (B, H, T, D), found (B, H, T))."""
+        qn = F.normalize(q, dim=-1)
+        keys = state.keys.to(q.dtype)
+        values = state.values.to(q.dtype)
+        k = min(self.options.top_k, keys.shape[1])
+        if self.options.index == "faiss":
+            idx = faiss_top_k(qn, keys, state.valid, k)
+        else:
+            with torch.no_grad():
+                scores = torch.einsum("bhtd,bnhd->bhtn", qn, keys)
+                scores = scores.masked_fill(~state.valid[:, None, None, :], float("-inf"))
+                idx = scores.topk(k, dim=-1).indices
+        b, h, t, _ = idx.shape
+        picked_valid = state.valid[:, None, None, :].expand(b, h, t, -1).gather(3, idx.clamp_min(0))
+        picked_valid = picked_valid & (idx >= 0)
+        flat = idx.clamp_min(0).reshape(b, h, t * k, 1).expand(-1, -1, -1, keys.shape[-1])
+        k_sel = keys.transpose(1, 2).gather(2, flat).view(b, h, t, k, -1)  # (B, H, T, k, D)
+        v_sel = values.transpose(1, 2).gather(2, flat).view(b, h, t, k, -1)
+        tau = self.log_temperature.exp().to(q.dtype)[None, :, None, None]
+        logits = tau * torch.einsum("bhtd,bhtkd->bhtk", qn, k_sel)
+        weights = torch.softmax(logits.masked_fill(~picked_valid, float("-inf")), dim=-1)
+        weights = torch.nan_to_num(weights, nan=0.0)  # nothing retrieved
+        return torch.einsum("bhtk,bhtkd->bhtd", weights, v_sel), picked_valid.any(-1)
+
+    def gate(self, x: Tensor) -> Tensor:
+        """g (B or 1, H, T or 1) in (0, 1): weight of the retrieved memories."""
+        if self.options.gate == "per_head":
+            return torch.sigmoid(self.gate_logit).to(x.dtype)[None, :, None]
+        return torch.sigmoid(self.gate_proj(x)).transpose(1, 2)
+
+    def _augment(
+        self, state: KNNMemoryState, attention: Any, x: Tensor, out: Tensor, ctx: ForwardContext
+    ) -> Tensor:
+        """The hook at the kNN layer: out = g·A_mem + (1 - g)·A_local (g = 0 where nothing was retrieved)."""
+        ctx.extras[_ATTENTION] = attention
+        q = attention.split_heads(attention.q_proj(x))
+        a_mem, found = self.retrieve(state, q)
+        g = self.gate(x) * found.to(x.dtype)
+        if ctx.collect_info:
+            ctx.add_info(f"backbone/knn_gate/layer{self.layer}", g.mean().detach())
+            ctx.add_info("backbone/knn_store_fill", state.valid.float().mean().detach())
+        return g[..., None] * a_mem + (1 - g[..., None]) * out
+
+    # -- write: XL memories, then the tokens leaving the kNN layer's local window go to the store ------------------
+    def write(self, state: KNNMemoryState, ctx: ForwardContext) -> KNNMemoryState:
+        local = state.local
+        h_all = torch.cat(
+            [local.h[:, self.layer], ctx.attention_inputs[self.layer].detach().to(local.h.dtype)], 1
+        )
+        n_out = max(0, h_all.shape[1] - self.options.mem_len)  # oldest columns leave the local window
+        store = (state.keys, state.values, state.valid, state.pos, state.ptr)
+        if n_out:
+            attention = ctx.extras.get(_ATTENTION)
+            if attention is None:
+                raise RuntimeError(
+                    "the knn memory needs its layer's attention projections, but the attention did not call the "
+                    "memory hook (an attention that overrides Attention.forward must call it)"
+                )
+            pos_all = torch.cat([local.pos, ctx.pos], dim=1)
+            valid_all = torch.cat([local.valid, ctx.valid], dim=1)
+            with torch.no_grad():
+                h_out = h_all[:, :n_out]
+                w_k, w_v = attention.k_proj, attention.v_proj
+                keys = F.normalize(attention.split_heads(w_k(h_out.to(w_k.weight.dtype))), dim=-1)
+                values = attention.split_heads(w_v(h_out.to(w_v.weight.dtype)))
+                store = self.store_append(
+                    state,
+                    keys.transpose(1, 2).to(state.keys.dtype),
+                    values.transpose(1, 2).to(state.values.dtype),
+                    pos_all[:, :n_out],
+                    valid_all[:, :n_out],
+                )
+        keys, values, valid, pos, ptr = store
+        return KNNMemoryState(self.local.write(local, ctx), keys, values, valid, pos, ptr)
+
+    def store_append(
+        self, state: KNNMemoryState, keys: Tensor, values: Tensor, pos: Tensor, valid: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """Write the valid entries (keys/values (B, n, H, D), pos/valid (B, n), oldest first) into the ring
+        buffers, overwriting the oldest entries; returns (keys, values, valid, pos, ptr)."""
+        size = state.keys.shape[1]
+        written = valid.long().cumsum(1)  # 1-based order of each valid entry
+        count = written[:, -1:]
+        keep = valid & (count - written < size)  # if more than N arrive, only the newest N survive
+        slot = torch.where(keep, (state.ptr[:, None] + written - 1) % size, size)  # slot ``size`` is dropped
+
+        def put(buffer: Tensor, new: Tensor) -> Tensor:
+            padded = torch.cat([buffer, buffer[:, :1]], dim=1)  # one dump slot
+            index = slot.view(slot.shape + (1,) * (new.dim() - 2)).expand_as(new)
+            return padded.scatter(1, index, new)[:, :size]
+
+        return (
+            put(state.keys, keys),
+            put(state.values, values),
+            put(state.valid, keep),
+            put(state.pos, pos),
+            (state.ptr + count.squeeze(1)) % size,
+        )
+
+    @classmethod
+    def check_config(cls, cfg: Any, options: Any) -> None:
+        super().check_config(cfg, options)
+        resolve_layer(options.layer, cfg.n_layers)
+        if options.index == "faiss":
+            try:
+                import faiss  # noqa: F401
+            except ImportError as err:
+                raise ValueError(
+                    "knn index='faiss' needs faiss-cpu (pip install faiss-cpu); or use index='exact'"
+                ) from err
