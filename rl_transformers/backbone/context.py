@@ -37,6 +37,8 @@ class ForwardContext:
     pos: Tensor
     valid: Tensor
     causal: bool
+    all_valid: bool = False
+    """True when no key-padding mask was given (lets kernels skip mask checks without a device sync)."""
     aux: dict[str, Tensor] = field(default_factory=dict)
     info: dict[str, Any] | None = None
     memory: list[MemoryContext | None] | None = None

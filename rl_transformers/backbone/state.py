@@ -123,10 +123,11 @@ class KVCache(State):
 
     def append(self, k: Tensor, v: Tensor, pos: Tensor, valid: Tensor, max_len: int | None = None) -> KVCache:
         """Append T new columns; keep only the last ``max_len`` columns when given."""
-        k = torch.cat([self.k, k], dim=2)
-        v = torch.cat([self.v, v], dim=2)
-        pos = torch.cat([self.pos, pos], dim=1)
-        valid = torch.cat([self.valid, valid], dim=1)
+        if self.k.shape[2] > 0:  # an empty cache (e.g. a training forward without state) costs no copy
+            k = torch.cat([self.k, k], dim=2)
+            v = torch.cat([self.v, v], dim=2)
+            pos = torch.cat([self.pos, pos], dim=1)
+            valid = torch.cat([self.valid, valid], dim=1)
         if max_len is not None and k.shape[2] > max_len:
             k, v = k[:, :, -max_len:], v[:, :, -max_len:]
             pos, valid = pos[:, -max_len:], valid[:, -max_len:]

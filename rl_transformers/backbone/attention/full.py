@@ -67,7 +67,7 @@ class FullAttention(Attention):
         t, s = q.shape[2], k.shape[2]
         dropout_p = self.attn_dropout.p if self.training else 0.0
         plain = not (self.position.modifies_scores or self.options.force_dense or ctx.collect_info)
-        if plain and t == s and self.max_cache is None and bool(k_valid.all()):
+        if plain and t == s and self.max_cache is None and (ctx.all_valid or bool(k_valid.all())):
             # No padding, no cache: the fused causal kernel (FlashAttention on GPU).
             return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, dropout_p=dropout_p)
         mask = window_limit(visible_mask(t, k_valid, self.causal), t, self.max_cache)
