@@ -1,0 +1,104 @@
+"""Data-parallel PPO over ``torch.distributed``: every rank acts in its own envs, gradients are averaged.
+
+Launch with ``torchrun --nproc_per_node K scripts/train_gtrxl.py ...``. Each rank reads RANK / WORLD_SIZE /
+LOCAL_RANK from the environment (set by torchrun), joins a process group (``gloo`` on CPU, ``nccl`` on GPU),
+receives rank 0's initial parameters, seeds its envs with an offset, and after every backward pass all-reduces
+one flat buffer holding all gradients plus a few scalars the ranks must agree on (the approximate KL for the
+target-KL stop, a non-finite flag). Since every rank then applies the same averaged gradient with the same
+optimizer, parameters stay identical (tested with 2 gloo ranks). Only rank 0 logs and writes checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process sits in the job (a single process is rank 0 of 1)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    backend: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device: torch.device) -> DistContext:
+    """Join the process group described by torchrun's environment variables (no-op for a single process)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return DistContext()
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
+    return DistContext(rank, world_size, local_rank, local_world, backend)
+
+
+def shutdown(ctx: DistContext) -> None:
+    if ctx.enabled and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def broadcast_parameters(module: nn.Module, ctx: DistContext) -> None:
+    """Copy rank 0's parameters and buffers to every rank."""
+    if not ctx.enabled:
+        return
+    with torch.no_grad():
+        for t in list(module.parameters()) + list(module.buffers()):
+            dist.broadcast(t.data, src=0)
+
+
+def allreduce_gradients(module: nn.Module, ctx: DistContext, scalars: Tensor) -> Tensor:
+    """Average every gradient and ``scalars`` (1-D float) over ranks in one collective; return the scalars."""
+    if not ctx.enabled:
+        return scalars
+    params = [p for p in module.parameters() if p.requires_grad]
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads] + [scalars.to(grads[0].dtype).reshape(-1)])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    flat /= ctx.world_size
+    offset = 0
+    for p, g in zip(params, grads):
+        n = g.numel()
+        averaged = flat[offset : offset + n].view_as(g)
+        if p.grad is None:
+            p.grad = averaged.clone()
+        else:
+            p.grad.copy_(averaged)
+        offset += n
+    return flat[offset:].to(scalars.dtype)
+
+
+def allreduce_max(value: float, ctx: DistContext) -> float:
+    """Maximum of a scalar over ranks (e.g. the Ctrl-C flag, so every rank stops after the same update)."""
+    if not ctx.enabled:
+        return value
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    if ctx.backend == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def parameter_checksum(module: nn.Module) -> Tensor:
+    """Float64 sum and sum of squares of all parameters, to compare replicas."""
+    with torch.no_grad():
+        flat = torch.cat([p.detach().double().reshape(-1) for p in module.parameters()])
+    return torch.stack([flat.sum(), (flat * flat).sum()])

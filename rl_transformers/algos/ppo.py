@@ -1,0 +1,802 @@
+"""PPO for memory policies (GTrXL, any backbone, LSTM / GRU / MLP baselines), single-process or data-parallel.
+
+PPO (Schulman et al. 2017, arXiv 1707.06347) with the clipped surrogate, optional value clipping, entropy bonus,
+per-minibatch advantage normalisation, linear learning-rate annealing, a target-KL stop and gradient-norm
+clipping, as in the "37 implementation details" (Huang et al. 2022, ICLR blog track). Memory policies follow
+GTrXL (Parisotto et al. 2019, arXiv 1910.06764): one update reads whole training sequences of ``seq_len``
+steps (the training window) from the state stored at their first step (the memory window, e.g. XL mem_len, is
+separate), see :mod:`rl_transformers.algos.rollout`. Backbone aux losses are added with weights
+(``aux_coef``, per-name ``aux_weights``).
+
+One update, read top to bottom in :meth:`PPOTrainer.learn`: collect a rollout (``num_envs`` x ``num_steps``
+steps, one token per env per step under ``torch.inference_mode``) -> GAE -> ``update_epochs`` x
+``num_minibatches`` gradient steps -> log (SB3 tags) -> evaluate / checkpoint when due. A run directory
+``runs/ppo/<env>/<YYYYmmdd-HHMMSS>-s<seed>/`` holds ``config.json``, TensorBoard events, ``progress.jsonl`` and
+``checkpoints/``. Checkpoints hold the model, optimizer, RNG states, the env-step counter, the envs themselves
+(SyncVectorEnv, pickled) and the rollout loop state, so a resumed single-process CPU run continues bit-exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import pickle
+import sys
+import time
+import typing
+from collections import defaultdict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import gymnasium as gym
+import numpy as np
+import torch
+import tyro
+from tyro.constructors import (
+    ConstructorRegistry,
+    PrimitiveConstructorSpec,
+    StructConstructorSpec,
+    StructFieldSpec,
+    StructTypeInfo,
+)
+
+from rl_transformers import logging as rlt_logging
+from rl_transformers.algos.distributed import (
+    DistContext,
+    allreduce_gradients,
+    allreduce_max,
+    broadcast_parameters,
+    init_distributed,
+    shutdown,
+)
+from rl_transformers.algos.rollout import (
+    LoopState,
+    RolloutStorage,
+    SequenceBatch,
+    check_same_step,
+    collect_rollout,
+    evaluate_policy,
+    make_vec_env,
+    reset_loop,
+)
+from rl_transformers.backbone import BackboneConfig
+from rl_transformers.logging import Logger
+from rl_transformers.policies.encoders import tree_map
+from rl_transformers.policies.gtrxl import ActorCritic, ContextCore, PolicyConfig, make_policy
+from rl_transformers.utils import (
+    CheckpointManager,
+    GracefulInterrupt,
+    NonFiniteError,
+    available_cores,
+    capture_rng_state,
+    from_dict,
+    linear_schedule,
+    load_checkpoint,
+    make_run_dir,
+    restore_rng_state,
+    save_config,
+    seed_everything,
+    set_threads,
+    to_jsonable,
+)
+
+DEFAULT_ENV = "rlt/TMaze-v0"
+
+
+# -- CLI helpers: JSON dicts and BackboneConfig options -----------------------------------------------------
+def _parse_json_dict(args: list[str]) -> dict[str, Any]:
+    try:
+        value = json.loads(args[0])
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"expected a JSON object such as '{{\"mem_len\": 64}}', got {args[0]!r} ({err})"
+        ) from None
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {args[0]!r}")
+    return value
+
+
+JsonDict = Annotated[
+    dict,
+    PrimitiveConstructorSpec(
+        nargs=1,
+        metavar="JSON",
+        instance_from_str=_parse_json_dict,
+        is_instance=lambda x: isinstance(x, dict),
+        str_from_instance=lambda d: [json.dumps(d)],
+    ),
+]
+"""A dict given on the command line as one JSON string."""
+
+
+def _field_help(cls: type, name: str) -> str | None:
+    try:
+        from tyro import _docstrings
+
+        return _docstrings.get_field_docstring(cls, name, ())
+    except Exception:  # private tyro API: help text is a nicety
+        return None
+
+
+def cli_registry() -> ConstructorRegistry:
+    """tyro rules: ``BackboneConfig`` fields as flags, its ``*_options`` as JSON strings.
+
+    Changing an entry name without its options resets the options (``--backbone.attention linear``), as
+    :meth:`BackboneConfig.replace` does.
+    """
+    registry = ConstructorRegistry()
+
+    @registry.struct_rule
+    def backbone_rule(info: StructTypeInfo) -> StructConstructorSpec | None:
+        if info.type is not BackboneConfig:
+            return None
+        default = info.default if isinstance(info.default, BackboneConfig) else BackboneConfig()
+
+        hints = typing.get_type_hints(BackboneConfig)
+        fields = tuple(
+            StructFieldSpec(
+                name=f.name,
+                type=JsonDict if f.name.endswith("_options") else hints[f.name],
+                default=getattr(default, f.name),
+                helptext=_field_help(BackboneConfig, f.name),
+            )
+            for f in dataclasses.fields(BackboneConfig)
+        )
+
+        def instantiate(**kwargs: Any) -> BackboneConfig:
+            changes = {k: v for k, v in kwargs.items() if v != getattr(default, k)}
+            return default.replace(**changes) if changes else default
+
+        return StructConstructorSpec(instantiate=instantiate, fields=fields)
+
+    return registry
+
+
+# -- configuration ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PPOConfig:
+    """PPO hyper-parameters (defaults: CleanRL's PPO, 2,048-step batches of 16-step training sequences)."""
+
+    num_steps: int = 64
+    """Rollout length per env per update."""
+    seq_len: int = 16
+    """Training window W: steps per training sequence (gradient flows through them); divides num_steps."""
+    num_minibatches: int = 4
+    """Minibatches per epoch (each holds num_envs * num_steps / seq_len / num_minibatches sequences)."""
+    update_epochs: int = 4
+    """Passes over the rollout per update."""
+    learning_rate: float = 3e-4
+    """Adam learning rate (annealed linearly to 0 when anneal_lr)."""
+    anneal_lr: bool = True
+    """Anneal the learning rate linearly to 0 over the run."""
+    adam_eps: float = 1e-5
+    """Adam epsilon."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE λ."""
+    clip_coef: float = 0.2
+    """Clipping ε of the probability ratio (and of the value change when clip_vloss)."""
+    clip_vloss: bool = True
+    """Clip the value update around the rollout's values."""
+    vf_coef: float = 0.5
+    """Value-loss weight."""
+    ent_coef: float = 0.01
+    """Entropy-bonus weight."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip."""
+    target_kl: float | None = None
+    """Stop the update's epochs once the approximate KL exceeds 1.5 x this (None: never)."""
+    norm_adv: bool = True
+    """Normalise advantages per minibatch."""
+    aux_coef: float = 1.0
+    """Default weight of backbone aux losses (ACT ponder cost, routing commitment, ...)."""
+    aux_weights: dict[str, float] = field(default_factory=dict)
+    """Per-name aux-loss weights overriding aux_coef."""
+    info_every: int = 10
+    """Log backbone diagnostics (gate openness, attention entropy, memory fill) every N updates (0: never)."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_steps", "seq_len", "num_minibatches", "update_epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"PPOConfig.{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.num_steps % self.seq_len:
+            raise ValueError(
+                f"num_steps={self.num_steps} must be a multiple of seq_len={self.seq_len}; "
+                f"e.g. num_steps={self.seq_len * max(1, round(self.num_steps / self.seq_len))}"
+            )
+        if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.gae_lambda <= 1.0:
+            raise ValueError(f"gamma and gae_lambda must be in [0, 1], got {self.gamma}, {self.gae_lambda}")
+        if self.learning_rate <= 0 or self.clip_coef <= 0 or self.max_grad_norm <= 0:
+            raise ValueError("learning_rate, clip_coef and max_grad_norm must be > 0")
+        if self.target_kl is not None and self.target_kl <= 0:
+            raise ValueError(f"target_kl must be > 0 or None, got {self.target_kl!r}")
+
+    def aux_weight(self, name: str) -> float:
+        return self.aux_weights.get(name, self.aux_coef)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A PPO run: environment, policy, algorithm and bookkeeping."""
+
+    env_id: str = DEFAULT_ENV
+    """Gymnasium id (``module:Env-v0`` imports the module first; ``rlt/...`` ids are the memory tasks)."""
+    env_kwargs: JsonDict = field(default_factory=dict)
+    """Keyword arguments of gym.make, as JSON (e.g. '{"corridor_length": 5}')."""
+    total_timesteps: int = 300_000
+    """Environment steps over all envs (and ranks)."""
+    num_envs: int = 32
+    """Parallel envs per process (more envs amortise the per-step cost of the policy forward)."""
+    seed: int = 1
+    """Seed of torch / NumPy / Python and of the envs (env i of rank r: seed + r * num_envs + i)."""
+    policy: Annotated[PolicyConfig, tyro.conf.arg(name="")] = field(default_factory=PolicyConfig)
+    """Policy (--policy transformer|lstm|gru|mlp, --backbone.*)."""
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    """PPO hyper-parameters."""
+    vectorization: Literal["sync", "async"] = "sync"
+    """Vector env: sync (one process; exact resume) or async (one subprocess per env)."""
+    device: str = "auto"
+    """torch device (auto: cuda if available, else cpu)."""
+    threads: int | None = 1
+    """torch intra-op CPU threads per process. 1 (default) is fastest for small models, whose time goes into
+    per-op overhead; None = available cores / processes on this node."""
+    torch_deterministic: bool = False
+    """Ask torch for deterministic kernels (GPU)."""
+    run_root: str = "runs"
+    """Root of run directories: <run_root>/ppo/<env>/<YYYYmmdd-HHMMSS>-s<seed>/."""
+    resume: str | None = None
+    """Checkpoint file or run directory to resume. Its saved config is used, except --total-timesteps,
+    --device, --threads, --progress, --verbose, --eval-every and --save-every when given."""
+    eval_every: int = 0
+    """Evaluate every N env steps (0: never); eval/mean_reward selects best.pt."""
+    eval_episodes: int = 16
+    """Episodes per evaluation."""
+    save_every: int = 0
+    """Checkpoint every N env steps (0: only at the end and on Ctrl-C)."""
+    keep_checkpoints: int = 3
+    """step_<n>.pt files kept (last.pt / best.pt always)."""
+    progress: bool = True
+    """tqdm progress bar with fps and recent return."""
+    verbose: bool = False
+    """Also print the logger's table at every update."""
+
+    def __post_init__(self) -> None:
+        if self.num_envs < 1 or self.total_timesteps < 1:
+            raise ValueError(
+                f"num_envs and total_timesteps must be >= 1, got {self.num_envs}, {self.total_timesteps}"
+            )
+        if self.eval_every < 0 or self.save_every < 0 or self.eval_episodes < 1:
+            raise ValueError("eval_every and save_every must be >= 0 and eval_episodes >= 1")
+        if self.vectorization not in ("sync", "async"):
+            raise ValueError(f"vectorization={self.vectorization!r} is not one of ['async', 'sync']")
+
+
+RESUME_OVERRIDES = ("total_timesteps", "device", "threads", "progress", "verbose", "eval_every", "save_every")
+"""Fields a resumed run takes from the command line (when they differ from the defaults)."""
+
+
+def resume_config(saved: TrainConfig, cli: TrainConfig) -> TrainConfig:
+    defaults = TrainConfig()
+    changes = {k: getattr(cli, k) for k in RESUME_OVERRIDES if getattr(cli, k) != getattr(defaults, k)}
+    return dataclasses.replace(saved, resume=cli.resume, **changes)
+
+
+def resolve_device(name: str, ctx: DistContext) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None and ctx.enabled:
+        device = torch.device("cuda", ctx.local_rank)
+    return device
+
+
+def _to_bytes_tensor(obj: Any) -> torch.Tensor:
+    """Pickle ``obj`` into a uint8 tensor (checkpoints stay loadable with ``weights_only=True``)."""
+    return torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+
+
+def _from_bytes_tensor(t: torch.Tensor) -> Any:
+    return pickle.loads(t.numpy().tobytes())
+
+
+def _move_loop(loop: LoopState, device: torch.device | str) -> LoopState:
+    state = loop.policy_state
+    return LoopState(
+        obs=tree_map(lambda x: x.to(device), loop.obs),
+        episode_start=loop.episode_start.to(device),
+        policy_state=state.map(lambda t: t.to(device)) if hasattr(state, "map") else state,
+        ep_return=loop.ep_return.copy(),
+        ep_length=loop.ep_length.copy(),
+    )
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path | None
+    global_step: int
+    episode_returns: list[float]
+    """Returns of the last (up to 100) training episodes."""
+    stopped_early: bool = False
+    """True when Ctrl-C (or a callback) stopped the run."""
+
+
+# -- the loss -----------------------------------------------------------------------------------------------
+def ppo_loss(
+    new_log_prob: torch.Tensor,
+    entropy: torch.Tensor,
+    new_value: torch.Tensor,
+    aux_losses: dict[str, torch.Tensor],
+    batch: SequenceBatch,
+    ppo: PPOConfig,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped-surrogate PPO loss of one minibatch and its logged terms.
+
+    L = E[max(-A r, -A clip(r, 1-ε, 1+ε))] - c_ent H + c_v · ½ E[max((V-R)², (V_clip-R)²)] + Σ w_k aux_k, with
+    r = exp(log π - log π_old), A normalised per minibatch, V_clip = V_old + clip(V - V_old, -ε, ε).
+    """
+    logratio = new_log_prob - batch.log_probs
+    ratio = logratio.exp()
+    with torch.no_grad():
+        approx_kl = ((ratio - 1) - logratio).mean()  # Schulman's k3 estimator of KL(old || new)
+        clip_frac = ((ratio - 1.0).abs() > ppo.clip_coef).float().mean()
+    adv = batch.advantages
+    if ppo.norm_adv and adv.numel() > 1:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - ppo.clip_coef, 1 + ppo.clip_coef)).mean()
+    if ppo.clip_vloss:
+        v_clipped = batch.values + (new_value - batch.values).clamp(-ppo.clip_coef, ppo.clip_coef)
+        v_loss = 0.5 * torch.max((new_value - batch.returns) ** 2, (v_clipped - batch.returns) ** 2).mean()
+    else:
+        v_loss = 0.5 * ((new_value - batch.returns) ** 2).mean()
+    ent = entropy.mean()
+    loss = pg_loss - ppo.ent_coef * ent + ppo.vf_coef * v_loss
+    terms = {
+        "pg": float(pg_loss.detach()),
+        "v": float(v_loss.detach()),
+        "ent": float(ent.detach()),
+        "kl": float(approx_kl),
+        "clip": float(clip_frac),
+    }
+    for name, value in aux_losses.items():
+        loss = loss + ppo.aux_weight(name) * value
+        terms[f"aux/{name}"] = float(value.detach())
+    terms["loss"] = float(loss.detach())
+    return loss, terms
+
+
+# -- the trainer --------------------------------------------------------------------------------------------
+class PPOTrainer:
+    """Owns envs, policy, optimizer, storage and counters; :meth:`learn` runs the loop."""
+
+    def __init__(
+        self, cfg: TrainConfig, dist: DistContext | None = None, device: torch.device | None = None
+    ) -> None:
+        self.cfg = cfg
+        self.dist = dist or DistContext()
+        self.device = device or resolve_device(cfg.device, self.dist)
+        ppo = cfg.ppo
+        seed_everything(cfg.seed, cfg.torch_deterministic)  # identical initial parameters on every rank
+        self.envs = make_vec_env(cfg.env_id, cfg.num_envs, cfg.env_kwargs, cfg.vectorization)
+        check_same_step(self.envs)
+        obs_space, act_space = self.envs.single_observation_space, self.envs.single_action_space
+        self.policy: ActorCritic = make_policy(cfg.policy, obs_space, act_space).to(self.device)
+        broadcast_parameters(self.policy, self.dist)
+        if isinstance(self.policy.core, ContextCore) and ppo.seq_len > self.policy.core.context_len:
+            raise ValueError(
+                f"seq_len={ppo.seq_len} must be <= context_len={self.policy.core.context_len} for "
+                "non-streaming attentions (the policy keeps at most 2 x context_len tokens)"
+            )
+        self.optimizer = make_adam(self.policy, ppo.learning_rate, ppo.adam_eps)
+        self.storage = RolloutStorage(
+            ppo.num_steps,
+            cfg.num_envs,
+            ppo.seq_len,
+            obs_space,
+            self.policy.actor.action_shape,
+            self.policy.actor.action_dtype,
+            self.device,
+        )
+        if ppo.num_minibatches > self.storage.num_sequences:
+            raise ValueError(
+                f"num_minibatches={ppo.num_minibatches} exceeds the {self.storage.num_sequences} training "
+                f"sequences per rollout (num_envs * num_steps / seq_len)"
+            )
+        rank = self.dist.rank
+        seed_everything(cfg.seed + rank, cfg.torch_deterministic)
+        self.generator = torch.Generator().manual_seed(cfg.seed + rank)
+        self.loop = reset_loop(self.envs, self.policy, cfg.seed + rank * cfg.num_envs, self.device)
+        self.batch_size = ppo.num_steps * cfg.num_envs * self.dist.world_size
+        self.num_updates = cfg.total_timesteps // self.batch_size
+        if self.num_updates < 1:
+            raise ValueError(
+                f"total_timesteps={cfg.total_timesteps} is less than one update of {self.batch_size} steps "
+                f"(num_steps * num_envs * world_size)"
+            )
+        self.global_step = 0
+        self.update = 0
+        self.episode_returns: deque[float] = deque(maxlen=100)
+        self.episode_lengths: deque[int] = deque(maxlen=100)
+        self._eval_value: float | None = None
+
+    # -- one update -----------------------------------------------------------------------------------------
+    def _evaluate_batch(
+        self, mb: SequenceBatch
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict, dict]:
+        """New log-probs, entropies, values (B, W) of a minibatch, plus aux losses and info."""
+        b, w = mb.log_probs.shape
+        new_lp = mb.log_probs.new_empty(b, w)
+        ent = mb.log_probs.new_empty(b, w)
+        val = mb.log_probs.new_empty(b, w)
+        aux: dict[str, torch.Tensor] = {}
+        info: dict[str, Any] = {}
+        for rows, state in mb.state_groups:
+            sel = mb.select(rows)
+            out = self.policy.evaluate_sequence(sel["obs"], sel["actions"], state, sel["episode_starts"])
+            new_lp = new_lp.index_put((rows,), out.log_prob)
+            ent = ent.index_put((rows,), out.entropy)
+            val = val.index_put((rows,), out.value)
+            frac = len(rows) / b
+            for name, value in out.aux_losses.items():
+                aux[name] = aux.get(name, 0.0) + frac * value
+            info = info or out.info
+        return new_lp, ent, val, aux, info
+
+    def train_epochs(self, collect_info: bool = False) -> dict[str, float]:
+        """PPO epochs over the stored rollout; returns the update's mean statistics."""
+        ppo = self.cfg.ppo
+        stats: dict[str, list[float]] = defaultdict(list)
+        infos: dict[str, list[float]] = defaultdict(list)
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        kl_stop = False
+        for epoch in range(ppo.update_epochs):
+            for i, mb in enumerate(self.storage.minibatches(ppo.num_minibatches, self.generator)):
+                self.policy.collect_info = collect_info and epoch == 0 and i == 0
+                new_lp, entropy, new_v, aux, info = self._evaluate_batch(mb)
+                self.policy.collect_info = False
+                loss, terms = ppo_loss(new_lp, entropy, new_v, aux, mb, ppo)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                loss_value = terms["loss"]
+                nonfinite = 0.0 if math.isfinite(loss_value) else 1.0
+                shared = allreduce_gradients(
+                    self.policy, self.dist, torch.tensor([terms["kl"], nonfinite], dtype=torch.float64)
+                )
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, ppo.max_grad_norm)
+                if shared[1] > 0 or not torch.isfinite(grad_norm):
+                    what = "loss" if shared[1] > 0 else "gradient norm"
+                    raise NonFiniteError(
+                        what, self.global_step, f"loss={loss_value}, grad_norm={float(grad_norm)}"
+                    )
+                if ppo.target_kl is not None and float(shared[0]) > 1.5 * ppo.target_kl:
+                    kl_stop = True
+                    break
+                self.optimizer.step()
+                for key, value in terms.items():
+                    stats[key].append(value)
+                stats["grad_norm"].append(float(grad_norm))
+                for key, value in info.items():
+                    if isinstance(value, (int, float)) or (
+                        isinstance(value, torch.Tensor) and value.numel() == 1
+                    ):
+                        infos[key].append(float(value))
+            if kl_stop:
+                break
+        returns = self.storage.returns.flatten()
+        values = self.storage.values.flatten()
+        var = float(returns.var()) if returns.numel() > 1 else 0.0
+        explained = float("nan") if var == 0 else 1.0 - float((returns - values).var()) / var
+        out = {k: float(np.mean(v)) for k, v in stats.items() if v}
+        out["explained_variance"] = explained
+        out["n_steps"] = float(len(stats["loss"]))
+        out.update({f"info:{k}": float(np.mean(v)) for k, v in infos.items()})
+        return out
+
+    # -- logging --------------------------------------------------------------------------------------------
+    def _record(self, logger: Logger, metrics: dict[str, float], lr: float, fps: float) -> None:
+        L = rlt_logging
+        if self.episode_returns:
+            logger.record(L.EP_REW_MEAN, float(np.mean(self.episode_returns)))
+            logger.record(L.EP_LEN_MEAN, float(np.mean(self.episode_lengths)))
+        names = {
+            "loss": L.LOSS,
+            "pg": L.POLICY_GRADIENT_LOSS,
+            "v": L.VALUE_LOSS,
+            "kl": L.APPROX_KL,
+            "clip": L.CLIP_FRACTION,
+            "grad_norm": L.GRAD_NORM,
+        }
+        for key, tag in names.items():
+            if key in metrics:
+                logger.record(tag, metrics[key])
+        if "ent" in metrics:
+            logger.record(L.ENTROPY_LOSS, -metrics["ent"])
+        logger.record(L.EXPLAINED_VARIANCE, metrics["explained_variance"])
+        logger.record(L.LEARNING_RATE, lr)
+        logger.record(L.CLIP_RANGE, self.cfg.ppo.clip_coef)
+        logger.record(L.N_UPDATES, self.update * self.cfg.ppo.update_epochs * self.cfg.ppo.num_minibatches)
+        logger.record(L.FPS, fps)
+        logger.record(L.ITERATIONS, self.update)
+        logger.record(L.TOTAL_TIMESTEPS, self.global_step)
+        for key, value in metrics.items():
+            if key.startswith("aux/"):
+                logger.record(f"backbone/{key}", value)
+            elif key.startswith("info:"):
+                name = key[5:]
+                logger.record(name if name.startswith("backbone/") else f"backbone/{name}", value)
+
+    def evaluate(self, n_episodes: int, deterministic: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """Returns and lengths of ``n_episodes`` fresh episodes (seeded from the run seed and the step)."""
+        return evaluate_policy(
+            self.policy,
+            self.cfg.env_id,
+            self.cfg.env_kwargs,
+            n_episodes,
+            seed=self.cfg.seed + 100_003 + self.update,
+            seq_len=self.cfg.ppo.seq_len,
+            deterministic=deterministic,
+            device=self.device,
+        )
+
+    # -- checkpoints ----------------------------------------------------------------------------------------
+    def checkpoint_state(self) -> dict[str, Any]:
+        envs_blob = None
+        if isinstance(self.envs, gym.vector.SyncVectorEnv):
+            envs_blob = _to_bytes_tensor(self.envs.envs)
+        return {
+            "config": to_jsonable(self.cfg),
+            "policy": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "global_step": self.global_step,
+            "update": self.update,
+            "rng": capture_rng_state(),
+            "generator": self.generator.get_state(),
+            "episode_returns": list(self.episode_returns),
+            "episode_lengths": list(self.episode_lengths),
+            "loop": _to_bytes_tensor(_move_loop(self.loop, "cpu")),
+            "envs": envs_blob,
+        }
+
+    def load_checkpoint_state(self, ckpt: dict[str, Any]) -> None:
+        """Restore everything :meth:`checkpoint_state` saved (envs and loop only on rank 0 with sync envs)."""
+        self.policy.load_state_dict(ckpt["policy"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.global_step = int(ckpt["global_step"])
+        self.update = int(ckpt["update"])
+        self.episode_returns.extend(float(r) for r in ckpt["episode_returns"])
+        self.episode_lengths.extend(int(n) for n in ckpt["episode_lengths"])
+        exact = ckpt.get("envs") is not None and self.dist.is_main and hasattr(self.envs, "envs")
+        if exact:
+            for env in self.envs.envs:
+                env.close()
+            self.envs.envs = _from_bytes_tensor(ckpt["envs"])
+            self.loop = _move_loop(_from_bytes_tensor(ckpt["loop"]), self.device)
+            restore_rng_state(ckpt["rng"])
+            self.generator.set_state(ckpt["generator"])
+        else:  # fresh episodes; different seeds than the start so no episode repeats
+            seed = self.cfg.seed + self.dist.rank * self.cfg.num_envs + 7919 * self.update
+            self.loop = reset_loop(self.envs, self.policy, seed, self.device)
+            seed_everything(seed, self.cfg.torch_deterministic)
+            self.generator.manual_seed(seed)
+
+    # -- the loop -------------------------------------------------------------------------------------------
+    def learn(
+        self,
+        logger: Logger | None = None,
+        checkpoints: CheckpointManager | None = None,
+        callback: Callable[[PPOTrainer], bool | None] | None = None,
+    ) -> TrainResult:
+        """Run updates until total_timesteps. ``callback(trainer)`` after each update; False stops the run."""
+        cfg, ppo = self.cfg, self.cfg.ppo
+        main = self.dist.is_main
+        start_time, start_step = time.perf_counter(), self.global_step
+        last_saved = self.global_step if self.update > 0 else -1
+        pbar = None
+        if cfg.progress and main:
+            from tqdm import tqdm
+
+            pbar = tqdm(
+                total=self.num_updates * self.batch_size,
+                initial=self.global_step,
+                unit="step",
+                dynamic_ncols=True,
+            )
+        stopped = False
+        try:
+            with GracefulInterrupt(message=main) as interrupt:
+                while self.update < self.num_updates:
+                    lr = ppo.learning_rate
+                    if ppo.anneal_lr:
+                        lr = linear_schedule(ppo.learning_rate, 0.0, self.update / self.num_updates)
+                    for group in self.optimizer.param_groups:
+                        group["lr"] = lr
+                    self.loop, episodes = collect_rollout(
+                        self.policy, self.envs, self.storage, self.loop, ppo.gamma, ppo.gae_lambda
+                    )
+                    for ret, length in episodes:
+                        self.episode_returns.append(ret)
+                        self.episode_lengths.append(length)
+                    collect_info = ppo.info_every > 0 and self.update % ppo.info_every == 0
+                    metrics = self.train_epochs(collect_info=collect_info and logger is not None)
+                    self.update += 1
+                    self.global_step += self.batch_size
+                    fps = (self.global_step - start_step) / max(time.perf_counter() - start_time, 1e-9)
+                    if logger is not None:
+                        self._record(logger, metrics, lr, fps)
+                    if (
+                        cfg.eval_every
+                        and _crossed(self.global_step, self.batch_size, cfg.eval_every)
+                        and main
+                    ):
+                        rets, lens = self.evaluate(cfg.eval_episodes)
+                        if logger is not None:
+                            logger.record(rlt_logging.EVAL_MEAN_REWARD, float(rets.mean()))
+                            logger.record(rlt_logging.EVAL_MEAN_EP_LENGTH, float(lens.mean()))
+                        self._eval_value = float(rets.mean())
+                    if logger is not None:
+                        logger.dump(self.global_step)
+                    if pbar is not None:
+                        recent = f"{np.mean(self.episode_returns):.3g}" if self.episode_returns else "n/a"
+                        pbar.set_postfix(fps=f"{fps:.0f}", ret=recent, refresh=False)
+                        pbar.update(self.batch_size)
+                    if (
+                        checkpoints is not None
+                        and cfg.save_every
+                        and _crossed(self.global_step, self.batch_size, cfg.save_every)
+                    ):
+                        self._save(checkpoints)
+                        last_saved = self.global_step
+                    if callback is not None and callback(self) is False:
+                        stopped = True
+                    if allreduce_max(float(interrupt.requested), self.dist) > 0:
+                        stopped = True
+                    if stopped:
+                        break
+            if checkpoints is not None and last_saved != self.global_step:
+                self._save(checkpoints)
+        except NonFiniteError as err:
+            where = (
+                checkpoints.last_path if checkpoints is not None and checkpoints.last_path.exists() else None
+            )
+            message = f"stopping: {err}. " + (
+                f"The last good checkpoint is {where}." if where else "No checkpoint was written."
+            )
+            if main:
+                print(message, file=sys.stderr)
+                if logger is not None:
+                    logger.text("errors", message, step=self.global_step)
+            raise
+        finally:
+            if pbar is not None:
+                pbar.close()
+        if stopped and main and checkpoints is not None:
+            print(f"stopped at step {self.global_step}; checkpoint {checkpoints.last_path}", file=sys.stderr)
+        return TrainResult(
+            run_dir=checkpoints.directory.parent if checkpoints is not None else None,
+            global_step=self.global_step,
+            episode_returns=list(self.episode_returns),
+            stopped_early=stopped,
+        )
+
+    def _save(self, checkpoints: CheckpointManager) -> None:
+        if not self.dist.is_main:
+            return
+        value = getattr(self, "_eval_value", None) if checkpoints.metric is not None else None
+        checkpoints.save(self.checkpoint_state(), self.global_step, metric_value=value)
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+def make_adam(module: torch.nn.Module, lr: float, eps: float) -> torch.optim.Adam:
+    """Adam with the fused kernel where torch has one for these parameters (several times faster on CPU for
+    the many small tensors of a policy), else the multi-tensor one."""
+    try:
+        return torch.optim.Adam(module.parameters(), lr=lr, eps=eps, fused=True)
+    except (RuntimeError, TypeError, ValueError):
+        return torch.optim.Adam(module.parameters(), lr=lr, eps=eps, foreach=True)
+
+
+def _crossed(step: int, batch: int, every: int) -> bool:
+    """True when ``step`` passed a multiple of ``every`` during the last ``batch`` steps."""
+    return step // every > (step - batch) // every
+
+
+# -- entry point --------------------------------------------------------------------------------------------
+def run_dir_of(checkpoint: Path) -> Path:
+    """The run directory a checkpoint file (``<run>/checkpoints/x.pt``) or run directory belongs to."""
+    if checkpoint.is_file():
+        return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+    return checkpoint.parent if checkpoint.name == "checkpoints" else checkpoint
+
+
+def train(
+    cfg: TrainConfig,
+    run_dir: Path | None = None,
+    callback: Callable[[PPOTrainer], bool | None] | None = None,
+) -> TrainResult:
+    """Build (or resume) a run, train it, close it. Only rank 0 writes the run directory."""
+    ckpt = None
+    if cfg.resume is not None:
+        ckpt = load_checkpoint(cfg.resume)
+        cfg = resume_config(from_dict(TrainConfig, ckpt["config"]), cfg)
+        run_dir = run_dir_of(Path(cfg.resume))
+    probe = DistContext(
+        world_size=int(os.environ.get("WORLD_SIZE", "1")),
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+    )
+    set_threads(cfg.threads or max(1, available_cores() // max(probe.local_world_size, 1)))
+    device = resolve_device(cfg.device, probe)
+    dist = init_distributed(device)
+    device = resolve_device(cfg.device, dist)
+    trainer = PPOTrainer(cfg, dist, device)
+    if ckpt is not None:
+        trainer.load_checkpoint_state(ckpt)
+    logger = checkpoints = None
+    try:
+        if dist.is_main:
+            if run_dir is None:
+                run_dir = make_run_dir(cfg.run_root, algo="ppo", name=cfg.env_id, seed=cfg.seed)
+            run_dir = Path(run_dir)
+            purge = trainer.global_step + 1 if ckpt is not None else None
+            logger = Logger(run_dir, stdout=cfg.verbose, purge_step=purge)
+            if ckpt is None:
+                save_config(run_dir, cfg)
+                logger.log_hparams(cfg, {rlt_logging.EP_REW_MEAN: None, rlt_logging.EVAL_MEAN_REWARD: None})
+            metric = rlt_logging.EVAL_MEAN_REWARD if cfg.eval_every else None
+            checkpoints = CheckpointManager(run_dir, keep_last=cfg.keep_checkpoints, metric=metric)
+        return trainer.learn(logger, checkpoints, callback)
+    finally:
+        if logger is not None:
+            logger.close()
+        trainer.close()
+        shutdown(dist)
+
+
+# -- loading and measuring ----------------------------------------------------------------------------------
+def load_policy(path: str | Path, device: str | torch.device = "cpu") -> tuple[ActorCritic, TrainConfig]:
+    """The policy of a checkpoint (file or run directory) and the run's config."""
+    ckpt = load_checkpoint(path, map_location=device)
+    cfg = from_dict(TrainConfig, ckpt["config"])
+    from rl_transformers.algos.rollout import make_env_thunk
+
+    env = make_env_thunk(cfg.env_id, cfg.env_kwargs)()
+    policy = make_policy(cfg.policy, env.observation_space, env.action_space).to(device)
+    env.close()
+    policy.load_state_dict(ckpt["policy"])
+    return policy, cfg
+
+
+def measure_throughput(cfg: TrainConfig, updates: int = 5, warmup: int = 1) -> dict[str, float]:
+    """Env steps per second of rollouts alone and of whole PPO updates (rollout + training), after warm-up."""
+    set_threads(cfg.threads or available_cores())
+    trainer = PPOTrainer(cfg, device=resolve_device(cfg.device, DistContext()))
+    ppo = cfg.ppo
+    rollout_s = train_s = 0.0
+    try:
+        for i in range(warmup + updates):
+            t0 = time.perf_counter()
+            trainer.loop, _ = collect_rollout(
+                trainer.policy, trainer.envs, trainer.storage, trainer.loop, ppo.gamma, ppo.gae_lambda
+            )
+            t1 = time.perf_counter()
+            trainer.train_epochs()
+            t2 = time.perf_counter()
+            if i >= warmup:
+                rollout_s += t1 - t0
+                train_s += t2 - t1
+    finally:
+        trainer.close()
+    steps = updates * trainer.batch_size
+    return {
+        "rollout_steps_per_s": steps / rollout_s,
+        "train_steps_per_s": steps / train_s,
+        "steps_per_s": steps / (rollout_s + train_s),
+        "threads": float(torch.get_num_threads()),
+        "num_envs": float(cfg.num_envs),
+        "parameters": float(sum(p.numel() for p in trainer.policy.parameters())),
+    }

@@ -1,0 +1,581 @@
+"""Decision Transformer on the shared backbone, and a stateful agent for environment rollouts.
+
+Method (Chen et al. 2021, arXiv 2106.01345): an episode is the sequence (R̂_0, s_0, a_0, R̂_1, s_1, a_1, ...)
+with the return-to-go R̂_t = Σ_{t'≥t} r_t'. Each of the K steps of a window gives three tokens: a linear
+embedding of the scaled return-to-go, of the (dataset-normalised) state and of the action (a table for
+Discrete actions), each plus a learned embedding of the *episode timestep* t. The 3K tokens go through an
+embedding LayerNorm and dropout, then the causal :class:`~rl_transformers.backbone.Backbone` (any registered
+attention / position / memory / block / depth). The action a_t is predicted from the output at the state
+token s_t, so it sees R̂_≤t, s_≤t, a_<t: Box actions by Linear → Tanh rescaled to the action bounds (masked
+MSE), Discrete actions by logits (masked cross-entropy). Behaviour cloning is the same network without the
+return token (``condition_on_return=False``: 2 tokens per step).
+
+The default backbone (:func:`dt_backbone_config`) is the paper's GPT-2: 3 pre-LN layers, d = 128, 1 head,
+ReLU, dropout 0.1, causal, position ``none`` (the timestep embedding carries the position); all overridable.
+
+Padding: a window shorter than K (an episode's first steps, or a window cut by the episode's end) is padded
+on the ``padding`` side (default ``"right"``: real steps at [0, L)); padded steps have zeros everywhere and
+``mask`` False, and their tokens reach the backbone as ``key_padding_mask`` False. With right padding the
+real tokens sit at backbone positions 0 .. 3L - 1 whatever K is, so every position scheme (even absolute
+ones) sees the same positions in training, in a recomputed rollout context and in a streamed rollout.
+Training batches and :class:`DTAgent` contexts are built by the same :func:`pad_steps`.
+
+Shapes (B batch, K steps, d model width, A action dim, n = tokens per step, 3 or 2):
+returns_to_go (B, K) raw returns (scaled inside by ``return_scale``); observations (B, K, *obs_shape) raw
+(normalised inside by the ``state_mean`` / ``state_std`` buffers); actions (B, K, A) float or (B, K) long
+(raw Discrete values, ``start`` included); timesteps (B, K) long; mask (B, K) bool; tokens (B, n·K, d);
+predictions (B, K, A) actions or (B, K, n_actions) logits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rl_transformers.backbone import Backbone, BackboneConfig, capabilities
+from rl_transformers.backbone.state import BackboneState
+
+Padding = Literal["right", "left"]
+PADDINGS: tuple[str, ...] = ("right", "left")
+
+
+def dt_backbone_config(**overrides: Any) -> BackboneConfig:
+    """The Decision Transformer paper's GPT-2 shape as a :class:`BackboneConfig` (fields overridable)."""
+    base: dict[str, Any] = dict(
+        d_model=128,
+        n_layers=3,
+        n_heads=1,
+        dropout=0.1,
+        activation="relu",
+        causal=True,
+        attention="full",
+        position="none",
+        block="pre_ln",
+    )
+    base.update(overrides)
+    return BackboneConfig(**base)
+
+
+# --- spaces <-> JSON (checkpoints rebuild the model without the dataset) -------------------------------------
+
+
+def space_to_dict(space: gym.spaces.Space) -> dict[str, Any]:
+    """A Box or Discrete space as plain JSON data (inverse: :func:`space_from_dict`)."""
+    if isinstance(space, gym.spaces.Box):
+        return {
+            "type": "Box",
+            "low": space.low.tolist(),
+            "high": space.high.tolist(),
+            "shape": list(space.shape),
+            "dtype": str(space.dtype),
+        }
+    if isinstance(space, gym.spaces.Discrete):
+        return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
+    raise ValueError(f"cannot serialise space {space!r}; supported: Box, Discrete")
+
+
+def space_from_dict(data: dict[str, Any]) -> gym.spaces.Space:
+    """Inverse of :func:`space_to_dict`."""
+    kind = data.get("type")
+    if kind == "Box":
+        low = np.asarray(data["low"], dtype=data["dtype"]).reshape(data["shape"])
+        high = np.asarray(data["high"], dtype=data["dtype"]).reshape(data["shape"])
+        return gym.spaces.Box(low=low, high=high, dtype=np.dtype(data["dtype"]))  # type: ignore[arg-type]
+    if kind == "Discrete":
+        return gym.spaces.Discrete(int(data["n"]), start=int(data["start"]))
+    raise ValueError(f"unknown space type {kind!r}; valid: ['Box', 'Discrete']")
+
+
+def _check_space(space: gym.spaces.Space, what: str) -> None:
+    if not isinstance(space, gym.spaces.Box | gym.spaces.Discrete):
+        raise ValueError(
+            f"DecisionTransformer supports Box and Discrete {what} spaces, got {type(space).__name__} "
+            f"{space!r} (flatten Dict observations first, e.g. with offline_data's readers)"
+        )
+
+
+# --- padding (shared by training batches and rollout contexts) ------------------------------------------------
+
+
+def pad_steps(x: Tensor, lengths: Tensor, padding: Padding) -> Tensor:
+    """Re-lay (B, K, ...) rows whose real steps are at [0, L) (zeros after) for the ``padding`` side.
+
+    ``"right"`` returns ``x`` unchanged; ``"left"`` moves each row's L real steps to [K - L, K).
+    """
+    if padding == "right":
+        return x
+    if padding != "left":
+        raise ValueError(f"padding={padding!r} is not one of {list(PADDINGS)}")
+    k = x.shape[1]
+    src = torch.arange(k, device=x.device)[None, :] - (k - lengths.to(x.device))[:, None]  # (B, K)
+    valid = src >= 0
+    index = src.clamp_min(0).view(*src.shape, *([1] * (x.dim() - 2))).expand_as(x)
+    out = torch.gather(x, 1, index)
+    keep = valid.view(*valid.shape, *([1] * (x.dim() - 2)))
+    return torch.where(keep, out, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def last_index(lengths: Tensor, k: int, padding: Padding) -> Tensor:
+    """(B,) index of each row's last real step in a padded window."""
+    return lengths - 1 if padding == "right" else torch.full_like(lengths, k - 1)
+
+
+# --- the model -----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DTOutput:
+    """What :meth:`DecisionTransformer.forward` returns."""
+
+    predictions: Tensor
+    """(B, K, A) predicted actions (Box) or (B, K, n_actions) logits (Discrete), one per step."""
+    hidden: Tensor
+    """(B, K, d) backbone outputs at the state tokens."""
+    state: BackboneState
+    """Backbone state after these tokens (streaming)."""
+    aux_losses: dict[str, Tensor] = field(default_factory=dict)
+    """Backbone auxiliary losses (unweighted)."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """Backbone diagnostics (when ``model.backbone.collect_info``)."""
+
+
+class DecisionTransformer(nn.Module):
+    """(R̂, s, a) sequence model predicting a_t from the token of s_t. See the module docstring.
+
+    Args:
+        observation_space: Box (any shape, flattened) or Discrete.
+        action_space: Box (continuous, Tanh head + MSE) or Discrete (logits + cross-entropy).
+        backbone: the backbone; default :func:`dt_backbone_config` (must be causal).
+        context_len: K, steps per window (3K tokens).
+        max_ep_len: rows of the timestep embedding; timesteps >= max_ep_len use the last row.
+        return_scale: returns-to-go are multiplied by this before their embedding (1/1000 for MuJoCo).
+        condition_on_return: False drops the return token (behaviour cloning with the same network).
+        embed_dropout: dropout after the embedding LayerNorm (default: the backbone's dropout).
+        padding: side on which short windows are padded, in training and in :class:`DTAgent`.
+    """
+
+    def __init__(
+        self,
+        observation_space: gym.spaces.Space,
+        action_space: gym.spaces.Space,
+        backbone: BackboneConfig | None = None,
+        context_len: int = 20,
+        max_ep_len: int = 1000,
+        *,
+        return_scale: float = 1e-3,
+        condition_on_return: bool = True,
+        embed_dropout: float | None = None,
+        padding: Padding = "right",
+    ) -> None:
+        super().__init__()
+        _check_space(observation_space, "observation")
+        _check_space(action_space, "action")
+        backbone = dt_backbone_config() if backbone is None else backbone
+        if not backbone.causal:
+            raise ValueError("the Decision Transformer needs a causal backbone (BackboneConfig.causal=True)")
+        if context_len < 1:
+            raise ValueError(f"context_len must be >= 1, got {context_len!r}")
+        if max_ep_len < 1:
+            raise ValueError(f"max_ep_len must be >= 1, got {max_ep_len!r}")
+        if not (math.isfinite(return_scale) and return_scale > 0):
+            raise ValueError(f"return_scale must be a positive finite number, got {return_scale!r}")
+        if padding not in PADDINGS:
+            raise ValueError(f"padding={padding!r} is not one of {list(PADDINGS)}")
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.backbone_config = backbone
+        self.context_len = int(context_len)
+        self.max_ep_len = int(max_ep_len)
+        self.return_scale = float(return_scale)
+        self.condition_on_return = bool(condition_on_return)
+        self.padding: Padding = padding
+        self.tokens_per_step = 3 if condition_on_return else 2
+        self.state_token = 1 if condition_on_return else 0
+        d = backbone.d_model
+
+        self.discrete_observations = isinstance(observation_space, gym.spaces.Discrete)
+        if isinstance(observation_space, gym.spaces.Discrete):
+            self.obs_shape: tuple[int, ...] = ()
+            self.embed_state: nn.Module = nn.Embedding(int(observation_space.n), d)
+            obs_dim = 1
+        else:
+            self.obs_shape = tuple(observation_space.shape)
+            obs_dim = int(np.prod(self.obs_shape)) if self.obs_shape else 1
+            self.embed_state = nn.Linear(obs_dim, d)
+        self.obs_dim = obs_dim
+        # Dataset statistics (set by the trainer, saved with the weights); identity by default.
+        self.register_buffer("state_mean", torch.zeros(obs_dim))
+        self.register_buffer("state_std", torch.ones(obs_dim))
+
+        self.discrete_actions = isinstance(action_space, gym.spaces.Discrete)
+        if isinstance(action_space, gym.spaces.Discrete):
+            self.n_actions = int(action_space.n)
+            self.action_start = int(action_space.start)
+            self.action_dim = 1
+            self.embed_action: nn.Module = nn.Embedding(self.n_actions, d)
+            self.action_head: nn.Module = nn.Linear(d, self.n_actions)
+            self.squash = False
+        else:
+            self.n_actions = 0
+            self.action_start = 0
+            self.action_dim = int(np.prod(action_space.shape))
+            self.embed_action = nn.Linear(self.action_dim, d)
+            self.action_head = nn.Linear(d, self.action_dim)
+            low = np.asarray(action_space.low, dtype=np.float64).reshape(-1)
+            high = np.asarray(action_space.high, dtype=np.float64).reshape(-1)
+            # Tanh rescaled to [low, high] when the bounds are finite (the paper's Linear -> Tanh).
+            self.squash = bool(np.isfinite(low).all() and np.isfinite(high).all())
+            self.register_buffer("action_low", torch.as_tensor(np.where(self.squash, low, -1.0)).float())
+            self.register_buffer("action_high", torch.as_tensor(np.where(self.squash, high, 1.0)).float())
+        self.embed_return: nn.Module | None = nn.Linear(1, d) if condition_on_return else None
+        self.embed_timestep = nn.Embedding(self.max_ep_len, d)
+        self.embed_norm = nn.LayerNorm(d)
+        self.embed_dropout = nn.Dropout(backbone.dropout if embed_dropout is None else embed_dropout)
+        self.backbone = Backbone(backbone)
+        self._init_embeddings()
+
+    def _init_embeddings(self) -> None:
+        """GPT-2 initialisation N(0, 0.02) for the embeddings and the head (the backbone keeps its own)."""
+        for module in (
+            self.embed_state,
+            self.embed_action,
+            self.embed_return,
+            self.embed_timestep,
+            self.action_head,
+        ):
+            if module is None:
+                continue
+            nn.init.normal_(module.weight, std=0.02)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+    # -- configuration --------------------------------------------------------------------------------------
+    def set_state_normalization(self, mean: np.ndarray | Tensor, std: np.ndarray | Tensor) -> None:
+        """Store the dataset's state mean / std (flattened obs_dim); states are normalised inside forward."""
+        if self.discrete_observations:
+            raise ValueError("Discrete observations are embedded by index and take no normalisation")
+        mean_t = torch.as_tensor(np.asarray(mean, dtype=np.float32)).reshape(-1)
+        std_t = torch.as_tensor(np.asarray(std, dtype=np.float32)).reshape(-1)
+        if mean_t.numel() != self.obs_dim or std_t.numel() != self.obs_dim:
+            raise ValueError(
+                f"state mean/std must have {self.obs_dim} entries, got {mean_t.numel()}, {std_t.numel()}"
+            )
+        if not bool((std_t > 0).all()):
+            raise ValueError("state std must be positive (add a small epsilon)")
+        self.state_mean.copy_(mean_t)
+        self.state_std.copy_(std_t)
+
+    def init_kwargs(self) -> dict[str, Any]:
+        """JSON-able constructor arguments (with :func:`space_to_dict` spaces) to rebuild this model."""
+        return {
+            "observation_space": space_to_dict(self.observation_space),
+            "action_space": space_to_dict(self.action_space),
+            "backbone": self.backbone_config.to_dict(),
+            "context_len": self.context_len,
+            "max_ep_len": self.max_ep_len,
+            "return_scale": self.return_scale,
+            "condition_on_return": self.condition_on_return,
+            "embed_dropout": self.embed_dropout.p,
+            "padding": self.padding,
+        }
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict[str, Any]) -> DecisionTransformer:
+        """Rebuild from :meth:`init_kwargs` (weights not included)."""
+        args = dict(kwargs)
+        args["observation_space"] = space_from_dict(args["observation_space"])
+        args["action_space"] = space_from_dict(args["action_space"])
+        args["backbone"] = BackboneConfig.from_dict(args["backbone"])
+        obs_space, act_space = args.pop("observation_space"), args.pop("action_space")
+        return cls(obs_space, act_space, **args)
+
+    @property
+    def streams_exactly(self) -> bool:
+        """Whether a chunked backbone run with carried state equals the full run (used by :class:`DTAgent`).
+
+        Needs every variant to declare ``streaming="exact"`` and no memory module (a memory sees, in
+        streaming, tokens a training window never shows it), and right padding (so positions agree).
+        """
+        cfg = self.backbone_config
+        if cfg.memory is not None or self.padding != "right":
+            return False
+        kinds = ("attention", "position", "block", "depth")
+        return all(capabilities(kind, getattr(cfg, kind)).streaming == "exact" for kind in kinds)
+
+    # -- embeddings -----------------------------------------------------------------------------------------
+    def embed_steps(
+        self, returns_to_go: Tensor, observations: Tensor, actions: Tensor, timesteps: Tensor
+    ) -> Tensor:
+        """(B, K, n, d) token embeddings per step (before the LayerNorm), in order [R̂,] s, a."""
+        t = self.embed_timestep(timesteps.long().clamp(0, self.max_ep_len - 1))
+        b, k = timesteps.shape
+        if self.discrete_observations:
+            s = self.embed_state(observations.long().reshape(b, k))
+        else:
+            obs = observations.reshape(b, k, self.obs_dim).to(self.state_mean.dtype)
+            s = self.embed_state((obs - self.state_mean) / self.state_std)
+        if self.discrete_actions:
+            a = self.embed_action(
+                (actions.long().reshape(b, k) - self.action_start).clamp(0, self.n_actions - 1)
+            )
+        else:
+            a = self.embed_action(actions.reshape(b, k, self.action_dim).to(self.state_mean.dtype))
+        tokens = [s + t, a + t]
+        if self.embed_return is not None:
+            r = returns_to_go.reshape(b, k, 1).to(self.state_mean.dtype) * self.return_scale
+            tokens.insert(0, self.embed_return(r) + t)
+        return torch.stack(tokens, dim=2)
+
+    def run_tokens(
+        self,
+        tokens: Tensor,
+        key_padding_mask: Tensor | None = None,
+        state: BackboneState | None = None,
+        reset: Tensor | None = None,
+    ) -> Any:
+        """Embedding LayerNorm + dropout + backbone on (B, T, d) tokens; returns the BackboneOutput."""
+        x = self.embed_dropout(self.embed_norm(tokens))
+        return self.backbone(x, state=state, reset=reset, key_padding_mask=key_padding_mask)
+
+    # -- forward / prediction / loss ------------------------------------------------------------------------
+    def forward(
+        self,
+        returns_to_go: Tensor,
+        observations: Tensor,
+        actions: Tensor,
+        timesteps: Tensor,
+        mask: Tensor | None = None,
+        state: BackboneState | None = None,
+    ) -> DTOutput:
+        """Action predictions for every step of (B, K) windows (shapes in the module docstring)."""
+        steps = self.embed_steps(returns_to_go, observations, actions, timesteps)
+        b, k, n, d = steps.shape
+        kpm = None if mask is None else mask.to(torch.bool).repeat_interleave(n, dim=1)
+        out = self.run_tokens(steps.reshape(b, k * n, d), key_padding_mask=kpm, state=state)
+        hidden = out.y.reshape(b, k, n, d)[:, :, self.state_token]
+        return DTOutput(self.head(hidden), hidden, out.state, out.aux_losses, out.info)
+
+    def head(self, hidden: Tensor) -> Tensor:
+        """Predictions from state-token outputs (..., d): actions in the bounds (Box) or logits (Discrete)."""
+        raw = self.action_head(hidden)
+        if self.discrete_actions or not self.squash:
+            return raw
+        return self.action_low + (torch.tanh(raw) + 1.0) * 0.5 * (self.action_high - self.action_low)
+
+    def to_action(
+        self, predictions: Tensor, sample: bool = False, generator: torch.Generator | None = None
+    ) -> Tensor:
+        """Env actions from predictions (..., A or n_actions): the Box prediction, or argmax / a sample."""
+        if not self.discrete_actions:
+            return predictions
+        if sample:
+            probs = torch.softmax(predictions.float(), dim=-1).reshape(-1, self.n_actions)
+            index = torch.multinomial(probs, 1, generator=generator).reshape(predictions.shape[:-1])
+        else:
+            index = predictions.argmax(dim=-1)
+        return index + self.action_start
+
+    def action_loss(self, predictions: Tensor, actions: Tensor, mask: Tensor) -> Tensor:
+        """Masked MSE (Box, mean over real steps and action dims) or cross-entropy (Discrete, mean over steps)."""
+        valid = mask.to(torch.bool)
+        n_valid = valid.sum().clamp_min(1)
+        if self.discrete_actions:
+            target = (actions.long().reshape(valid.shape) - self.action_start).clamp(0, self.n_actions - 1)
+            ce = F.cross_entropy(
+                predictions.reshape(-1, self.n_actions), target.reshape(-1), reduction="none"
+            )
+            return (ce * valid.reshape(-1)).sum() / n_valid
+        target = actions.reshape(*valid.shape, self.action_dim).to(predictions.dtype)
+        err = (predictions - target).pow(2).sum(-1)
+        return (err * valid).sum() / (n_valid * self.action_dim)
+
+
+# --- rollouts ------------------------------------------------------------------------------------------------
+
+
+class DTAgent:
+    """Stateful rollout wrapper (d3rlpy's ``as_stateful_wrapper`` idea) over ``num_envs`` parallel episodes.
+
+    Per env it keeps the target return, the running return-to-go R̂ (R̂_0 = target, R̂_{t+1} = R̂_t − r_t in
+    raw units; the model scales it) and the last K steps. ``act(obs)`` appends (R̂_t, s_t) and returns a_t;
+    ``observe(rewards, dones)`` then decrements R̂ and ends the episodes of ``dones`` (their next ``act``
+    starts afresh). Two ways to compute a_t, equal up to float rounding:
+
+    - **recompute** (always correct): the last K steps, padded exactly like a training window
+      (:func:`pad_steps`), go through the full forward; the prediction is read at the last real step.
+    - **stream** (``mode="auto"`` when :attr:`DecisionTransformer.streams_exactly`): the backbone state is
+      carried; each step feeds the tokens (R̂_t, s_t), reads a_t at s_t, then feeds the a_t token. Used while
+      every env's whole episode fits in the context (all t < K, at most 3K tokens since the state began) —
+      the state starts when all envs start an episode together (e.g. after :meth:`reset`); a single env
+      resetting inside it resets its row. Once the context would slide, the agent drops the state and
+      recomputes until all envs start together again. ``last_mode`` / ``calls`` tell which path ran.
+    """
+
+    def __init__(
+        self,
+        model: DecisionTransformer,
+        num_envs: int = 1,
+        target_return: float | np.ndarray | None = None,
+        *,
+        mode: Literal["auto", "recompute"] = "auto",
+        sample: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        if mode not in ("auto", "recompute"):
+            raise ValueError(f"mode={mode!r} is not one of ['auto', 'recompute']")
+        if model.condition_on_return and target_return is None:
+            raise ValueError("a return-conditioned model needs target_return")
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs!r}")
+        self.model = model.eval()
+        self.num_envs = int(num_envs)
+        self.mode = mode
+        self.sample = sample
+        self.generator = generator
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        n, k = self.num_envs, model.context_len
+        self.target = torch.zeros(n, dtype=torch.float64, device=self.device)
+        self.set_target(0.0 if target_return is None else target_return)
+        obs_dtype = torch.long if model.discrete_observations else torch.float32
+        act_shape = (n, k) if model.discrete_actions else (n, k, model.action_dim)
+        self.rtg = torch.zeros(n, k, dtype=torch.float64, device=self.device)
+        self.obs = torch.zeros(n, k, *model.obs_shape, dtype=obs_dtype, device=self.device)
+        self.act_hist = torch.zeros(
+            act_shape, dtype=torch.long if model.discrete_actions else torch.float32, device=self.device
+        )
+        self.timesteps = torch.zeros(n, k, dtype=torch.long, device=self.device)
+        self.lengths = torch.zeros(n, dtype=torch.long, device=self.device)
+        self.t = torch.zeros(n, dtype=torch.long, device=self.device)
+        self.current_rtg = self.target.clone()
+        self._stream: BackboneState | None = None
+        self._stream_tokens = 0
+        self._stream_reset = torch.zeros(n, dtype=torch.bool, device=self.device)
+        self.last_mode: str | None = None
+        self.calls = {"stream": 0, "recompute": 0}
+
+    # -- episode bookkeeping ----------------------------------------------------------------------------------
+    def set_target(self, target_return: float | np.ndarray | Tensor) -> None:
+        """Target return of every env (a scalar or one per env); applies from the next episode start."""
+        value = torch.as_tensor(np.asarray(target_return, dtype=np.float64), device=self.device)
+        self.target = (
+            value.expand(self.num_envs).clone() if value.dim() == 0 else value.reshape(self.num_envs).clone()
+        )
+
+    def reset(self, mask: np.ndarray | Tensor | None = None) -> None:
+        """Start new episodes in the envs of ``mask`` (all when None), returns-to-go back to the target."""
+        rows = (
+            torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
+            if mask is None
+            else torch.as_tensor(np.asarray(mask), dtype=torch.bool, device=self.device).reshape(
+                self.num_envs
+            )
+        )
+        if not bool(rows.any()):
+            return
+        for buf in (self.rtg, self.obs, self.act_hist, self.timesteps):
+            buf[rows] = 0
+        self.lengths[rows] = 0
+        self.t[rows] = 0
+        self.current_rtg = torch.where(rows, self.target, self.current_rtg)
+        self._stream_reset |= rows
+
+    def observe(self, rewards: np.ndarray | Tensor | float, dones: np.ndarray | Tensor | None = None) -> None:
+        """After ``env.step``: R̂ ← R̂ − r, t ← t + 1; envs in ``dones`` start a new episode at the next act."""
+        r = torch.as_tensor(np.asarray(rewards, dtype=np.float64), device=self.device).reshape(-1)
+        self.current_rtg = self.current_rtg - r.expand(self.num_envs)
+        self.t += 1
+        if dones is not None:
+            self.reset(dones)
+
+    # -- acting ---------------------------------------------------------------------------------------------
+    def _push(self, observations: Tensor) -> None:
+        """Append (R̂_t, s_t, a=0, t) to each env's window, sliding out the oldest step when full."""
+        k = self.model.context_len
+        full = self.lengths >= k
+        if bool(full.any()):
+            for buf in (self.rtg, self.obs, self.act_hist, self.timesteps):
+                buf[full] = torch.roll(buf[full], shifts=-1, dims=1)
+        idx = self.lengths.clamp(max=k - 1)
+        rows = torch.arange(self.num_envs, device=self.device)
+        self.rtg[rows, idx] = self.current_rtg
+        self.obs[rows, idx] = observations.to(self.obs.dtype)
+        self.act_hist[rows, idx] = 0
+        self.timesteps[rows, idx] = self.t
+        self.lengths = (self.lengths + 1).clamp(max=k)
+
+    def context(self) -> dict[str, Tensor]:
+        """The current windows as model inputs (padded like training batches): rtg, obs, actions, t, mask."""
+        k, pad = self.model.context_len, self.model.padding
+        lengths = self.lengths
+        mask = torch.arange(k, device=self.device)[None, :] < lengths[:, None]
+        return {
+            "returns_to_go": pad_steps(self.rtg, lengths, pad).to(torch.float32),
+            "observations": pad_steps(self.obs, lengths, pad),
+            "actions": pad_steps(self.act_hist, lengths, pad),
+            "timesteps": pad_steps(self.timesteps, lengths, pad),
+            "mask": pad_steps(mask, lengths, pad),
+        }
+
+    def _can_stream(self) -> bool:
+        if self.mode != "auto" or not self.model.streams_exactly:
+            return False
+        k = self.model.context_len
+        if bool((self.t >= k).any()):
+            return False
+        if self._stream is None:
+            return bool((self.t == 0).all())  # a new state only when all envs start together
+        return self._stream_tokens + self.model.tokens_per_step <= self.model.tokens_per_step * k
+
+    @torch.no_grad()
+    def act(self, observations: np.ndarray | Tensor) -> np.ndarray:
+        """Actions (num_envs, A) float or (num_envs,) int for observations (num_envs, *obs_shape)."""
+        model = self.model
+        obs = torch.as_tensor(np.asarray(observations), device=self.device)
+        obs = obs.reshape(self.num_envs, *model.obs_shape)
+        self._push(obs)
+        rows = torch.arange(self.num_envs, device=self.device)
+        cur = self.lengths - 1  # index of step t in the unpadded (left-aligned) history
+        if self._can_stream():
+            if self._stream is None:
+                self._stream = model.backbone.init_state(self.num_envs, self.device, self.dtype)
+                self._stream_tokens = 0
+                self._stream_reset.zero_()
+            steps = model.embed_steps(
+                self.rtg[rows, cur].float()[:, None],
+                obs[:, None],
+                self.act_hist[rows, cur][:, None],
+                self.t[:, None],
+            )
+            n_in = model.tokens_per_step - 1  # [R̂_t,] s_t: everything but the unknown action
+            out = model.run_tokens(steps[:, 0, :n_in], state=self._stream, reset=self._stream_reset.clone())
+            self._stream_reset.zero_()
+            pred = model.head(out.y[:, -1])
+            action = model.to_action(pred, self.sample, self.generator)
+            self.act_hist[rows, cur] = action.to(self.act_hist.dtype)
+            a_tok = model.embed_steps(
+                self.rtg[rows, cur].float()[:, None],
+                obs[:, None],
+                self.act_hist[rows, cur][:, None],
+                self.t[:, None],
+            )[:, 0, n_in:]
+            self._stream = model.run_tokens(a_tok, state=out.state).state
+            self._stream_tokens += model.tokens_per_step
+            self.last_mode = "stream"
+        else:
+            self._stream = None
+            ctx = self.context()
+            out = model(**ctx)
+            at = last_index(self.lengths, model.context_len, model.padding)
+            action = model.to_action(out.predictions[rows, at], self.sample, self.generator)
+            self.act_hist[rows, cur] = action.to(self.act_hist.dtype)
+            self.last_mode = "recompute"
+        self.calls[self.last_mode] += 1
+        return action.cpu().numpy()

@@ -1,0 +1,39 @@
+"""Train a memory policy with PPO: GTrXL by default, any backbone variant, or an LSTM / GRU / MLP baseline.
+
+    python scripts/train_gtrxl.py                                    # GTrXL on rlt/TMaze-v0
+    python scripts/train_gtrxl.py --env-id rlt/CartPoleNoVel-v0 --total-timesteps 500000
+    python scripts/train_gtrxl.py --backbone.attention linear --backbone.memory None --backbone.position rope
+    python scripts/train_gtrxl.py --backbone.memory-options '{"mem_len": 64}' --ppo.seq-len 32
+    python scripts/train_gtrxl.py --policy lstm                      # baseline on equal terms
+    python scripts/train_gtrxl.py --resume runs/ppo/rlt-TMaze-v0/<run>/   # continue a run
+    torchrun --nproc_per_node 2 scripts/train_gtrxl.py --threads 1   # data-parallel PPO (gloo on CPU)
+
+Writes runs/ppo/<env>/<YYYYmmdd-HHMMSS>-s<seed>/ (config.json, TensorBoard events, progress.jsonl, checkpoints/).
+Ctrl-C saves a checkpoint and exits; a non-finite loss stops the run and keeps the last good checkpoint.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import tyro
+
+from rl_transformers.algos.ppo import TrainConfig, cli_registry, train
+from rl_transformers.utils import NonFiniteError
+
+
+def main() -> int:
+    cfg = tyro.cli(TrainConfig, registry=cli_registry(), description=__doc__)
+    try:
+        result = train(cfg)
+    except NonFiniteError:
+        return 1
+    if result.run_dir is not None:
+        tail = result.episode_returns[-20:]
+        mean = sum(tail) / len(tail) if tail else float("nan")
+        print(f"run: {result.run_dir}\nsteps: {result.global_step}  recent return: {mean:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

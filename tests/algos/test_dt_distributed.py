@@ -1,0 +1,60 @@
+"""Data-parallel DT training: 2 gloo ranks on CPU (torch.multiprocessing.spawn) end with identical weights."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from tests.algos.test_dt import cartpole_dataset, tiny_config
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _worker(rank: int, world: int, port: int, dataset: str, out: str) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+    )
+    torch.set_num_threads(1)
+    from rl_transformers.algos.dt import cleanup_distributed, train
+
+    config = tiny_config(
+        Path(dataset), Path(out), total_steps=5, eval_every=0, eval_episodes=0, save_every=5, device="cpu"
+    )
+    try:
+        result = train(config, run_dir=Path(out) / "run")
+        torch.save({k: v.clone() for k, v in result.model.state_dict().items()}, Path(out) / f"rank{rank}.pt")
+    finally:
+        cleanup_distributed()
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
+def test_two_gloo_ranks_keep_identical_parameters(tmp_path: Path) -> None:
+    dataset = cartpole_dataset(tmp_path / "cartpole.hdf5", n_good=2, n_random=4, max_steps=40)
+    # fork: the children reuse the imported torch (spawn would re-import it, seconds per rank)
+    mp.start_processes(
+        _worker, args=(2, _free_port(), str(dataset), str(tmp_path)), nprocs=2, start_method="fork"
+    )
+    s0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
+    s1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
+    for name in s0:
+        assert torch.equal(s0[name], s1[name]), name
+    # training happened, and the checkpoint (written by rank 0) holds both ranks' RNG states
+    ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
+    assert ckpt["step"] == 5 and ckpt["world_size"] == 2 and len(ckpt["sampler_rng"]) == 2
+    assert ckpt["sampler_rng"][0] != ckpt["sampler_rng"][1]
+    for name in s0:
+        assert torch.equal(ckpt["model"][name], s0[name])
+    assert not (tmp_path / "runs").exists()  # rank 1 never made a run directory of its own
