@@ -14,7 +14,8 @@ from typing import Annotated
 
 import tyro
 
-from rl_transformers.algos.ppo import TrainConfig, cli_registry, measure_throughput
+from rl_transformers.algos.ppo import TrainConfig, measure_throughput
+from rl_transformers.utils.cli import cli_registry
 
 
 @dataclass(frozen=True)

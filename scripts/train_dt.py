@@ -19,7 +19,7 @@ import json
 import tyro
 
 from rl_transformers.algos.dt import DTConfig, cleanup_distributed, train
-from rl_transformers.algos.ppo import cli_registry  # BackboneConfig flags, *_options as JSON
+from rl_transformers.utils.cli import cli_registry  # BackboneConfig flags, *_options as JSON
 
 
 def main(config: DTConfig) -> None:

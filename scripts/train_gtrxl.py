@@ -18,8 +18,9 @@ import sys
 
 import tyro
 
-from rl_transformers.algos.ppo import TrainConfig, cli_registry, train
+from rl_transformers.algos.ppo import TrainConfig, train
 from rl_transformers.utils import NonFiniteError
+from rl_transformers.utils.cli import cli_registry
 
 
 def main() -> int:

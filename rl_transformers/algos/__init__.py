@@ -3,7 +3,7 @@
 from rl_transformers.algos import PPOConfig, TrainConfig, train
 """
 
-from rl_transformers.algos.ppo import PPOConfig, PPOTrainer, TrainConfig, TrainResult, cli_registry, train
+from rl_transformers.algos.ppo import PPOConfig, PPOTrainer, TrainConfig, TrainResult, train
 from rl_transformers.algos.rollout import RolloutStorage, compute_gae, evaluate_policy, make_vec_env
 
 __all__ = [
@@ -12,7 +12,6 @@ __all__ = [
     "RolloutStorage",
     "TrainConfig",
     "TrainResult",
-    "cli_registry",
     "compute_gae",
     "evaluate_policy",
     "make_vec_env",
