@@ -100,14 +100,27 @@ def test_reset_row_equals_fresh(case: dict) -> None:
 
 
 def test_available_lists_design_names() -> None:
+    """The registry names fixed in design.md, exactly."""
     names = available()
     assert set(names) == {"attention", "position", "memory", "block", "depth"}
-    assert "full" in names["attention"]
-    assert {"post_ln", "pre_ln", "gtrxl", "rezero"} <= set(names["block"])
+    assert set(names["position"]) == {
+        "none", "sinusoidal", "learned", "shaw", "xl_relative", "t5", "rope", "xpos", "alibi",
+        "kerple_power", "kerple_log", "sandwich", "da",
+    }  # fmt: skip
+    assert set(names["attention"]) == {
+        "full", "local", "block_local", "block_local_2d", "strided", "fixed", "blockwise", "longformer",
+        "bigbird", "etc", "lsh", "routing", "linformer", "memory_compressed", "linear", "rfa", "performer",
+        "gaussian_prior", "adaptive_span",
+    }  # fmt: skip
+    assert set(names["memory"]) == {"xl", "compressive", "knn"}
+    assert set(names["block"]) == {"post_ln", "pre_ln", "gtrxl", "rezero", "reversible"}
+    assert set(names["depth"]) == {"fixed", "universal", "early_exit"}
 
 
 def test_unknown_names_and_options_are_explained() -> None:
-    with pytest.raises(ValueError, match=r"unknown attention 'ful'\. Did you mean 'full'\? Valid attention names: \[.*'full'"):
+    with pytest.raises(
+        ValueError, match=r"unknown attention 'ful'\. Did you mean 'full'\? Valid attention names: \[.*'full'"
+    ):
         BackboneConfig(attention="ful")
     with pytest.raises(
         ValueError, match=r"unknown option 'max_cach'.*Did you mean 'max_cache'.*Valid options"
