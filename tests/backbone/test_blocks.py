@@ -132,3 +132,9 @@ def test_post_ln_matches_formula() -> None:
         h = blk.norm1(x + a)
         expected = blk.norm2(h + blk.ffn.fc2(torch.relu(blk.ffn.fc1(h))))
         torch.testing.assert_close(bb(x).y, expected)
+
+
+def test_reversible_custom_backward_passes_gradcheck() -> None:
+    bb = inv.tiny_backbone(block="reversible", position="rope", d_model=8, n_heads=2, n_layers=2)
+    x = torch.randn(1, 3, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda inp: bb(inp).y, (x,), eps=1e-6, atol=1e-5)
