@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import Tensor, nn
@@ -242,7 +242,8 @@ class _ReversibleStack(torch.autograd.Function):
         def accumulate(grads: tuple[Tensor | None, ...]) -> None:
             for j, g in enumerate(grads):
                 if g is not None:
-                    param_grads[j] = g if param_grads[j] is None else param_grads[j] + g
+                    prev = param_grads[j]
+                    param_grads[j] = g if prev is None else prev + g
 
         device = y1.device
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -306,7 +307,8 @@ class ReversibleBlock(Block):
     ) -> tuple[Tensor, tuple[Any, ...]]:
         x = ctx.enter_layer(x, 0)
         revs: list[ReversibleBlock] = blocks  # type: ignore[assignment]
-        if not (revs[0].options.recompute and torch.is_grad_enabled()):
+        options = cast(ReversibleOptions, revs[0].options)
+        if not (options.recompute and torch.is_grad_enabled()):
             x1 = x2 = x
             new_states = []
             for i, block in enumerate(revs):

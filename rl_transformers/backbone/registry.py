@@ -49,7 +49,7 @@ class Capabilities:
 class Entry:
     family: str
     name: str
-    cls: type
+    cls: type[Any]
     options: type
     capabilities: Capabilities
 

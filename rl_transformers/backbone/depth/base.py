@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import Tensor, nn
@@ -64,11 +64,11 @@ class FixedDepth(Depth):
         self.blocks = nn.ModuleList(make_block(i) for i in range(cfg.n_layers))
 
     def attention_for(self, application: int) -> nn.Module:
-        return self.blocks[application].attention
+        return cast(Block, self.blocks[application]).attention
 
     def forward(
         self, x: Tensor, ctx: ForwardContext, states: tuple[Any, ...], depth_state: Any = None
     ) -> tuple[Tensor, tuple[Any, ...], Any]:
-        blocks = list(self.blocks)
+        blocks = cast(list[Block], list(self.blocks))
         x, new_states = type(blocks[0]).run_stack(blocks, x, ctx, states)
         return x, new_states, depth_state

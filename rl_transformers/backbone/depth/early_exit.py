@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -76,7 +76,7 @@ class EarlyExitDepth(Depth):
         """Optional task head (d -> logits) for the softmax measure and the classifier oracle."""
 
     def attention_for(self, application: int) -> nn.Module:
-        return self.blocks[application].attention
+        return cast(Block, self.blocks[application]).attention
 
     def confidence(self, h: Tensor, h_prev: Tensor) -> Tensor:
         measure = self.options.measure

@@ -80,9 +80,10 @@ class LearnedPosition(Position):
     def __init__(self, cfg: Any, options: LearnedOptions) -> None:
         super().__init__(cfg, options)
         n_tables = cfg.n_layers if options.per_layer else 1
-        self.tables = nn.ModuleList(nn.Embedding(options.max_len, cfg.d_model) for _ in range(n_tables))
-        for table in self.tables:
+        tables = [nn.Embedding(options.max_len, cfg.d_model) for _ in range(n_tables)]
+        for table in tables:
             nn.init.normal_(table.weight, std=0.02)
+        self.tables = nn.ModuleList(tables)
 
     def embed(self, x: Tensor, pos: Tensor, layer: int) -> Tensor:
         if layer >= len(self.tables):
