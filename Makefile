@@ -21,7 +21,7 @@ train: venv
 	$(BIN)/python scripts/train_gtrxl.py
 
 lint: venv
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
 
 clean:
 	rm -rf $(VENV)
