@@ -14,6 +14,7 @@ import tyro
 
 from rl_transformers.algos.ppo import load_policy
 from rl_transformers.algos.rollout import evaluate_policy, video_unavailable
+from rl_transformers.utils import set_threads
 
 
 @dataclass(frozen=True)
@@ -30,12 +31,15 @@ class EvalArgs:
     """Parallel evaluation envs (1 when recording video)."""
     device: str = "cpu"
     """torch device."""
+    threads: int | None = 1
+    """torch CPU threads (1 is fastest for small policies; None = all cores)."""
     video_dir: str | None = None
     """Record every episode to this folder (gymnasium RecordVideo)."""
 
 
 def main() -> None:
     args = tyro.cli(EvalArgs, description=__doc__)
+    set_threads(args.threads)
     policy, cfg = load_policy(args.checkpoint, args.device)
     video_dir = args.video_dir
     if video_dir is not None and (reason := video_unavailable(cfg.env_id, cfg.env_kwargs)) is not None:
