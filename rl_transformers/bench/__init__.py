@@ -1,0 +1,18 @@
+"""Benchmarks: the attention harness (``scripts/benchmark_backbones.py``) and the encoder sweep
+(``scripts/sweep_encoders.py``).
+
+- :mod:`~rl_transformers.bench.config` - :class:`BenchConfig` (CPU / GPU defaults)
+- :mod:`~rl_transformers.bench.ops` - implementations (SDPA, registry entries, peers) and timed operations
+- :mod:`~rl_transformers.bench.correctness` - the correctness gate (float64, softmax probe, dense reference)
+- :mod:`~rl_transformers.bench.timing` - round-robin repeats, median / IQR, CPU and CUDA clocks
+- :mod:`~rl_transformers.bench.memory` - peak memory (fresh process on CPU, CUDA statistics on GPU), estimates
+- :mod:`~rl_transformers.bench.harness` - the run; :mod:`~rl_transformers.bench.report` - JSON, Markdown, plots
+- :mod:`~rl_transformers.bench.peers` - optional third-party rows; :mod:`~rl_transformers.bench.sweep` - sweep
+"""
+
+from __future__ import annotations
+
+from rl_transformers.bench.config import BenchConfig
+from rl_transformers.bench.harness import run_benchmark
+
+__all__ = ["BenchConfig", "run_benchmark"]

@@ -1,0 +1,653 @@
+"""The benchmark run: registry entries x positions x targets x modes x sizes -> rows, JSON, Markdown, plots.
+
+For each (position, target, mode, shape) group, in order of increasing L:
+
+1. **Static skips**: streaming step of an entry with ``streaming="none"`` or of a non-causal-only entry; sizes
+   whose peak memory (extrapolated from shorter lengths, see ``memory.py``) exceeds the budget, or whose call time
+   (extrapolated the same way from the measured medians; for a step, also the forward that builds its state)
+   exceeds ``max_call_s`` (4x that for the SDPA baseline, so ratios exist where variants run).
+2. **Memory** (CPU: a fresh process per config, budget-capped and time-limited, which doubles as a guard: a size
+   too big or too slow dies there and is reported ``skipped (memory|time)``, or ``unsupported`` when the entry
+   rejects the configuration).
+3. **Correctness gate** (``correctness.py``) at L <= ``check_max_len``: numerical error vs float64, the softmax
+   probe for exact entries, error vs dense attention over the full mask. Failing entries are reported as
+   ``failed`` and not timed. Longer sizes reuse the gate of the longest checked size (``checked_at``); the
+   backward mode shares the forward gate.
+4. **Timing**: warm-up, round-robin repeats over the group's implementations, median and IQR (``timing.py``);
+   on GPU the CUDA memory statistics are read around one call first.
+5. Derived: tokens/s = B·T / t (T = L, or 1 for a step); dense-equivalent TFLOP/s (formula in :func:`flops`);
+   ratio to SDPA (same target, mode, size and masking, same run); crossover lengths (``report.py``).
+
+Entries that support only non-causal attention run non-causal (``causal`` False in their rows, with a note) and
+are compared with SDPA non-causal measured in the same group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+import platform
+import socket
+import subprocess
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rl_transformers.backbone import registry
+from rl_transformers.bench import correctness as corr
+from rl_transformers.bench.config import BenchConfig, ResolvedConfig, Shape, cpu_count
+from rl_transformers.bench.memory import Extrapolator, MemoryJob, measure_cpu, measure_gpu
+from rl_transformers.bench.ops import Impl, Op, build_op, cheap_step_state, compile_op, registry_impls
+from rl_transformers.bench.timing import RepeatPolicy, clock_for, time_interleaved
+
+SCHEMA_VERSION = 1
+MIB = 2**20
+
+KNOWN_FULL_MASK = {
+    "sdpa": lambda options, length: True,
+    "full": lambda options, length: options.get("max_cache") is None or options["max_cache"] >= length,
+    "local": lambda options, length: options.get("window", 64) >= length,
+}
+"""Exact entries whose mask is the full one at a given length: their ``ref_err`` must be numerical (gated)."""
+BASELINE_TIME_FACTOR = 4.0
+"""The SDPA baseline may take this many times ``max_call_s`` per call, so ratios exist where variants run."""
+KNOWN_MASK_TOLERANCE = 1e-6
+"""Gate on ``ref_err`` (float64 vs float64) for :data:`KNOWN_FULL_MASK` entries and exact peers."""
+
+
+def flops(target: str, mode: str, shape: Shape, causal: bool, n_layers: int) -> float:
+    """Dense-equivalent FLOPs of one call (stated in the README; the same formula for every variant).
+
+    Attention: 4·B·H·L²·D forward (QKᵀ and PV, 2 FLOPs per multiply-add), halved when causal; a step attends
+    L + 1 keys: 4·B·H·(L+1)·D. Backward = 2.5 x forward (fwd+bwd = 3.5 x fwd, the FlashAttention convention).
+    Layer adds the four d x d projections, 8·B·T·d²; a model block adds the FFN (width 4d), 16·B·T·d², per
+    layer; backward of these matmuls = 2 x forward (fwd+bwd = 3 x fwd).
+    """
+    b, h, d, length = shape.batch, shape.heads, shape.d_head, shape.length
+    if mode == "step":
+        attn, tokens = 4.0 * b * h * (length + 1) * d, 1
+    else:
+        attn, tokens = 4.0 * b * h * length * length * d * (0.5 if causal else 1.0), length
+    width = shape.width
+    dense = 0.0
+    if target in ("layer", "model"):
+        dense += 8.0 * b * tokens * width**2
+    if target == "model":
+        dense += 16.0 * b * tokens * width**2
+    layers = n_layers if target == "model" else 1
+    if mode == "backward":
+        return layers * (3.5 * attn + 3.0 * dense)
+    return layers * (attn + dense)
+
+
+def git_sha() -> str | None:
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+        )
+        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=30)
+        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def machine_meta(rc: ResolvedConfig) -> dict[str, Any]:
+    return {
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda,
+        "python_version": platform.python_version(),
+        "platform": platform.platform(),
+        "hostname": socket.gethostname(),
+        "device": str(rc.device),
+        "device_name": device_name(rc.device),
+        "dtype": rc.dtype_name,
+        "git_sha": git_sha(),
+        "threads": rc.threads,
+        "cores": cpu_count(),
+        "loadavg_start": list(os.getloadavg()),
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "registry": registry.available(),
+    }
+
+
+@dataclasses.dataclass
+class _Gate:
+    """Outcome of the correctness gate of one (implementation, target, size)."""
+
+    status: str
+    reason: str = ""
+    num_err: float | None = None
+    num_tol: float | None = None
+    ref_err: float | None = None
+    ref_tol: float | None = None
+    probe: dict[str, Any] | None = None
+    checked_at: int | None = None
+
+
+class Runner:
+    """Runs the groups of one benchmark and collects rows (use :func:`run_benchmark`)."""
+
+    def __init__(self, rc: ResolvedConfig, impls: list[Impl], log: Any = None) -> None:
+        self.rc = rc
+        self.cfg = rc.config
+        self.impls = impls
+        self.log = (log or _print_flush) if self.cfg.progress else (lambda *a, **k: None)
+        self.rows: list[dict[str, Any]] = []
+        self.mem_model = Extrapolator(floor=1.0 * MIB)
+        self.time_model = Extrapolator()
+        self.probes: dict[tuple[str, str, bool], corr.ProbeResult] = {}
+        self.gates: dict[tuple[Any, ...], _Gate] = {}
+        self.policy = RepeatPolicy(
+            warmup=self.cfg.warmup,
+            repeats=rc.repeats,
+            slow_repeat_s=self.cfg.slow_repeat_s,
+            slow_repeats=self.cfg.slow_repeats,
+            min_repeat_s=rc.min_repeat_s,
+        )
+
+    # -- one group ----------------------------------------------------------------------------------------
+    def run_group(self, position: str, target: str, mode: str, shape: Shape) -> list[dict[str, Any]]:
+        load = os.getloadavg()[0]
+        ops: dict[str, Op] = {}
+        rows: dict[str, dict[str, Any]] = {}
+        impls = [
+            i
+            for i in self.impls
+            if i.kind != "peer" or (target == "kernel" and position == self.positions[0])
+        ]
+        flipped = any(i.run_causal(self.cfg.causal) != self.cfg.causal for i in impls if i.kind != "sdpa")
+        entries: list[tuple[Impl, bool]] = []
+        for impl in impls:
+            if impl.kind == "sdpa":
+                entries.append((impl, self.cfg.causal))
+                if flipped and mode != "step":
+                    entries.append((impl, not self.cfg.causal))
+            else:
+                entries.append((impl, impl.run_causal(self.cfg.causal)))
+        for impl, causal in entries:
+            label = (
+                impl.name if causal == self.cfg.causal or impl.kind != "sdpa" else f"{impl.name} (non-causal)"
+            )
+            row = self._base_row(impl, label, position, target, mode, shape, causal, load)
+            rows[label] = row
+            op = self._prepare(impl, row, position, target, mode, shape, causal)
+            if op is not None:
+                ops[label] = op
+        self._time(ops, rows)
+        self._ratios(rows)
+        if self.cfg.profile:
+            self._profile(ops, position, target, mode, shape)
+        out = list(rows.values())
+        self.rows.extend(out)
+        del ops
+        gc.collect()
+        if self.rc.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return out
+
+    @property
+    def positions(self) -> tuple[str, ...]:
+        return self.cfg.positions
+
+    def _base_row(
+        self,
+        impl: Impl,
+        label: str,
+        position: str,
+        target: str,
+        mode: str,
+        shape: Shape,
+        causal: bool,
+        load: float,
+    ) -> dict[str, Any]:
+        note = ""
+        if impl.kind != "sdpa" and causal != self.cfg.causal:
+            note = (
+                "non-causal only: run non-causal, compared with SDPA non-causal"
+                if self.cfg.causal
+                else "causal only: run causal, compared with SDPA causal"
+            )
+        if impl.kind == "ours" and target == "kernel" and position != "none":
+            kind = registry.get("position", position).cls.kind
+            if kind in ("input", "qk"):
+                note = (
+                    note + "; " if note else ""
+                ) + f"position {position!r} ({kind}) is applied outside the kernel"
+        return {
+            "variant": label,
+            "kind": impl.kind,
+            "attention": impl.attention if impl.kind != "peer" else None,
+            "options": corr_options(impl, shape.length),
+            "exact": impl.exact,
+            "streaming": impl.streaming,
+            "position": position if impl.kind != "peer" else "none",
+            "target": target,
+            "mode": mode,
+            "causal": causal,
+            "causal_requested": self.cfg.causal,
+            "batch": shape.batch,
+            "heads": shape.heads,
+            "d_head": shape.d_head,
+            "length": shape.length,
+            "dtype": self.rc.dtype_name,
+            "device": str(self.rc.device),
+            "compiled": False,
+            "status": "pending",
+            "reason": "",
+            "note": note,
+            "time_ms": None,
+            "time_ms_q1": None,
+            "time_ms_q3": None,
+            "time_ms_iqr": None,
+            "repeats": 0,
+            "loops": None,
+            "early_stop": False,
+            "first_call_ms": None,
+            "tokens_per_s": None,
+            "flops": flops(target, mode, shape, causal, self.cfg.n_layers),
+            "tflops": None,
+            "peak_mem_bytes": None,
+            "mem_method": None,
+            "mem_estimate_bytes": None,
+            "ratio_sdpa": None,
+            "num_err": None,
+            "num_tol": None,
+            "ref_err": None,
+            "ref_tol": None,
+            "probe": None,
+            "checked_at": None,
+            "loadavg": load,
+        }
+
+    def _series(self, impl: Impl, position: str, target: str, mode: str, causal: bool, shape: Shape) -> tuple:
+        return (impl.name, position, target, mode, causal, shape.heads, shape.d_head)
+
+    def _prepare(
+        self,
+        impl: Impl,
+        row: dict[str, Any],
+        position: str,
+        target: str,
+        mode: str,
+        shape: Shape,
+        causal: bool,
+    ) -> Op | None:
+        """Skips, gate and memory for one implementation; the op to time, or None."""
+        if mode == "step" and impl.streaming == "none":
+            return _skip(row, "streaming='none': the caller recomputes its window, no streaming step")
+        if mode == "step" and not causal:
+            return _skip(row, "non-causal only: no streaming step")
+        series = self._series(impl, position, target, mode, causal, shape)
+        budget = self.rc.memory_budget
+        mem_est = self.mem_model.predict(series, shape)
+        row["mem_estimate_bytes"] = mem_est
+        if mem_est is not None and mem_est > budget:
+            return _skip(
+                row, f"skipped (memory): estimated {mem_est / MIB:.0f} MiB > budget {budget / MIB:.0f} MiB"
+            )
+        limit = self.cfg.max_call_s * (BASELINE_TIME_FACTOR if impl.kind == "sdpa" else 1.0)
+        time_est = self.time_model.predict(series, shape)
+        if time_est is not None and time_est > limit:
+            return _skip(row, f"skipped (time): estimated {time_est:.1f} s per call > {limit:g} s")
+        if mode == "step" and not cheap_step_state(impl, target):  # state built by forwards over the past
+            build_est = self._forward_time(impl, position, target, causal, shape)
+            if build_est is not None and build_est > limit:
+                return _skip(row, f"skipped (time): building the state needs ~{build_est:.1f} s of forward")
+        if self.cfg.measure_memory and self.rc.device.type == "cpu":
+            # First, in a fresh process: peak memory, and a guard against sizes too big or too slow to time here.
+            job = MemoryJob(
+                impl, target, mode, shape, causal, position, self.cfg.n_layers, self.rc.dtype_name,
+                self.cfg.seed, self.rc.threads, budget,
+            )  # fmt: skip
+            result = measure_cpu(job, timeout=3 * limit + 60)
+            if "error" in result:
+                kind, detail = result["error"], result.get("detail", "")
+                if kind in ("memory", "time", "unsupported"):
+                    return _skip(
+                        row,
+                        f"skipped ({kind}): {detail}" if kind != "unsupported" else f"unsupported: {detail}",
+                    )
+                row["status"], row["reason"] = "error", detail
+                return None
+            row["peak_mem_bytes"], row["mem_method"] = result["peak_bytes"], result["method"]
+            self.mem_model.add(series, shape, result["peak_bytes"])
+            if result["call_s"] > limit:
+                self.time_model.add(series, shape, result["call_s"])
+                return _skip(row, f"skipped (time): one call took {result['call_s']:.1f} s > {limit:g} s")
+        gate = self._gate(impl, row, position, target, mode, shape, causal, mem_est)
+        if gate is None:
+            return None
+        for key in ("num_err", "num_tol", "ref_err", "ref_tol", "probe", "checked_at"):
+            row[key] = getattr(gate, key)
+        if gate.status == "failed":
+            row["status"], row["reason"] = "failed", gate.reason
+            return None
+        if gate.reason:
+            row["note"] = (row["note"] + "; " if row["note"] else "") + gate.reason
+        try:
+            op = self._build(impl, target, mode, shape, causal, position)
+        except torch.OutOfMemoryError as err:
+            _free_device(self.rc.device)
+            return _skip(row, f"skipped (memory): {err}"[:300])
+        except Exception as err:
+            row["status"], row["reason"] = "error", f"{type(err).__name__}: {err}"
+            return None
+        if self.cfg.measure_memory and self.rc.device.type == "cuda":
+            try:
+                result = measure_gpu(op.call, self.rc.device)
+            except torch.OutOfMemoryError as err:
+                _free_device(self.rc.device)
+                return _skip(row, f"skipped (memory): {err}"[:300])
+            row["peak_mem_bytes"], row["mem_method"] = result["peak_bytes"], result["method"]
+            self.mem_model.add(series, shape, result["peak_bytes"])
+        row["status"] = "ok" if impl.exact else "approx"
+        return op
+
+    def _forward_time(
+        self, impl: Impl, position: str, target: str, causal: bool, shape: Shape
+    ) -> float | None:
+        """Measured (or extrapolated) forward time of this implementation at ``shape``."""
+        series = self._series(impl, position, target, "forward", causal, shape)
+        for length, batch, value in self.time_model.points.get(series, []):
+            if length == shape.length and batch == shape.batch:
+                return value
+        return self.time_model.predict(series, shape)
+
+    def _build(self, impl: Impl, target: str, mode: str, shape: Shape, causal: bool, position: str) -> Op:
+        return build_op(
+            impl, target, mode, shape, causal=causal, position=position, n_layers=self.cfg.n_layers,
+            dtype=self.rc.dtype, device=self.rc.device, seed=self.cfg.seed,
+        )  # fmt: skip
+
+    # -- correctness ----------------------------------------------------------------------------------------
+    def _gate(
+        self,
+        impl: Impl,
+        row: dict[str, Any],
+        position: str,
+        target: str,
+        mode: str,
+        shape: Shape,
+        causal: bool,
+        mem_est: float | None,
+    ) -> _Gate | None:
+        kind = "step" if mode == "step" else "forward"
+        series = (impl.name, position, target, kind, causal, shape.heads, shape.d_head)
+        key = (*series, shape.batch, shape.length)
+        if key in self.gates:
+            return self.gates[key]
+        too_big = mem_est is not None and 2 * mem_est > self.rc.memory_budget
+        if shape.length > self.rc.check_max_len or too_big:
+            previous = [g for k, g in self.gates.items() if k[: len(series)] == series and g.checked_at]
+            if previous:
+                return max(previous, key=lambda g: g.checked_at or 0)
+            return _Gate(status="ok", reason="not checked (size above check_max_len)")
+        try:
+            gate = self._check(impl, position, target, kind, shape, causal)
+        except ValueError as err:
+            _skip(row, f"unsupported: {err}")
+            return None
+        except torch.OutOfMemoryError as err:
+            _free_device(self.rc.device)
+            _skip(row, f"skipped (memory): correctness check: {err}"[:300])
+            return None
+        except Exception as err:
+            row["status"], row["reason"] = "error", f"{type(err).__name__}: {err}"
+            return None
+        self.gates[key] = gate
+        return gate
+
+    def _check(self, impl: Impl, position: str, target: str, kind: str, shape: Shape, causal: bool) -> _Gate:
+        op = self._build(impl, target, kind, shape, causal, position)
+        op.module.eval()
+        name = impl.attention or impl.name
+        gate = _Gate(status="ok", checked_at=shape.length)
+        gate.num_tol = corr.numeric_tolerance(name, self.rc.dtype)
+        gate.num_err = corr.numerical_error(op)
+        failures = []
+        if not gate.num_err <= gate.num_tol:
+            failures.append(
+                f"numerical error {gate.num_err:.3g} > {gate.num_tol:g} (vs float64 run of the same op)"
+            )
+        if kind == "forward" and shape.length <= self.cfg.ref_max_len:
+            gate.ref_err = corr.reference_error(op, position, self.cfg.n_layers)
+            gate.ref_tol = self._ref_tolerance(impl, target, shape)
+            if gate.ref_tol is not None and not (gate.ref_err is not None and gate.ref_err <= gate.ref_tol):
+                failures.append(f"error vs dense reference {gate.ref_err:.3g} > {gate.ref_tol:g}")
+        if impl.kind == "ours" and impl.exact:
+            probe = self._probe(impl, position, causal, shape)
+            gate.probe = {**probe.to_dict(), "length": self.cfg.probe_len}
+            if not probe.ok:
+                failures.append(f"softmax probe: {probe.reason}")
+        if failures:
+            gate.status, gate.reason = "failed", "; ".join(failures)
+        return gate
+
+    def _ref_tolerance(self, impl: Impl, target: str, shape: Shape) -> float | None:
+        if impl.kind == "peer":
+            return KNOWN_MASK_TOLERANCE if impl.peer.reference_mask is not None else None
+        name = impl.attention if impl.kind == "ours" else "sdpa"
+        if impl.exact:
+            rule = KNOWN_FULL_MASK.get(name)
+            full = rule is not None and rule(corr_options(impl, shape.length), shape.length)
+            return KNOWN_MASK_TOLERANCE if full else None
+        if target != "kernel":
+            return None
+        return corr.APPROX_REF_TOLERANCE.get(name)
+
+    def _probe(self, impl: Impl, position: str, causal: bool, shape: Shape) -> corr.ProbeResult:
+        key = (impl.name, position, causal, shape.heads, shape.d_head)
+        if key not in self.probes:
+            small = Shape(1, shape.heads, shape.d_head, self.cfg.probe_len)
+            self.probes[key] = corr.probe_softmax_structure(impl, position, causal, small, self.cfg.seed)
+        return self.probes[key]
+
+    # -- timing -------------------------------------------------------------------------------------------
+    def _time(self, ops: dict[str, Op], rows: dict[str, dict[str, Any]]) -> None:
+        fns = {label: op.call for label, op in ops.items()}
+        if self.cfg.compile:
+            for label, op in list(ops.items()):
+                compiled_label = f"{label} [compiled]"
+                row = rows[compiled_label] = {**rows[label], "variant": compiled_label, "compiled": True}
+                compiled = compile_op(op)
+                try:  # the compiled module must reproduce the eager output (first call also compiles)
+                    start = time.perf_counter()
+                    err = corr.rel_max_err(compiled.output(use_runner=True), op.output())
+                    compile_s = time.perf_counter() - start
+                except Exception as exc:
+                    row["status"], row["reason"] = (
+                        "error",
+                        f"torch.compile: {type(exc).__name__}: {exc}"[:500],
+                    )
+                    continue
+                row["note"] = (row["note"] + "; " if row["note"] else "") + (
+                    f"compiled vs eager error {err:.1e}; first call incl. compilation {compile_s:.1f} s"
+                )
+                if not err <= (row["num_tol"] or corr.numeric_tolerance(op.impl.name, self.rc.dtype)):
+                    row["status"], row["reason"] = (
+                        "failed",
+                        f"compiled output differs from eager by {err:.3g}",
+                    )
+                    continue
+                fns[compiled_label] = compiled.call
+        if not fns:
+            return
+        timings = time_interleaved(fns, self.policy, clock_for(self.rc.device))
+        for label, timing in timings.items():
+            row = rows[label]
+            if timing.error is not None:
+                if timing.error.startswith("OutOfMemoryError"):
+                    _skip(row, f"skipped (memory): {timing.error}"[:300])
+                else:
+                    row["status"], row["reason"] = "error", timing.error
+                continue
+            med = timing.median
+            row.update(
+                time_ms=med * 1e3,
+                time_ms_q1=timing.q1 * 1e3,
+                time_ms_q3=timing.q3 * 1e3,
+                time_ms_iqr=timing.iqr * 1e3,
+                repeats=len(timing.samples),
+                loops=timing.loops,
+                early_stop=timing.early_stop,
+                first_call_ms=None if timing.first_call_s is None else timing.first_call_s * 1e3,
+                tokens_per_s=row["batch"] * (1 if row["mode"] == "step" else row["length"]) / med,
+                tflops=row["flops"] / med / 1e12,
+            )
+            if timing.early_stop:
+                row["note"] = (row["note"] + "; " if row["note"] else "") + (
+                    f"early stop after {len(timing.samples)} repeats (> {self.cfg.slow_repeat_s:g} s each)"
+                )
+            if not row["compiled"]:
+                impl_name = row["variant"].removesuffix(" (non-causal)")
+                shape = Shape(row["batch"], row["heads"], row["d_head"], row["length"])
+                series = (impl_name, row["position"], row["target"], row["mode"], row["causal"], shape.heads,
+                          shape.d_head)  # fmt: skip
+                self.time_model.add(series, shape, med)
+
+    def _ratios(self, rows: dict[str, dict[str, Any]]) -> None:
+        baselines = {
+            r["causal"]: r["time_ms"]
+            for r in rows.values()
+            if r["kind"] == "sdpa" and not r["compiled"] and r["time_ms"] is not None
+        }
+        for row in rows.values():
+            base = baselines.get(row["causal"])
+            if row["time_ms"] is not None and base:
+                row["ratio_sdpa"] = row["time_ms"] / base
+
+    def _profile(self, ops: dict[str, Op], position: str, target: str, mode: str, shape: Shape) -> None:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.rc.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        root = Path(self.rc.out) / "profile" / f"{position}-{target}-{mode}-{shape.label()}"
+        for label, op in ops.items():
+            handler = torch.profiler.tensorboard_trace_handler(str(root), worker_name=_safe(label))
+            with torch.profiler.profile(
+                activities=activities, record_shapes=True, profile_memory=True, on_trace_ready=handler
+            ):
+                for _ in range(2):
+                    op.call()
+
+
+def corr_options(impl: Impl, length: int) -> dict[str, Any]:
+    from rl_transformers.bench.ops import resolved_options
+
+    return resolved_options(impl, length)
+
+
+def _free_device(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _print_flush(line: str) -> None:
+    print(line, flush=True)
+
+
+def _safe(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
+
+
+def _skip(row: dict[str, Any], reason: str) -> None:
+    row["status"] = "skipped"
+    row["reason"] = reason if reason.startswith("skipped") else f"skipped ({reason})"
+    return None
+
+
+def select_impls(cfg: BenchConfig) -> tuple[list[Impl], list[str]]:
+    """SDPA + registry entries (+ installed peers with ``--peers``); second value: notes for the report."""
+    impls = registry_impls(cfg.attentions, cfg.exclude, cfg.options_by_attention)
+    notes: list[str] = []
+    if cfg.peers:
+        from rl_transformers.bench.peers import peer_impls
+
+        peers, missing = peer_impls()
+        impls += peers
+        if missing:
+            notes.append(f"peers not installed (pip install the bench-peers extra): {', '.join(missing)}")
+    return impls, notes
+
+
+def run_benchmark(cfg: BenchConfig, impls: list[Impl] | None = None, write: bool = True) -> dict[str, Any]:
+    """Run the benchmark of ``cfg``; returns the results dict (and writes JSON / Markdown / plots to ``out``)."""
+    from rl_transformers.bench import report
+
+    rc = cfg.resolve()
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(rc.threads)
+    notes: list[str] = []
+    if impls is None:
+        impls, notes = select_impls(cfg)
+    meta = machine_meta(rc)
+    meta["config"] = rc.to_dict()
+    start = time.perf_counter()
+    runner = Runner(rc, impls)
+    try:
+        for position in cfg.positions:
+            registry.get("position", position)
+            for target in rc.targets:
+                for mode in cfg.modes:
+                    for shape in rc.shapes:
+                        if target == "model" and shape.length > rc.model_max_len:
+                            continue
+                        t0 = time.perf_counter()
+                        rows = runner.run_group(position, target, mode, shape)
+                        runner.log(
+                            _progress_line(position, target, mode, shape, rows, time.perf_counter() - t0)
+                        )
+    finally:
+        torch.set_num_threads(previous_threads)
+    meta["loadavg_end"] = list(os.getloadavg())
+    meta["wall_s"] = time.perf_counter() - start
+    loaded = max(meta["loadavg_start"][0], meta["loadavg_end"][0]) > meta["cores"]
+    if loaded:
+        notes.append(
+            f"machine load above the core count during the run (load {meta['loadavg_start'][0]:.1f} -> "
+            f"{meta['loadavg_end'][0]:.1f} on {meta['cores']} cores): absolute times are noisy, ratios less so"
+        )
+    meta["notes"] = notes
+    results = {
+        "schema_version": SCHEMA_VERSION,
+        "meta": meta,
+        "rows": runner.rows,
+        "crossover": report.crossovers(runner.rows),
+    }
+    if write:
+        report.write_all(results, rc.out, plots=cfg.plots)
+    return results
+
+
+def _progress_line(
+    position: str, target: str, mode: str, shape: Shape, rows: list[dict], seconds: float
+) -> str:
+    parts = []
+    for r in rows:
+        if r["time_ms"] is not None:
+            parts.append(f"{r['variant']}={r['time_ms']:.3g}ms")
+        else:
+            parts.append(f"{r['variant']}={r['status']}")
+    return f"[{seconds:6.1f}s] {position}/{target}/{mode}/{shape.label()}: " + " ".join(parts)
+
+
+def main_exit_code(results: dict[str, Any]) -> int:
+    """0 unless a row errored (failed gates are results, not crashes)."""
+    return 1 if any(r["status"] == "error" for r in results["rows"]) else 0
