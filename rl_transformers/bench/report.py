@@ -345,18 +345,22 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
         for idx, variant in enumerate(variants):
             pts = sorted((r for r in items if r["variant"] == variant), key=lambda r: r["length"])
             sdpa = variant.startswith("sdpa")
-            style = dict(color="black", linewidth=3.0, marker="o", zorder=10) if sdpa else dict(
+            dashed = "--" if "non-causal" in variant else "-"
+            style = dict(color="black", linewidth=3.0, marker="o", linestyle=dashed, zorder=10) if sdpa else dict(
                 color=cmap(idx % 20), linewidth=1.3, marker="os^vD<>"[idx % 7],
                 linestyle=("-", "--", ":")[idx // 20 % 3],
             )  # fmt: skip
             for ax, key, scale in ((axes[0], "time_ms", 1.0), (axes[1], "peak_mem_bytes", 1 / 2**20)):
                 xs = [r["length"] for r in pts if r[key] is not None and r["time_ms"] is not None]
                 ys = [
-                    max(r[key] * scale, 1e-3) for r in pts if r[key] is not None and r["time_ms"] is not None
+                    max(r[key] * scale, 1e-2) for r in pts if r[key] is not None and r["time_ms"] is not None
                 ]
                 if xs:
                     ax.plot(xs, ys, label=variant, **style)
-        for ax, ylabel in ((axes[0], "median time per call (ms)"), (axes[1], "peak extra memory (MiB)")):
+        for ax, ylabel in (
+            (axes[0], "median time per call (ms)"),
+            (axes[1], "peak extra memory (MiB, floor 0.01)"),
+        ):
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xlabel("sequence length L")
