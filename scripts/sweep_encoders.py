@@ -1,8 +1,8 @@
 """Sweep backbone variants x seeds through GTrXL-PPO and Decision Transformer training (rl_transformers.bench.sweep).
 
-    python scripts/sweep_encoders.py --variants full local "attention=linear;position=rope;memory=None" \
-        --seeds 0 1 2 --ppo-total-timesteps 100000
-    python scripts/sweep_encoders.py --algos ppo dt --dt-dataset data/cartpole.hdf5 --dt-total-steps 5000
+    python scripts/sweep_encoders.py --variants full local "attention=linear;position=rope;memory=None"
+    python scripts/sweep_encoders.py --seeds 0 1 2 --ppo-total-timesteps 100000 --ppo-args="--num-envs 8"
+    python scripts/sweep_encoders.py --algos ppo dt --dt-dataset data/cartpole.hdf5 --dt-args="--env-id CartPole-v1"
     python scripts/sweep_encoders.py ... --dry-run          # print the commands of the unfinished runs
 
 Runs in parallel (one torch thread each, --workers defaults to the cores), resumable (a run directory with

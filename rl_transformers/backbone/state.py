@@ -128,10 +128,15 @@ class KVCache(State):
             v = torch.cat([self.v, v], dim=2)
             pos = torch.cat([self.pos, pos], dim=1)
             valid = torch.cat([self.valid, valid], dim=1)
-        if max_len is not None and k.shape[2] > max_len:
-            k, v = k[:, :, -max_len:], v[:, :, -max_len:]
-            pos, valid = pos[:, -max_len:], valid[:, -max_len:]
-        return KVCache(k, v, pos, valid)
+        return KVCache(k, v, pos, valid).trimmed(max_len)
+
+    def trimmed(self, max_len: int | None) -> KVCache:
+        """The last ``max_len`` columns (views, no copy); self when shorter or ``max_len`` is None."""
+        if max_len is None or self.k.shape[2] <= max_len:
+            return self
+        return KVCache(
+            self.k[:, :, -max_len:], self.v[:, :, -max_len:], self.pos[:, -max_len:], self.valid[:, -max_len:]
+        )
 
 
 @dataclass

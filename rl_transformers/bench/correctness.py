@@ -117,6 +117,7 @@ def reference_error(op: Op, position: str, n_layers: int) -> float | None:
                 pos = torch.arange(length, device=q.device).expand(q.shape[0], length)
                 bias = pos_module.bias(pos, pos, 0)
         ref = reference_attention(q, k, v, mask=mask, bias=bias)
+        assert isinstance(ref, Tensor)
         return rel_fro_err(y, ref)
     return _reference_by_full_twin(twin, position, n_layers)
 

@@ -152,7 +152,7 @@ class Runner:
         self.rows: list[dict[str, Any]] = []
         self.mem_model = Extrapolator(floor=1.0 * MIB)
         self.time_model = Extrapolator()
-        self.probes: dict[tuple[str, str, bool], corr.ProbeResult] = {}
+        self.probes: dict[tuple[str, str, bool, int, int], corr.ProbeResult] = {}
         self.gates: dict[tuple[Any, ...], _Gate] = {}
         self.policy = RepeatPolicy(
             warmup=self.cfg.warmup,
@@ -443,7 +443,7 @@ class Runner:
     def _ref_tolerance(self, impl: Impl, target: str, shape: Shape) -> float | None:
         if impl.kind == "peer":
             return KNOWN_MASK_TOLERANCE if impl.peer.reference_mask is not None else None
-        name = impl.attention if impl.kind == "ours" else "sdpa"
+        name = (impl.attention or impl.name) if impl.kind == "ours" else "sdpa"
         if impl.exact:
             rule = KNOWN_FULL_MASK.get(name)
             full = rule is not None and rule(corr_options(impl, shape.length), shape.length)
@@ -567,7 +567,8 @@ def _safe(label: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
 
 
-def _skip(row: dict[str, Any], reason: str) -> None:
+def _skip(row: dict[str, Any], reason: str) -> Op | None:
+    """Mark ``row`` skipped with ``reason``; returns None (no op to time)."""
     row["status"] = "skipped"
     row["reason"] = reason if reason.startswith("skipped") else f"skipped ({reason})"
     return None

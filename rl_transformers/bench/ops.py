@@ -249,7 +249,7 @@ class Op:
         device = new[0].device
         pos = (start + torch.arange(t, device=device)).expand(b, t)
         valid = torch.ones(b, t, dtype=torch.bool, device=device)
-        state = self.state if self.mode == "step" else self.module.init_state(b, new[0])
+        state = self.state if self.mode == "step" else _init_state(self.module, b, new[0])
         return (*new, pos, valid, state)
 
     def call(self) -> Any:
@@ -287,6 +287,11 @@ class Op:
         return op
 
 
+def _init_state(module: nn.Module, batch: int, like: Tensor) -> Any:
+    """The empty state of a harness module (every module here defines ``init_state(batch, like)``)."""
+    return module.init_state(batch, like)  # type: ignore[operator]
+
+
 def _randn(gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
     return torch.randn(shape, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
 
@@ -314,7 +319,7 @@ def build_state(module: nn.Module, inputs: dict[str, Tensor], target: str) -> An
     names = ("past_q", "past_k", "past_v") if target == "kernel" else ("past_x",)
     past = [inputs[n] for n in names]
     b, length = past[0].shape[0], past[0].shape[-2]
-    state = module.init_state(b, past[0])
+    state = _init_state(module, b, past[0])
     if isinstance(module, SDPAKernel):
         return (past[1], past[2])
     if (

@@ -157,7 +157,7 @@ def crossovers(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for row in rows:
         if row["kind"] == "sdpa":
             if row["time_ms"] is None and not row["compiled"]:
-                key = (
+                group = (
                     row["position"],
                     row["target"],
                     row["mode"],
@@ -165,7 +165,7 @@ def crossovers(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     row["heads"],
                     row["d_head"],
                 )
-                sdpa_skipped[key].add(row["length"])
+                sdpa_skipped[group].add(row["length"])
             continue
         series[_series_key(row)].append(row)
     out = []

@@ -383,11 +383,11 @@ def run_sweep(
     cfg: SweepConfig, trainers: Sequence[Trainer] | None = None, log: Any = print
 ) -> dict[str, Any]:
     """Run the unfinished runs of ``cfg`` in parallel, then write the summary, plots and TensorBoard runs."""
-    trainers = list(trainers) if trainers is not None else build_trainers(cfg)
+    chosen: list[Any] = list(trainers) if trainers is not None else list(build_trainers(cfg))
     variants = [parse_variant(s) for s in cfg.variants]
     out = Path(cfg.out)
     jobs, done = [], 0
-    for trainer in trainers:
+    for trainer in chosen:
         for variant in variants:
             for seed in cfg.seeds:
                 run_dir = out / trainer.name / variant.label / f"s{seed}"
@@ -411,7 +411,7 @@ def run_sweep(
                 f"final {res['final_return']}" if res["status"] == "done" else f"FAILED ({res['returncode']})"
             )
             log(f"  {job.trainer.name}/{job.variant.label}/s{job.seed}: {res['wall_s']:.0f} s, {extra}")
-    summary = summarize(out, trainers, variants, cfg.seeds)
+    summary = summarize(out, chosen, variants, cfg.seeds)
     write_summary(summary, out)
     return summary
 

@@ -164,11 +164,9 @@ class Attention(nn.Module):
     ) -> tuple[Tensor, Any]:
         """Default stateful wrapper: exact KV cache (bounded by ``max_cache``) around :meth:`attend`."""
         if isinstance(state, KVCache):
-            new_state = state.append(k, v, k_pos, k_valid, self.max_cache)
-            k = torch.cat([state.k, k], dim=2)
-            v = torch.cat([state.v, v], dim=2)
-            k_pos = torch.cat([state.pos, k_pos], dim=1)
-            k_valid = torch.cat([state.valid, k_valid], dim=1)
+            full = state.append(k, v, k_pos, k_valid)  # one concatenation serves the kernel and the new state
+            k, v, k_pos, k_valid = full.k, full.v, full.pos, full.valid
+            new_state = full.trimmed(self.max_cache)
         else:
             new_state = state
         return self.attend(q, k, v, q_pos, k_pos, k_valid, ctx), new_state
