@@ -126,6 +126,11 @@ class Attention(nn.Module):
         return KVCache.empty(batch, self.n_heads, self.d_head, device, dtype)
 
     @property
+    def cannot_stream(self) -> str | None:
+        """Why this configuration cannot continue from a non-empty cache (None = it can). Checked by :meth:`core`."""
+        return None
+
+    @property
     def max_cache(self) -> int | None:
         """Bound on cached keys (None = unbounded). Variants with a window override this."""
         return getattr(self.options, "max_cache", None)
@@ -164,6 +169,8 @@ class Attention(nn.Module):
     ) -> tuple[Tensor, Any]:
         """Default stateful wrapper: exact KV cache (bounded by ``max_cache``) around :meth:`attend`."""
         if isinstance(state, KVCache):
+            if state.length > 0 and (reason := self.cannot_stream) is not None:
+                raise ValueError(reason)
             full = state.append(k, v, k_pos, k_valid)  # one concatenation serves the kernel and the new state
             k, v, k_pos, k_valid = full.k, full.v, full.pos, full.valid
             new_state = full.trimmed(self.max_cache)

@@ -36,7 +36,6 @@ from rl_transformers.backbone.attention._banded import band_part, block_size
 from rl_transformers.backbone.attention.base import Attention
 from rl_transformers.backbone.context import ForwardContext
 from rl_transformers.backbone.registry import Capabilities, register
-from rl_transformers.backbone.state import KVCache
 
 
 def _positive(name: str, value: Any, minimum: int = 1) -> None:
@@ -186,23 +185,14 @@ class BlockLocal2DAttention(Attention):
         rows, cols = self._reach(width)
         return rows * width + cols
 
-    def core(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        q_pos: Tensor,
-        k_pos: Tensor,
-        k_valid: Tensor,
-        ctx: ForwardContext,
-        state: Any,
-    ) -> tuple[Tensor, Any]:
-        if self.options.image_shape is None and isinstance(state, KVCache) and state.length > 0:
-            raise ValueError(
+    @property
+    def cannot_stream(self) -> str | None:
+        if self.options.image_shape is None:
+            return (
                 "block_local_2d with image_shape=None infers the image from each call and cannot stream; "
                 "set image_shape=(H, W)"
             )
-        return super().core(q, k, v, q_pos, k_pos, k_valid, ctx, state)
+        return None
 
     def attend(
         self,

@@ -45,7 +45,6 @@ from rl_transformers.backbone.attention._banded import (
 from rl_transformers.backbone.attention.base import Attention
 from rl_transformers.backbone.context import ForwardContext
 from rl_transformers.backbone.registry import Capabilities, register
-from rl_transformers.backbone.state import KVCache
 
 Combine = Literal["alternate", "union", "split_heads"]
 COMBINES = ("alternate", "union", "split_heads")
@@ -294,23 +293,14 @@ class BlockwiseAttention(Attention):
         bs = self.options.block_size
         return None if bs is None else self.options.n_blocks * bs - 1
 
-    def core(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        q_pos: Tensor,
-        k_pos: Tensor,
-        k_valid: Tensor,
-        ctx: ForwardContext,
-        state: Any,
-    ) -> tuple[Tensor, Any]:
-        if self.options.block_size is None and isinstance(state, KVCache) and state.length > 0:
-            raise ValueError(
+    @property
+    def cannot_stream(self) -> str | None:
+        if self.options.block_size is None:
+            return (
                 "blockwise with block_size=None splits each call's keys into n blocks and cannot stream; "
                 "set block_size"
             )
-        return super().core(q, k, v, q_pos, k_pos, k_valid, ctx, state)
+        return None
 
     def attend(
         self,
