@@ -132,3 +132,18 @@ def test_unknown_names_and_options_are_explained() -> None:
         BackboneConfig(d_model=10, n_heads=4)
     with pytest.raises(ValueError, match="absolute position scheme"):
         BackboneConfig(memory="xl", position="sinusoidal")
+
+
+@pytest.mark.parametrize(
+    "attention, options, match",
+    [
+        ("block_local_2d", {"image_shape": None}, "image_shape"),
+        ("blockwise", {"block_size": None}, "block_size"),
+    ],
+)
+def test_configurations_that_cannot_stream_refuse_a_carried_cache(attention, options, match) -> None:
+    bb = inv.tiny_backbone(attention=attention, attention_options=options, position="rope")
+    x = torch.randn(1, 8, bb.cfg.d_model, dtype=torch.float64)
+    state = bb(x[:, :4]).state
+    with pytest.raises(ValueError, match=f"cannot stream.*{match}"):
+        bb(x[:, 4:], state=state)
