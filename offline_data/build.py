@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 from offline_data.episode import Episode, episode_returns
 from offline_data.minari_io import check_writable, validate_dataset_id, write_minari_dataset
 from offline_data.scores import D4RL_REF_SCORES, env_family
+from rl_transformers.utils.training import set_threads
 
 __all__ = [
     "KINDS",
@@ -88,7 +89,8 @@ class BuildConfig:
     algo: Literal["auto", "sac", "ppo"] = "auto"
     """Behaviour-policy algorithm; auto: SAC for Box actions, PPO for Discrete."""
     total_timesteps: int = 1_000_000
-    """Training steps of the behaviour policy; the final policy is the expert."""
+    """Training steps of the behaviour policy; the final policy is the expert. When no expert is needed (no
+    expert / medium-expert kind, D4RL references known), training stops at the medium checkpoint."""
     medium_return: float | None = None
     """Eval return that defines the medium policy; None: 1/3 of the way from the D4RL random to expert return (D4RL families only)."""
     eval_freq: int = 10_000
@@ -123,6 +125,8 @@ class BuildConfig:
     """SAC replay buffer size."""
     device: str = "cpu"
     """Torch device of the SB3 policy."""
+    threads: int | None = 1
+    """torch CPU threads (1 is fastest for SB3's small MLPs); None leaves torch's default."""
     author: str = "rl_transformers"
     """Author stored in the Minari metadata."""
     author_email: str | None = None
@@ -370,7 +374,7 @@ def _algo_class(config: BuildConfig, action_space: gym.spaces.Space) -> Any:
     return SAC if algo == "sac" else PPO
 
 
-def _train(config: BuildConfig, algo_cls: Any, policy_dir: Path) -> _Training:
+def _train(config: BuildConfig, algo_cls: Any, policy_dir: Path, stop_at_medium: bool = False) -> _Training:
     from stable_baselines3 import SAC
     from stable_baselines3.common.callbacks import BaseCallback
 
@@ -405,12 +409,18 @@ def _train(config: BuildConfig, algo_cls: Any, policy_dir: Path) -> _Training:
                     result.replay = list(train_env.episodes)
                     train_env.active = False
                     train_env.episodes = []
+                    if stop_at_medium:
+                        bar.set_description("medium reached; no expert needed, stopping")
+                        return False
             return True
 
     with bar:
         model.learn(total_timesteps=config.total_timesteps, callback=Monitor())
-    result.expert_path = policy_dir / "expert.zip"
-    model.save(result.expert_path)
+    if stop_at_medium and result.medium_path is not None:
+        model.save(policy_dir / "last.zip")  # stopped at the medium step: not an expert
+    else:
+        result.expert_path = policy_dir / "expert.zip"
+        model.save(result.expert_path)
     summary = {
         "env_id": config.env_id,
         "algo": algo_cls.__name__,
@@ -419,6 +429,7 @@ def _train(config: BuildConfig, algo_cls: Any, policy_dir: Path) -> _Training:
         "medium_level": level,
         "medium_step": result.medium_step,
         "medium_eval_return": result.medium_eval_return,
+        "stopped_at_medium": stop_at_medium and result.medium_path is not None,
         "eval_history": result.history,
     }
     (policy_dir / "training.json").write_text(json.dumps(summary, indent=2))
@@ -553,6 +564,8 @@ def build_datasets(config: BuildConfig) -> BuildResult:
     build at once unless `config.overwrite`.
     """
     started = time.perf_counter()
+    if config.threads is not None:
+        set_threads(config.threads)
     env = _make_env(config.env_id, config.max_episode_steps)
     env_spec, action_space = env.spec, env.action_space
     algo_cls = _algo_class(config, action_space)
@@ -568,7 +581,7 @@ def build_datasets(config: BuildConfig) -> BuildResult:
     training = _Training()
     if train:
         policy_dir.mkdir(parents=True, exist_ok=True)
-        training = _train(config, algo_cls, policy_dir)
+        training = _train(config, algo_cls, policy_dir, stop_at_medium=need_medium and not need_expert)
         if need_medium and config.medium_policy is None and training.medium_path is None:
             best = max((r for _, r in training.history), default=float("nan"))
             raise RuntimeError(

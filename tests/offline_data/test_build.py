@@ -159,6 +159,23 @@ def test_cartpole_ppo_all_kinds(tmp_path: Path) -> None:
             np.testing.assert_array_equal(a.observations, b.observations)
 
 
+def test_training_stops_at_medium_when_no_expert_is_needed(tmp_path: Path) -> None:
+    """With the references given and no expert kind, the behaviour policy stops at the medium checkpoint."""
+    config = _cartpole_config(
+        tmp_path, kinds=("medium", "medium-replay"), ref_min_score=10.0, ref_max_score=500.0, total_timesteps=2560
+    )
+    result = build_datasets(config)
+    training = json.loads((config.policy_dir / "training.json").read_text())
+    assert training["stopped_at_medium"] is True
+    steps = [step for step, _ in training["eval_history"]]
+    assert steps[-1] == result.medium_step < config.total_timesteps  # no evaluation after the medium one
+    assert all(ret < 30.0 for _, ret in training["eval_history"][:-1])
+    assert "expert" not in result.policies and not (config.policy_dir / "expert.zip").exists()
+    assert (config.policy_dir / "last.zip").exists()
+    replay = load_episodes(result.dataset_ids["medium-replay"], root=config.root).episodes
+    assert len(replay) >= 1 and sum(len(ep) for ep in replay) <= result.medium_step
+
+
 def test_pendulum_sac_replay_and_sampled_actions(tmp_path: Path) -> None:
     config = BuildConfig(
         env_id="Pendulum-v1",
