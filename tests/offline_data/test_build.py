@@ -162,7 +162,11 @@ def test_cartpole_ppo_all_kinds(tmp_path: Path) -> None:
 def test_training_stops_at_medium_when_no_expert_is_needed(tmp_path: Path) -> None:
     """With the references given and no expert kind, the behaviour policy stops at the medium checkpoint."""
     config = _cartpole_config(
-        tmp_path, kinds=("medium", "medium-replay"), ref_min_score=10.0, ref_max_score=500.0, total_timesteps=2560
+        tmp_path,
+        kinds=("medium", "medium-replay"),
+        ref_min_score=10.0,
+        ref_max_score=500.0,
+        total_timesteps=2560,
     )
     result = build_datasets(config)
     training = json.loads((config.policy_dir / "training.json").read_text())
