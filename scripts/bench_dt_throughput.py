@@ -1,7 +1,7 @@
 """Training throughput (windows/s) of the default Decision Transformer, and of HF's of the same size.
 
 Both models get the same synthetic Hopper-shaped batches (obs 11, action 3 in [-1, 1], K = 20, batch 64,
-3 layers, d = 128, 1 head, ReLU, dropout 0.1, max_ep_len 1000) and the same update: masked action MSE,
+3 layers, d = 128, 1 head, ReLU, dropout 0.1 as in GPT-2, max_ep_len 1000) and the same update: masked action MSE,
 backward, clip 0.25, AdamW. Timings alternate between the models in rounds, after warm-up, and report the
 median round. ``transformers`` is optional (``pip install transformers``; it does not pull another torch);
 without it only ours is measured.

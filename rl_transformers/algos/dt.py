@@ -87,7 +87,8 @@ class DTConfig:
     """Train on the top fraction of the dataset's steps, whole episodes by decreasing return (%BC, e.g. 0.1);
     applies to --algo dt too (the paper's --pct_traj)."""
     backbone: BackboneConfig = field(default_factory=dt_backbone_config)
-    """Backbone (default: the paper's 3 layers, d=128, 1 head, relu, dropout 0.1, position none)."""
+    """Backbone (default: the paper's 3 layers, d=128, 1 head, relu, dropout 0.1 (none in the FFN hidden layer,
+    as in GPT-2), position none)."""
     context_len: int = 20
     """K: steps per window (3K tokens)."""
     max_ep_len: int | None = None

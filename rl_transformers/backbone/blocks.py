@@ -45,11 +45,12 @@ class FeedForward(nn.Module):
         self.fc1 = nn.Linear(cfg.d_model, cfg.ffn_width)
         self.fc2 = nn.Linear(cfg.ffn_width, cfg.d_model)
         self.act: nn.Module = nn.GELU() if cfg.activation == "gelu" else nn.ReLU()
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = nn.Dropout(cfg.dropout if cfg.ffn_dropout is None else cfg.ffn_dropout)
         self.chunks = chunks
 
     def _ffn(self, x: Tensor) -> Tensor:
-        return self.fc2(self.dropout(self.act(self.fc1(x))))
+        hidden = self.act(self.fc1(x))
+        return self.fc2(self.dropout(hidden) if self.dropout.p > 0 else hidden)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.chunks == 1 or x.shape[1] <= 1:

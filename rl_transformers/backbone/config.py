@@ -30,7 +30,10 @@ class BackboneConfig:
     d_ff: int | None = None
     """Feed-forward hidden width (default 4 * d_model)."""
     dropout: float = 0.0
-    """Dropout on attention probabilities, residual branches and the FFN."""
+    """Dropout on attention probabilities and residual branches (and the FFN hidden layer, see ffn_dropout)."""
+    ffn_dropout: float | None = None
+    """Dropout on the FFN hidden layer; None: ``dropout`` (Vaswani et al.'s tensor2tensor). GPT-2, the Decision
+    Transformer's network, has none there (0.0)."""
     activation: Activation = "relu"
     """FFN activation: relu or gelu."""
     causal: bool = True
@@ -70,6 +73,8 @@ class BackboneConfig:
             raise ValueError(f"d_ff must be positive or None, got {self.d_ff!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if self.ffn_dropout is not None and not 0.0 <= self.ffn_dropout < 1.0:
+            raise ValueError(f"ffn_dropout must be in [0, 1) or None, got {self.ffn_dropout!r}")
         if self.activation not in ("relu", "gelu"):
             raise ValueError(f"activation={self.activation!r} is not one of ['gelu', 'relu']")
         for kind in KINDS:

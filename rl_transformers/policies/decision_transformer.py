@@ -11,7 +11,8 @@ MSE), Discrete actions by logits (masked cross-entropy). Behaviour cloning is th
 return token (``condition_on_return=False``: 2 tokens per step).
 
 The default backbone (:func:`dt_backbone_config`) is the paper's GPT-2: 3 pre-LN layers, d = 128, 1 head,
-ReLU, dropout 0.1, causal, position ``none`` (the timestep embedding carries the position); all overridable.
+ReLU, dropout 0.1 on attention weights, residual branches and embeddings (none on the FFN hidden layer, as in
+GPT-2), causal, position ``none`` (the timestep embedding carries the position); all overridable.
 
 Padding: a window shorter than K (an episode's first steps, or a window cut by the episode's end) is padded
 on the ``padding`` side (default ``"right"``: real steps at [0, L)); padded steps have zeros everywhere and
@@ -53,6 +54,7 @@ def dt_backbone_config(**overrides: Any) -> BackboneConfig:
         n_layers=3,
         n_heads=1,
         dropout=0.1,
+        ffn_dropout=0.0,  # GPT-2 drops the residual branches and attention weights, not the FFN hidden layer
         activation="relu",
         causal=True,
         attention="full",

@@ -138,3 +138,21 @@ def test_reversible_custom_backward_passes_gradcheck() -> None:
     bb = inv.tiny_backbone(block="reversible", position="rope", d_model=8, n_heads=2, n_layers=2)
     x = torch.randn(1, 3, 8, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda inp: bb(inp).y, (x,), eps=1e-6, atol=1e-5)
+
+
+def test_ffn_dropout_separate_from_residual_dropout() -> None:
+    """ffn_dropout=0 leaves the FFN hidden layer undropped in training; None inherits `dropout`."""
+    from rl_transformers.backbone.blocks import FeedForward
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 16)
+    plain = FeedForward(BackboneConfig(d_model=16, n_heads=2, dropout=0.5, ffn_dropout=0.0)).train()
+    expected = plain.fc2(torch.relu(plain.fc1(x)))
+    torch.testing.assert_close(plain(x), expected, rtol=0, atol=0)
+    inherited = FeedForward(BackboneConfig(d_model=16, n_heads=2, dropout=0.5)).train()
+    inherited.load_state_dict(plain.state_dict())
+    assert inherited.dropout.p == 0.5
+    assert not torch.equal(inherited(x), expected)
+    assert torch.equal(inherited.eval()(x), expected)
+    with pytest.raises(ValueError, match="ffn_dropout must be in"):
+        BackboneConfig(ffn_dropout=1.0)
