@@ -1,10 +1,26 @@
 """Training algorithms: PPO for memory policies (online); the Decision Transformer trainer lives beside it.
 
 from rl_transformers.algos import PPOConfig, TrainConfig, train
+
+Names are imported lazily (PEP 562), so ``from rl_transformers.algos.dt import ...`` does not import PPO.
 """
 
-from rl_transformers.algos.ppo import PPOConfig, PPOTrainer, TrainConfig, TrainResult, train
-from rl_transformers.algos.rollout import RolloutStorage, compute_gae, evaluate_policy, make_vec_env
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "PPOConfig": "ppo",
+    "PPOTrainer": "ppo",
+    "TrainConfig": "ppo",
+    "TrainResult": "ppo",
+    "train": "ppo",
+    "RolloutStorage": "rollout",
+    "compute_gae": "rollout",
+    "evaluate_policy": "rollout",
+    "make_vec_env": "rollout",
+}
 
 __all__ = [
     "PPOConfig",
@@ -17,3 +33,16 @@ __all__ = [
     "make_vec_env",
     "train",
 ]
+
+if TYPE_CHECKING:
+    from rl_transformers.algos.ppo import PPOConfig, PPOTrainer, TrainConfig, TrainResult, train
+    from rl_transformers.algos.rollout import RolloutStorage, compute_gae, evaluate_policy, make_vec_env
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

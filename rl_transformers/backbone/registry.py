@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import importlib
 import pkgutil
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -69,7 +70,9 @@ class Entry:
 
 
 _REGISTRY: dict[str, dict[str, Entry]] = {family: {} for family in FAMILIES}
-_loaded = False
+_loaded = False  # True from the start of the first load (so lookups made while importing see it)
+_done = False
+_load_lock = threading.RLock()  # re-entrant: a module imported by _load may itself look names up
 
 
 def register(
@@ -97,18 +100,27 @@ def register(
 
 
 def _load() -> None:
-    global _loaded
-    if _loaded:
+    """Import every variant module once; other threads wait until the registry is complete."""
+    global _loaded, _done
+    if _done:
         return
-    _loaded = True
-    base = __name__.rsplit(".", 1)[0]
-    for mod in _MODULES:
-        importlib.import_module(f"{base}.{mod}")
-    for pkg_name in _PACKAGES:
-        pkg = importlib.import_module(f"{base}.{pkg_name}")
-        for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
-            if not info.name.startswith("_"):
-                importlib.import_module(f"{pkg.__name__}.{info.name}")
+    with _load_lock:
+        if _loaded:  # finished by another thread, or a recursive lookup from inside the imports below
+            return
+        _loaded = True
+        try:
+            base = __name__.rsplit(".", 1)[0]
+            for mod in _MODULES:
+                importlib.import_module(f"{base}.{mod}")
+            for pkg_name in _PACKAGES:
+                pkg = importlib.import_module(f"{base}.{pkg_name}")
+                for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+                    if not info.name.startswith("_"):
+                        importlib.import_module(f"{pkg.__name__}.{info.name}")
+        except BaseException:
+            _loaded = False
+            raise
+        _done = True
 
 
 def _unknown(kind: str, value: str, valid: list[str]) -> ValueError:

@@ -117,6 +117,30 @@ def test_available_lists_design_names() -> None:
     assert set(names["depth"]) == {"fixed", "universal", "early_exit"}
 
 
+def test_first_lookup_from_many_threads_sees_the_whole_registry() -> None:
+    """A fresh interpreter: 8 threads race on the first lookup; each must see every entry."""
+    import ast
+    import subprocess
+    import sys
+
+    code = """
+import threading
+from rl_transformers.backbone import available
+seen = []
+start = threading.Barrier(8)
+def look():
+    start.wait()
+    seen.append(sum(len(v) for v in available().values()))
+threads = [threading.Thread(target=look) for _ in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(seen)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    counts = ast.literal_eval(out)
+    assert counts == [sum(len(v) for v in available().values())] * 8
+
+
 def test_unknown_names_and_options_are_explained() -> None:
     with pytest.raises(
         ValueError, match=r"unknown attention 'ful'\. Did you mean 'full'\? Valid attention names: \[.*'full'"
