@@ -10,8 +10,10 @@ optimizer, parameters stay identical (tested with 2 gloo ranks). Only rank 0 log
 
 from __future__ import annotations
 
+import datetime
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -37,18 +39,47 @@ class DistContext:
         return self.rank == 0
 
 
-def init_distributed(device: torch.device) -> DistContext:
-    """Join the process group described by torchrun's environment variables (no-op for a single process)."""
+def launched_context() -> DistContext:
+    """The job shape torchrun's environment variables describe, before any process group exists."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size <= 1:
+    rank = int(os.environ.get("RANK", "0"))
+    return DistContext(
+        rank=rank,
+        world_size=world_size,
+        local_rank=int(os.environ.get("LOCAL_RANK", str(rank))),
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))),
+    )
+
+
+def resolve_device(name: str, ctx: DistContext) -> torch.device:
+    """``auto`` -> cuda if available else cpu; a bare ``cuda`` under torchrun -> this rank's local GPU."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None and ctx.enabled:
+        device = torch.device("cuda", ctx.local_rank)
+    return device
+
+
+def init_distributed(device: torch.device, timeout: datetime.timedelta | None = None) -> DistContext:
+    """Join the process group described by torchrun's environment variables (no-op for a single process)."""
+    ctx = launched_context()
+    if not ctx.enabled:
         return DistContext()
-    rank = int(os.environ["RANK"])
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
-    return DistContext(rank, world_size, local_rank, local_world, backend)
+        dist.init_process_group(backend=backend, rank=ctx.rank, world_size=ctx.world_size, timeout=timeout)
+    return DistContext(ctx.rank, ctx.world_size, ctx.local_rank, ctx.local_world_size, backend)
+
+
+def setup_distributed(
+    device_name: str, timeout: datetime.timedelta | None = None
+) -> tuple[DistContext, torch.device]:
+    """Resolve the device for this rank and join the process group: ``(context, device)``."""
+    device = resolve_device(device_name, launched_context())
+    return init_distributed(device, timeout), device
 
 
 def shutdown(ctx: DistContext) -> None:
@@ -95,6 +126,20 @@ def allreduce_max(value: float, ctx: DistContext) -> float:
         t = t.cuda()
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t.item())
+
+
+def any_rank(flag: bool, ctx: DistContext) -> bool:
+    """True on every rank when ``flag`` is True on at least one."""
+    return allreduce_max(1.0 if flag else 0.0, ctx) > 0
+
+
+def gather_objects(obj: Any, ctx: DistContext) -> list[Any]:
+    """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+    if not ctx.enabled:
+        return [obj]
+    out: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def parameter_checksum(module: nn.Module) -> Tensor:

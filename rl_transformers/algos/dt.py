@@ -29,7 +29,6 @@ import dataclasses
 import datetime
 import json
 import math
-import os
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -42,6 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from rl_transformers.algos.distributed import any_rank, gather_objects, setup_distributed
 from rl_transformers.algos.dt_data import TrajectoryDataset
 from rl_transformers.backbone import BackboneConfig
 from rl_transformers.logging import Logger
@@ -291,57 +291,6 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu") -> Decisio
     return model.to(device).eval()
 
 
-@dataclass
-class _Dist:
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def enabled(self) -> bool:
-        return self.world_size > 1
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-
-def _setup_distributed(device_name: str) -> tuple[_Dist, torch.device]:
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local = int(os.environ.get("LOCAL_RANK", str(rank)))
-    if device_name == "auto":
-        device_name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device_name)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", local if world > 1 else 0)
-    dist = _Dist(rank, world, local)
-    if dist.enabled and not torch.distributed.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        # Generous timeout: ranks > 0 wait in the next all-reduce while rank 0 evaluates (long rollouts).
-        timeout = datetime.timedelta(hours=2)
-        torch.distributed.init_process_group(backend=backend, rank=rank, world_size=world, timeout=timeout)
-    return dist, device
-
-
-def _any_rank(flag: bool, dist: _Dist, device: torch.device) -> bool:
-    if not dist.enabled:
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=device)
-    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-    return bool(t.item() > 0)
-
-
-def _gather(obj: Any, dist: _Dist) -> list[Any]:
-    if not dist.enabled:
-        return [obj]
-    out: list[Any] = [None] * dist.world_size
-    torch.distributed.all_gather_object(out, obj)
-    return out
-
-
 def _dataset_name(config: DTConfig, info: Any) -> str:
     if info.dataset_id:
         return str(info.dataset_id)
@@ -380,7 +329,8 @@ class DTTrainer:
 
         config, ckpt, resume_dir = _resolve_resume(config)
         self.config = config
-        self.dist, self.device = _setup_distributed(config.device)
+        # Generous timeout: ranks > 0 wait in the next all-reduce while rank 0 evaluates (long rollouts).
+        self.dist, self.device = setup_distributed(config.device, timeout=datetime.timedelta(hours=2))
         if config.threads is not None:
             set_threads(config.threads)
         seed_everything(config.seed + self.dist.rank)
@@ -448,7 +398,7 @@ class DTTrainer:
         self.logger: Logger | None = None
         self.manager: CheckpointManager | None = None
         self.eval_envs: list[gym.Env] = []
-        if self.dist.main:
+        if self.dist.is_main:
             self.run_dir = Path(
                 resume_dir
                 or run_dir
@@ -539,9 +489,9 @@ class DTTrainer:
     # -- checkpoints ------------------------------------------------------------------------------------------
     def checkpoint(self) -> dict[str, Any] | None:
         """The checkpoint payload (collective under DDP: gathers every rank's RNG states; None off rank 0)."""
-        rngs = _gather(capture_rng_state(), self.dist)
-        samplers = _gather(self.sampler_rng.bit_generator.state, self.dist)
-        if not self.dist.main:
+        rngs = gather_objects(capture_rng_state(), self.dist)
+        samplers = gather_objects(self.sampler_rng.bit_generator.state, self.dist)
+        if not self.dist.is_main:
             return None
         info = self.info
         return {
@@ -570,7 +520,7 @@ class DTTrainer:
         if int(ckpt.get("world_size", 1)) == self.dist.world_size:
             restore_rng_state(ckpt["rng"][self.dist.rank])
             self.sampler_rng.bit_generator.state = ckpt["sampler_rng"][self.dist.rank]
-        elif self.dist.main:
+        elif self.dist.is_main:
             warnings.warn(
                 f"resume: world size changed ({ckpt.get('world_size')} -> {self.dist.world_size}); "
                 "random streams are reseeded, the run will not match an uninterrupted one",
@@ -612,9 +562,9 @@ class DTTrainer:
                         window = _Window(self.device)
                     final = self.step >= config.total_steps
                     eval_now = final or (config.eval_every > 0 and self.step % config.eval_every == 0)
-                    stop_now = _any_rank(stop.requested, self.dist, self.device)
+                    stop_now = any_rank(stop.requested, self.dist)
                     metric = None
-                    if eval_now and self.dist.main:
+                    if eval_now and self.dist.is_main:
                         t_eval = time.perf_counter()
                         values = self.evaluate()
                         window.start += time.perf_counter() - t_eval  # throughput counts updates only
@@ -660,7 +610,7 @@ class DTTrainer:
 
     def _progress_bar(self) -> Any:
         self._t0 = time.perf_counter()
-        if not (self.dist.main and self.config.progress):
+        if not (self.dist.is_main and self.config.progress):
             return None
         from tqdm.auto import tqdm
 

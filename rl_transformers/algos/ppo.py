@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import pickle
 import sys
 import time
@@ -41,7 +40,9 @@ from rl_transformers.algos.distributed import (
     allreduce_gradients,
     allreduce_max,
     broadcast_parameters,
-    init_distributed,
+    launched_context,
+    resolve_device,
+    setup_distributed,
     shutdown,
 )
 from rl_transformers.algos.rollout import (
@@ -206,15 +207,6 @@ def resume_config(saved: TrainConfig, cli: TrainConfig) -> TrainConfig:
     defaults = TrainConfig()
     changes = {k: getattr(cli, k) for k in RESUME_OVERRIDES if getattr(cli, k) != getattr(defaults, k)}
     return dataclasses.replace(saved, resume=cli.resume, **changes)
-
-
-def resolve_device(name: str, ctx: DistContext) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(name)
-    if device.type == "cuda" and device.index is None and ctx.enabled:
-        device = torch.device("cuda", ctx.local_rank)
-    return device
 
 
 def _to_bytes_tensor(obj: Any) -> torch.Tensor:
@@ -647,14 +639,8 @@ def train(
         ckpt = load_checkpoint(cfg.resume)
         cfg = resume_config(from_dict(TrainConfig, ckpt["config"]), cfg)
         run_dir = run_dir_of(Path(cfg.resume))
-    probe = DistContext(
-        world_size=int(os.environ.get("WORLD_SIZE", "1")),
-        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-    )
-    set_threads(cfg.threads or max(1, available_cores() // max(probe.local_world_size, 1)))
-    device = resolve_device(cfg.device, probe)
-    dist = init_distributed(device)
-    device = resolve_device(cfg.device, dist)
+    set_threads(cfg.threads or max(1, available_cores() // launched_context().local_world_size))
+    dist, device = setup_distributed(cfg.device)
     trainer = PPOTrainer(cfg, dist, device)
     if ckpt is not None:
         trainer.load_checkpoint_state(ckpt)
