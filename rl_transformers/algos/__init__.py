@@ -11,9 +11,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "PPOConfig": "ppo",
+    "PPOConfig": "ppo_config",
     "PPOTrainer": "ppo",
-    "TrainConfig": "ppo",
+    "TrainConfig": "ppo_config",
     "TrainResult": "ppo",
     "train": "ppo",
     "RolloutStorage": "rollout",
@@ -35,7 +35,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from rl_transformers.algos.ppo import PPOConfig, PPOTrainer, TrainConfig, TrainResult, train
+    from rl_transformers.algos.ppo import PPOTrainer, TrainResult, train
+    from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
     from rl_transformers.algos.rollout import RolloutStorage, compute_gae, evaluate_policy, make_vec_env
 
 

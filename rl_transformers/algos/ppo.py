@@ -18,21 +18,19 @@ steps, one token per env per step under ``torch.inference_mode``) -> GAE -> ``up
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import pickle
 import sys
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
-import tyro
 
 from rl_transformers import logging as rlt_logging
 from rl_transformers.algos.distributed import (
@@ -44,6 +42,11 @@ from rl_transformers.algos.distributed import (
     resolve_device,
     setup_distributed,
     shutdown,
+)
+from rl_transformers.algos.ppo_config import (
+    PPOConfig,
+    TrainConfig,
+    resume_config,
 )
 from rl_transformers.algos.rollout import (
     LoopState,
@@ -57,7 +60,7 @@ from rl_transformers.algos.rollout import (
 )
 from rl_transformers.logging import Logger
 from rl_transformers.policies.encoders import tree_map
-from rl_transformers.policies.gtrxl import ActorCritic, ContextCore, PolicyConfig, make_policy
+from rl_transformers.policies.gtrxl import ActorCritic, ContextCore, make_policy
 from rl_transformers.utils import (
     CheckpointManager,
     GracefulInterrupt,
@@ -74,139 +77,6 @@ from rl_transformers.utils import (
     set_threads,
     to_jsonable,
 )
-from rl_transformers.utils.cli import JsonDict
-
-DEFAULT_ENV = "rlt/TMaze-v0"
-
-
-# -- configuration ------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class PPOConfig:
-    """PPO hyper-parameters (defaults: CleanRL's PPO, 2,048-step batches of 16-step training sequences)."""
-
-    num_steps: int = 64
-    """Rollout length per env per update."""
-    seq_len: int = 16
-    """Training window W: steps per training sequence (gradient flows through them); divides num_steps."""
-    num_minibatches: int = 4
-    """Minibatches per epoch (each holds num_envs * num_steps / seq_len / num_minibatches sequences)."""
-    update_epochs: int = 4
-    """Passes over the rollout per update."""
-    learning_rate: float = 3e-4
-    """Adam learning rate (annealed linearly to 0 when anneal_lr)."""
-    anneal_lr: bool = True
-    """Anneal the learning rate linearly to 0 over the run."""
-    adam_eps: float = 1e-5
-    """Adam epsilon."""
-    gamma: float = 0.99
-    """Discount factor."""
-    gae_lambda: float = 0.95
-    """GAE λ."""
-    clip_coef: float = 0.2
-    """Clipping ε of the probability ratio (and of the value change when clip_vloss)."""
-    clip_vloss: bool = True
-    """Clip the value update around the rollout's values."""
-    vf_coef: float = 0.5
-    """Value-loss weight."""
-    ent_coef: float = 0.01
-    """Entropy-bonus weight."""
-    max_grad_norm: float = 0.5
-    """Global gradient-norm clip."""
-    target_kl: float | None = None
-    """Stop the update's epochs once the approximate KL exceeds 1.5 x this (None: never)."""
-    norm_adv: bool = True
-    """Normalise advantages per minibatch."""
-    aux_coef: float = 1.0
-    """Default weight of backbone aux losses (ACT ponder cost, routing commitment, ...)."""
-    aux_weights: dict[str, float] = field(default_factory=dict)
-    """Per-name aux-loss weights overriding aux_coef."""
-    info_every: int = 10
-    """Log backbone diagnostics (gate openness, attention entropy, memory fill) every N updates (0: never)."""
-
-    def __post_init__(self) -> None:
-        for name in ("num_steps", "seq_len", "num_minibatches", "update_epochs"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"PPOConfig.{name} must be >= 1, got {getattr(self, name)!r}")
-        if self.num_steps % self.seq_len:
-            raise ValueError(
-                f"num_steps={self.num_steps} must be a multiple of seq_len={self.seq_len}; "
-                f"e.g. num_steps={self.seq_len * max(1, round(self.num_steps / self.seq_len))}"
-            )
-        if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.gae_lambda <= 1.0:
-            raise ValueError(f"gamma and gae_lambda must be in [0, 1], got {self.gamma}, {self.gae_lambda}")
-        if self.learning_rate <= 0 or self.clip_coef <= 0 or self.max_grad_norm <= 0:
-            raise ValueError("learning_rate, clip_coef and max_grad_norm must be > 0")
-        if self.target_kl is not None and self.target_kl <= 0:
-            raise ValueError(f"target_kl must be > 0 or None, got {self.target_kl!r}")
-
-    def aux_weight(self, name: str) -> float:
-        return self.aux_weights.get(name, self.aux_coef)
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """A PPO run: environment, policy, algorithm and bookkeeping."""
-
-    env_id: str = DEFAULT_ENV
-    """Gymnasium id (``module:Env-v0`` imports the module first; ``rlt/...`` ids are the memory tasks)."""
-    env_kwargs: JsonDict = field(default_factory=dict)
-    """Keyword arguments of gym.make, as JSON (e.g. '{"corridor_length": 5}')."""
-    total_timesteps: int = 300_000
-    """Environment steps over all envs (and ranks)."""
-    num_envs: int = 32
-    """Parallel envs per process (more envs amortise the per-step cost of the policy forward)."""
-    seed: int = 1
-    """Seed of torch / NumPy / Python and of the envs (env i of rank r: seed + r * num_envs + i)."""
-    policy: Annotated[PolicyConfig, tyro.conf.arg(name="")] = field(default_factory=PolicyConfig)
-    """Policy (--policy transformer|lstm|gru|mlp, --backbone.*)."""
-    ppo: PPOConfig = field(default_factory=PPOConfig)
-    """PPO hyper-parameters."""
-    vectorization: Literal["sync", "async"] = "sync"
-    """Vector env: sync (one process; exact resume) or async (one subprocess per env)."""
-    device: str = "auto"
-    """torch device (auto: cuda if available, else cpu)."""
-    threads: int | None = 1
-    """torch intra-op CPU threads per process. 1 (default) is fastest for small models, whose time goes into
-    per-op overhead; None = available cores / processes on this node."""
-    torch_deterministic: bool = False
-    """Ask torch for deterministic kernels (GPU)."""
-    run_root: str = "runs"
-    """Root of run directories: <run_root>/ppo/<env>/<YYYYmmdd-HHMMSS>-s<seed>/."""
-    resume: str | None = None
-    """Checkpoint file or run directory to resume. Its saved config is used, except --total-timesteps,
-    --device, --threads, --progress, --verbose, --eval-every and --save-every when given."""
-    eval_every: int = 0
-    """Evaluate every N env steps (0: never); eval/mean_reward selects best.pt."""
-    eval_episodes: int = 16
-    """Episodes per evaluation."""
-    save_every: int = 0
-    """Checkpoint every N env steps (0: only at the end and on Ctrl-C)."""
-    keep_checkpoints: int = 3
-    """step_<n>.pt files kept (last.pt / best.pt always)."""
-    progress: bool = True
-    """tqdm progress bar with fps and recent return."""
-    verbose: bool = False
-    """Also print the logger's table at every update."""
-
-    def __post_init__(self) -> None:
-        if self.num_envs < 1 or self.total_timesteps < 1:
-            raise ValueError(
-                f"num_envs and total_timesteps must be >= 1, got {self.num_envs}, {self.total_timesteps}"
-            )
-        if self.eval_every < 0 or self.save_every < 0 or self.eval_episodes < 1:
-            raise ValueError("eval_every and save_every must be >= 0 and eval_episodes >= 1")
-        if self.vectorization not in ("sync", "async"):
-            raise ValueError(f"vectorization={self.vectorization!r} is not one of ['async', 'sync']")
-
-
-RESUME_OVERRIDES = ("total_timesteps", "device", "threads", "progress", "verbose", "eval_every", "save_every")
-"""Fields a resumed run takes from the command line (when they differ from the defaults)."""
-
-
-def resume_config(saved: TrainConfig, cli: TrainConfig) -> TrainConfig:
-    defaults = TrainConfig()
-    changes = {k: getattr(cli, k) for k in RESUME_OVERRIDES if getattr(cli, k) != getattr(defaults, k)}
-    return dataclasses.replace(saved, resume=cli.resume, **changes)
 
 
 def _to_bytes_tensor(obj: Any) -> torch.Tensor:

@@ -1,0 +1,126 @@
+"""Configuration of a Decision Transformer / behaviour-cloning run (:class:`DTConfig`).
+
+Every field is a flag of ``scripts/train_dt.py`` (tyro): ``--dataset``, ``--context-len``, ``--backbone.*``,
+... The saved ``config.json`` of a run is a :class:`DTConfig`. Defaults are the paper's (Chen et al. 2021,
+arXiv 2106.01345); see :mod:`rl_transformers.algos.dt` for the method.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from rl_transformers.backbone import BackboneConfig
+from rl_transformers.policies.decision_transformer import Padding, dt_backbone_config
+
+
+@dataclass(frozen=True)
+class DTConfig:
+    """Everything a Decision Transformer / BC run needs (one CLI flag per field in ``scripts/train_dt.py``)."""
+
+    dataset: str = ""
+    """Minari dataset id (local, never downloaded), Minari dataset directory, or D4RL-format .hdf5 file."""
+    dataset_root: Path | None = None
+    """Minari datasets root for ids (default: MINARI_DATASETS_PATH, else ~/.minari/datasets)."""
+    env_id: str | None = None
+    """Evaluation env for a D4RL file that records none (also picks the D4RL reference scores)."""
+    algo: Literal["dt", "bc"] = "dt"
+    """dt: return-conditioned; bc: the same network without the return token (behaviour cloning)."""
+    bc_top_fraction: float = 1.0
+    """Train on the top fraction of the dataset's steps, whole episodes by decreasing return (%BC, e.g. 0.1);
+    applies to --algo dt too (the paper's --pct_traj)."""
+    backbone: BackboneConfig = field(default_factory=dt_backbone_config)
+    """Backbone (default: the paper's 3 layers, d=128, 1 head, relu, dropout 0.1 (none in the FFN hidden layer,
+    as in GPT-2), position none)."""
+    context_len: int = 20
+    """K: steps per window (3K tokens)."""
+    max_ep_len: int | None = None
+    """Rows of the timestep embedding; None: the longest of the dataset's episodes and the env's time limit."""
+    return_scale: float | None = None
+    """Multiplier of returns-to-go; None: 1/1000 for D4RL MuJoCo families, else 10^-floor(log10(max |return|))
+    (CartPole-500 -> 1/100)."""
+    padding: Padding = "right"
+    """Side on which short windows are padded (training and rollouts alike)."""
+    embed_dropout: float | None = None
+    """Dropout after the embedding LayerNorm; None: the backbone's dropout."""
+    total_steps: int = 100_000
+    """Gradient updates."""
+    batch_size: int = 64
+    """Windows per update (global: split over distributed ranks)."""
+    learning_rate: float = 1e-4
+    """AdamW learning rate after warm-up."""
+    weight_decay: float = 1e-4
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    warmup_steps: int = 10_000
+    """Linear learning-rate warm-up (lr · min((step + 1) / warmup, 1))."""
+    max_grad_norm: float = 0.25
+    """Gradient-norm clipping threshold."""
+    aux_loss_weights: dict[str, float] = field(default_factory=dict)
+    """Weights of backbone aux losses by name (unlisted ones weigh 1)."""
+    target_returns: tuple[float, ...] | None = None
+    """Evaluation targets (raw returns), highest first; None: the dataset's max and median episode return."""
+    eval_every: int = 10_000
+    """Updates between evaluations (0: only at the end)."""
+    eval_episodes: int = 10
+    """Episodes per target per evaluation (0: no rollouts)."""
+    eval_envs: int = 10
+    """Environments stepped in parallel during evaluation."""
+    eval_seed: int = 1_000_000
+    """Evaluation episode i resets with eval_seed + i."""
+    log_every: int = 100
+    """Updates between training logs (and backbone diagnostics)."""
+    save_every: int = 10_000
+    """Updates between checkpoints (also at every evaluation, at the end and on Ctrl-C)."""
+    keep_checkpoints: int = 2
+    """step_<n>.pt files kept besides last.pt / best.pt."""
+    seed: int = 0
+    """Seed of weights, sampling and dropout."""
+    device: str = "auto"
+    """auto (cuda if available), cpu, cuda, cuda:1 ..."""
+    threads: int | None = None
+    """torch CPU threads (None: leave torch's default)."""
+    runs_dir: Path = Path("runs")
+    """Root of run directories: <runs_dir>/<algo>/<dataset>/<YYYYmmdd-HHMMSS>-s<seed>/."""
+    resume: Path | None = None
+    """Run directory or checkpoint to continue (its saved config is used; total_steps, device, threads,
+    progress and logging flags come from this invocation)."""
+    progress: bool = True
+    """Show a progress bar."""
+    log_stdout: bool = False
+    """Print the logger's table at every log step."""
+
+    def __post_init__(self) -> None:
+        positive = (
+            "context_len",
+            "total_steps",
+            "batch_size",
+            "warmup_steps",
+            "log_every",
+            "save_every",
+            "eval_envs",
+        )
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < (0 if name == "warmup_steps" else 1):
+                raise ValueError(f"DTConfig.{name} must be a positive int, got {value!r}")
+        for name in ("eval_every", "eval_episodes", "keep_checkpoints"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"DTConfig.{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.algo not in ("dt", "bc"):
+            raise ValueError(f"algo={self.algo!r} is not one of ['bc', 'dt']")
+        if not 0.0 < self.bc_top_fraction <= 1.0:
+            raise ValueError(f"bc_top_fraction must be in (0, 1], got {self.bc_top_fraction!r}")
+        if self.padding not in ("right", "left"):
+            raise ValueError(f"padding={self.padding!r} is not one of ['left', 'right']")
+        if self.return_scale is not None and not (math.isfinite(self.return_scale) and self.return_scale > 0):
+            raise ValueError(f"return_scale must be positive, got {self.return_scale!r}")
+        if self.learning_rate <= 0 or self.max_grad_norm <= 0:
+            raise ValueError("learning_rate and max_grad_norm must be positive")
+        if self.max_ep_len is not None and self.max_ep_len < 1:
+            raise ValueError(f"max_ep_len must be >= 1 or None, got {self.max_ep_len!r}")
+        if not self.backbone.causal:
+            raise ValueError("the Decision Transformer needs backbone.causal=True")
