@@ -296,7 +296,8 @@ class MemoryCompressedAttention(Attention):
         scale = self.position.scale
         logits = torch.cat(
             [
-                torch.matmul(qa, keys_c[:, :, None].transpose(-1, -2)) * scale,  # (B, H, n, c, N_old + n)
+                # one (La, D) x (D, N) product per head: broadcasting keys over the n query blocks would copy them
+                torch.matmul(qa.view(b, h, la, d), keys_c.transpose(-1, -2)).view(b, h, n, c, -1) * scale,
                 torch.matmul(qa, kb.transpose(-1, -2)) * scale,  # (B, H, n, c, c)
             ],
             dim=-1,
@@ -305,8 +306,10 @@ class MemoryCompressedAttention(Attention):
         probs = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
         probs = self.attn_dropout(probs) if self.training else probs
         n_c = keys_c.shape[2]
-        out = torch.matmul(probs[..., :n_c], vals_c[:, :, None]) + torch.matmul(probs[..., n_c:], vb)
-        out = out.view(b, h, la, d).gather(
+        out = torch.matmul(probs[..., :n_c].reshape(b, h, la, n_c), vals_c) + torch.matmul(
+            probs[..., n_c:], vb
+        ).view(b, h, la, d)
+        out = out.gather(
             2, (r[:, None] + torch.arange(t, device=dev))[:, None, :, None].expand(b, h, t, d)
         )
         if not (causal and isinstance(state, CompressedState)):
