@@ -42,7 +42,43 @@ def _other_cases() -> list:
     return cases
 
 
-ALL_CASES = _attention_cases() + _other_cases()
+# The defaults of windowed / chunked entries (windows of 32-64) exceed the tests' short sequences, where they
+# degenerate to dense attention; these options make the window, chunk or span bite at L = 9-12.
+SMALL_WINDOWS: dict[str, dict] = {
+    "full": {"max_cache": 3},
+    "local": {"window": 3},
+    "block_local": {"block": 4, "flange": 2},
+    "longformer": {"window": 3, "dilation": (1, 2)},
+    "etc": {"window": 3, "n_global": 2},
+    "bigbird": {"block": 2, "window_blocks": 1, "n_random": 1},
+    "strided": {"stride": 3},
+    "fixed": {"stride": 4, "summary": 1},
+    "blockwise": {"block_size": 4},
+    "linear": {"chunk_size": 4},
+    "rfa": {"chunk_size": 4},
+    "performer": {"chunk_size": 4},
+    "lsh": {"n_buckets": 4, "chunk_size": 4},
+    "routing": {"local_heads": 1, "local_window": 3},
+    "gaussian_prior": {"max_cache": 4},
+    "adaptive_span": {"max_span": 6, "ramp": 2, "query_block": 4},
+    "linformer": {"k": 4, "max_len": 16},
+}
+
+CHUNK_ONLY = {"linear", "rfa", "performer"}  # chunk_size schedules an exact computation
+
+
+def _small_window_cases() -> list:
+    cases = []
+    for name, options in SMALL_WINDOWS.items():
+        cls = registry.get("attention", name).cls
+        position = "rope" if "qk" in cls.position_kinds else "none"
+        case = dict(attention=name, attention_options=options, position=position)
+        case["causal"] = capabilities("attention", name).causal
+        cases.append(pytest.param(case, id=f"attention-{name}-small"))
+    return cases
+
+
+ALL_CASES = _attention_cases() + _small_window_cases() + _other_cases()
 
 
 def _streaming(case: dict) -> str:
@@ -52,6 +88,25 @@ def _streaming(case: dict) -> str:
             kinds.append((kind, case[kind]))
     levels = [capabilities(k, n).streaming for k, n in kinds]
     return "none" if "none" in levels else "window" if "window" in levels else "exact"
+
+
+@pytest.mark.parametrize("name", sorted(SMALL_WINDOWS))
+def test_small_windows_bite(name: str) -> None:
+    """With the same weights, the small options change the output of a 12-step sequence (the window is
+    shorter than the sequence), so the small-window cases above test windowed code, not dense fallbacks.
+    For the kernel attentions chunk_size is only a computation schedule: there the output must not change."""
+    case = next(p.values[0] for p in _small_window_cases() if p.values[0]["attention"] == name)
+    small = inv.tiny_backbone(**case)
+    wide = inv.tiny_backbone(**{k: v for k, v in case.items() if k != "attention_options"})
+    wide_state = wide.state_dict()
+    if any(wide_state[k].shape != v.shape for k, v in small.state_dict().items() if k in wide_state):
+        pytest.skip("the options change parameter shapes (the family test covers the window)")
+    small.load_state_dict(wide_state, strict=False)
+    x = torch.randn(2, 12, small.cfg.d_model, dtype=torch.float64)
+    if name in CHUNK_ONLY:
+        torch.testing.assert_close(small(x).y, wide(x).y, rtol=1e-10, atol=1e-10)
+    else:
+        assert not torch.allclose(small(x).y, wide(x).y, atol=1e-9)
 
 
 @pytest.mark.parametrize("case", ALL_CASES)
