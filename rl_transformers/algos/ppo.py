@@ -205,7 +205,6 @@ class PPOTrainer:
         self.update = 0
         self.episode_returns: deque[float] = deque(maxlen=100)
         self.episode_lengths: deque[int] = deque(maxlen=100)
-        self._eval_value: float | None = None
 
     # -- one update -----------------------------------------------------------------------------------------
     def _evaluate_batch(
@@ -411,6 +410,7 @@ class PPOTrainer:
                     fps = (self.global_step - start_step) / max(time.perf_counter() - start_time, 1e-9)
                     if logger is not None:
                         self._record(logger, metrics, lr, fps)
+                    eval_value = None
                     if (
                         cfg.eval_every
                         and _crossed(self.global_step, self.batch_size, cfg.eval_every)
@@ -420,19 +420,17 @@ class PPOTrainer:
                         if logger is not None:
                             logger.record(rlt_logging.EVAL_MEAN_REWARD, float(rets.mean()))
                             logger.record(rlt_logging.EVAL_MEAN_EP_LENGTH, float(lens.mean()))
-                        self._eval_value = float(rets.mean())
+                        eval_value = float(rets.mean())
                     if logger is not None:
                         logger.dump(self.global_step)
                     if pbar is not None:
                         recent = f"{np.mean(self.episode_returns):.3g}" if self.episode_returns else "n/a"
                         pbar.set_postfix(fps=f"{fps:.0f}", ret=recent, refresh=False)
                         pbar.update(self.batch_size)
-                    if (
-                        checkpoints is not None
-                        and cfg.save_every
-                        and _crossed(self.global_step, self.batch_size, cfg.save_every)
-                    ):
-                        self._save(checkpoints)
+                    save_due = cfg.save_every and _crossed(self.global_step, self.batch_size, cfg.save_every)
+                    if checkpoints is not None and (save_due or eval_value is not None):
+                        # every evaluation saves, so best.pt is the evaluated model (as the DT trainer does)
+                        self._save(checkpoints, eval_value)
                         last_saved = self.global_step
                     if callback is not None and callback(self) is False:
                         stopped = True
@@ -466,10 +464,11 @@ class PPOTrainer:
             stopped_early=stopped,
         )
 
-    def _save(self, checkpoints: CheckpointManager) -> None:
+    def _save(self, checkpoints: CheckpointManager, eval_value: float | None = None) -> None:
+        """Checkpoint this step; ``eval_value``: the evaluation of *this* model (selects best.pt)."""
         if not self.dist.is_main:
             return
-        value = getattr(self, "_eval_value", None) if checkpoints.metric is not None else None
+        value = eval_value if checkpoints.metric is not None else None
         checkpoints.save(self.checkpoint_state(), self.global_step, metric_value=value)
 
     def close(self) -> None:

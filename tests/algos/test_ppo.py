@@ -126,6 +126,23 @@ def test_tensorboard_tags(tmp_path: Path) -> None:
     assert (result.run_dir / "checkpoints" / "best.pt").exists()
 
 
+def test_best_checkpoint_is_the_best_evaluated_model(tmp_path: Path) -> None:
+    """Every evaluation saves the evaluated model, so best.pt is the argmax of eval/mean_reward (first on ties)."""
+    cfg = tiny(
+        tmp_path, "rlt/CartPoleNoVel-v0", updates=6, eval_every=BATCH, eval_episodes=2, keep_checkpoints=10
+    )
+    result = train(cfg)
+    evals = [(r["step"], r["eval/mean_reward"]) for r in progress(result.run_dir)]
+    assert len(evals) == 6
+    best_step, best_value = max(evals, key=lambda sv: (sv[1], -sv[0]))
+    ckpt = result.run_dir / "checkpoints"
+    index = json.loads((ckpt / "index.json").read_text())
+    assert (index["best"]["step"], index["best"]["metric_value"]) == (best_step, best_value)
+    best = load_checkpoint(ckpt / "best.pt")["policy"]
+    same_step = load_checkpoint(ckpt / f"step_{best_step}.pt")["policy"]
+    assert all(torch.equal(best[k], same_step[k]) for k in best)
+
+
 def test_ctrl_c_saves_a_checkpoint_and_stops(tmp_path: Path) -> None:
     def interrupt(trainer: PPOTrainer) -> None:
         if trainer.update == 2:

@@ -309,9 +309,7 @@ class MemoryCompressedAttention(Attention):
         out = torch.matmul(probs[..., :n_c].reshape(b, h, la, n_c), vals_c) + torch.matmul(
             probs[..., n_c:], vb
         ).view(b, h, la, d)
-        out = out.gather(
-            2, (r[:, None] + torch.arange(t, device=dev))[:, None, :, None].expand(b, h, t, d)
-        )
+        out = out.gather(2, (r[:, None] + torch.arange(t, device=dev))[:, None, :, None].expand(b, h, t, d))
         if not (causal and isinstance(state, CompressedState)):
             return out, state
         # New state: write this call's complete blocks at slot (p0 // c + β); keep the last, incomplete block.
