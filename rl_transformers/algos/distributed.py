@@ -128,6 +128,15 @@ def allreduce_max(value: float, ctx: DistContext) -> float:
     return float(t.item())
 
 
+def allreduce_sum(t: Tensor, ctx: DistContext) -> Tensor:
+    """Element-wise sum of ``t`` over ranks (a new tensor; ``t`` itself for a single process)."""
+    if not ctx.enabled:
+        return t
+    out = t.clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out
+
+
 def any_rank(flag: bool, ctx: DistContext) -> bool:
     """True on every rank when ``flag`` is True on at least one."""
     return allreduce_max(1.0 if flag else 0.0, ctx) > 0

@@ -37,6 +37,7 @@ from rl_transformers.algos.distributed import (
     DistContext,
     allreduce_gradients,
     allreduce_max,
+    allreduce_sum,
     broadcast_parameters,
     launched_context,
     resolve_device,
@@ -405,6 +406,7 @@ class PPOTrainer:
                         self.episode_lengths.append(length)
                     collect_info = ppo.info_every > 0 and self.update % ppo.info_every == 0
                     metrics = self.train_epochs(collect_info=collect_info and logger is not None)
+                    self._update_obs_norm()
                     self.update += 1
                     self.global_step += self.batch_size
                     fps = (self.global_step - start_step) / max(time.perf_counter() - start_time, 1e-9)
@@ -462,6 +464,19 @@ class PPOTrainer:
             global_step=self.global_step,
             episode_returns=list(self.episode_returns),
             stopped_early=stopped,
+        )
+
+    def _update_obs_norm(self) -> None:
+        """Merge this rollout's observations into the policy's normaliser (after the epochs, so the update
+        trained on exactly the statistics that acted); ranks merge the same all-reduced moments."""
+        norm = self.policy.obs_norm
+        if norm is None:
+            return
+        n, total, total_sq = norm.moments(self.storage.obs)
+        flat = allreduce_sum(torch.cat([n.view(1), total.reshape(-1), total_sq.reshape(-1)]), self.dist)
+        size = total.numel()
+        norm.update_from_moments(
+            flat[0], flat[1 : 1 + size].view_as(total), flat[1 + size :].view_as(total_sq)
         )
 
     def _save(self, checkpoints: CheckpointManager, eval_value: float | None = None) -> None:

@@ -88,6 +88,52 @@ class MLPEncoder(nn.Module):
         return self.net(x.reshape(*lead, -1).to(self.net[0].weight.dtype))
 
 
+class RunningNorm(nn.Module):
+    """Observation normalisation by a running mean / variance: ``clip((x - mean) / sqrt(var + eps))``.
+
+    The statistics are buffers (saved in checkpoints) and change only through :meth:`update`, which merges a
+    batch's moments with Chan et al.'s parallel rule (1979), so the normalisation is a fixed function between
+    updates. PPO updates it once per rollout, *after* the epochs, so acting and training see the same
+    statistics (like SB3's ``VecNormalize`` / Gymnasium's ``NormalizeObservation``, which update every step).
+    """
+
+    def __init__(self, shape: tuple[int, ...], clip: float = 10.0, eps: float = 1e-8) -> None:
+        super().__init__()
+        if not clip > 0:
+            raise ValueError(f"observation clip must be > 0, got {clip!r}")
+        self.shape, self.clip, self.eps = tuple(shape), float(clip), float(eps)
+        self.register_buffer("mean", torch.zeros(self.shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(self.shape, dtype=torch.float64))
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+
+    def moments(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(n, sum, sum of squares) of a batch (*lead, *shape), float64: what ranks all-reduce."""
+        flat = x.detach().to(torch.float64).reshape(-1, *self.shape)
+        return flat.new_tensor(float(flat.shape[0])), flat.sum(0), flat.pow(2).sum(0)
+
+    @torch.no_grad()
+    def update_from_moments(self, n: Tensor, total: Tensor, total_sq: Tensor) -> None:
+        if float(n) <= 0:
+            return
+        b_mean = total / n
+        b_var = (total_sq / n - b_mean.pow(2)).clamp_min(0.0)
+        delta = b_mean - self.mean
+        new_count = self.count + n
+        m2 = self.var * self.count + b_var * n + delta.pow(2) * self.count * n / new_count
+        self.mean.add_(delta * n / new_count)
+        self.var.copy_(m2 / new_count)
+        self.count.copy_(new_count)
+
+    def update(self, x: Tensor) -> None:
+        """Merge the batch ``x`` (*lead, *shape) into the statistics."""
+        self.update_from_moments(*self.moments(x))
+
+    def forward(self, x: Tensor) -> Tensor:
+        dtype = x.dtype if x.is_floating_point() else torch.float32
+        z = (x.to(torch.float64) - self.mean) / (self.var + self.eps).sqrt()
+        return z.clamp(-self.clip, self.clip).to(dtype)
+
+
 class OneHotEncoder(nn.Module):
     """One-hot of each discrete entry (``nvec`` values each, offset by ``start``), concatenated, then Linear."""
 

@@ -44,7 +44,7 @@ from torch import Tensor, nn
 
 from rl_transformers.backbone import Backbone, BackboneConfig, available, capabilities
 from rl_transformers.backbone.state import State
-from rl_transformers.policies.encoders import Obs, make_encoder
+from rl_transformers.policies.encoders import Obs, RunningNorm, make_encoder
 from rl_transformers.policies.heads import ActionHead, make_action_head
 
 PolicyKind = Literal["transformer", "lstm", "gru", "mlp"]
@@ -89,6 +89,11 @@ class PolicyConfig:
     """Give unbounded attention caches a window: mem_len under XL memory, context_len without memory."""
     log_std_init: float = 0.0
     """Initial log standard deviation of Gaussian (Box) actions."""
+    norm_obs: bool = False
+    """Normalise Box observations by a running mean / variance kept in the policy (updated after each PPO
+    update from its rollout, saved in checkpoints), as SB3's VecNormalize / CleanRL's continuous PPO do."""
+    norm_obs_clip: float = 10.0
+    """Clip of the normalised observations (±)."""
 
     def __post_init__(self) -> None:
         if self.kind not in ("transformer", "lstm", "gru", "mlp"):
@@ -96,6 +101,8 @@ class PolicyConfig:
         for name in ("rnn_layers", "mlp_layers", "context_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"PolicyConfig.{name} must be >= 1, got {getattr(self, name)!r}")
+        if not self.norm_obs_clip > 0:
+            raise ValueError(f"norm_obs_clip must be > 0, got {self.norm_obs_clip!r}")
         if self.hidden_size is not None and self.hidden_size < 1:
             raise ValueError(f"hidden_size must be >= 1 or None, got {self.hidden_size!r}")
 
@@ -346,6 +353,22 @@ class ActorCritic(nn.Module):
         self.core = core
         self.actor: ActionHead = make_action_head(action_space, core.d_out, log_std_init)
         self.critic = _init_linear(nn.Linear(core.d_out, 1), 1.0)
+        self.obs_norm: RunningNorm | None = None
+        """Observation normaliser (``enable_obs_norm``); None: observations go to the encoder as they are."""
+
+    def enable_obs_norm(self, clip: float = 10.0) -> None:
+        """Normalise observations with running statistics (Box observation spaces only)."""
+        space = self.observation_space
+        if not isinstance(space, spaces.Box):
+            raise ValueError(
+                f"norm_obs needs a Box observation space, got {space}; valid: Box (flatten Dict / Tuple "
+                "observations first, e.g. with envs.FloatFlattenObservation)"
+            )
+        self.obs_norm = RunningNorm(tuple(space.shape), clip).to(next(self.parameters()).device)
+
+    def encode(self, obs: Obs) -> Tensor:
+        """Encoder features of observations (normalised first when ``obs_norm`` is set)."""
+        return self.encoder(obs if self.obs_norm is None else self.obs_norm(obs))
 
     # -- state --------------------------------------------------------------------------------------------
     def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> Any:
@@ -358,7 +381,7 @@ class ActorCritic(nn.Module):
 
     # -- acting -------------------------------------------------------------------------------------------
     def _step(self, obs: Obs, state: Any, episode_start: Tensor | None) -> tuple[Tensor, Any]:
-        x = self.encoder(obs).unsqueeze(1)
+        x = self.encode(obs).unsqueeze(1)
         reset = None if episode_start is None else episode_start.to(device=x.device, dtype=torch.bool)
         out = self.core(x, state, reset=reset)
         return out.y[:, 0], out.state
@@ -384,7 +407,7 @@ class ActorCritic(nn.Module):
     # -- training -----------------------------------------------------------------------------------------
     def features(self, obs: Obs, state: Any, episode_starts: Tensor) -> CoreOutput:
         """Core features (B, T, d) of stored sequences, cutting rows at episode starts (see module docstring)."""
-        x = self.encoder(obs)
+        x = self.encode(obs)
         b, t = x.shape[:2]
         starts = episode_starts.to(device=x.device, dtype=torch.bool)
         if not self.core.stateful or t == 1 or not bool(starts[:, 1:].any()):
@@ -452,8 +475,9 @@ def make_policy(
     config: PolicyConfig, observation_space: spaces.Space, action_space: spaces.Space
 ) -> ActorCritic:
     """The actor-critic described by ``config`` for these spaces."""
+    policy: ActorCritic
     if config.kind == "transformer":
-        return GTrXLPolicy(
+        policy = GTrXLPolicy(
             observation_space,
             action_space,
             config.backbone,
@@ -461,14 +485,18 @@ def make_policy(
             bound_context=config.bound_context,
             log_std_init=config.log_std_init,
         )
-    from rl_transformers.policies.recurrent import MLPCore, RecurrentCore
-
-    core: Core
-    if config.kind == "mlp":
-        core = MLPCore(config.width, config.width, config.mlp_layers)
     else:
-        core = RecurrentCore(config.kind, config.width, config.width, config.rnn_layers)
-    return ActorCritic(observation_space, action_space, core, config.log_std_init)
+        from rl_transformers.policies.recurrent import MLPCore, RecurrentCore
+
+        core: Core
+        if config.kind == "mlp":
+            core = MLPCore(config.width, config.width, config.mlp_layers)
+        else:
+            core = RecurrentCore(config.kind, config.width, config.width, config.rnn_layers)
+        policy = ActorCritic(observation_space, action_space, core, config.log_std_init)
+    if config.norm_obs:
+        policy.enable_obs_norm(config.norm_obs_clip)
+    return policy
 
 
 __all__ = [

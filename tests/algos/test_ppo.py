@@ -97,6 +97,23 @@ def test_resume_continues_bit_exactly(tmp_path: Path) -> None:
     assert [r["train/loss"] for r in rows_r] == [r["train/loss"] for r in rows_s]
 
 
+def test_obs_normalisation_statistics_and_resume(tmp_path: Path) -> None:
+    """norm_obs: the statistics count every rollout step, are saved, and resume continues bit-exactly."""
+
+    def cfg(root: Path) -> TrainConfig:
+        base = tiny(root, updates=4)
+        return dataclasses.replace(base, policy=dataclasses.replace(base.policy, norm_obs=True))
+
+    straight = train(cfg(tmp_path / "straight"))
+    policy, _ = load_policy(straight.run_dir)
+    assert policy.obs_norm is not None and float(policy.obs_norm.count) == 4 * BATCH
+    assert float(policy.obs_norm.var.min()) < 1.0  # TMaze observations are mostly zeros: not the identity
+    first = train(cfg(tmp_path / "split"), callback=lambda tr: tr.update < 2)
+    resumed = train(dataclasses.replace(cfg(tmp_path / "unused"), resume=str(first.run_dir)))
+    ps, pr = final_params(straight.run_dir), final_params(resumed.run_dir)
+    assert "obs_norm.mean" in ps and all(torch.equal(ps[k], pr[k]) for k in ps)
+
+
 def test_tensorboard_tags(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -190,6 +207,9 @@ def _rank_worker(rank: int, world: int, port: int, cfg: TrainConfig, out: str) -
     def snapshot(trainer: PPOTrainer) -> None:
         record["checksum"] = parameter_checksum(trainer.policy)
         record["actions"] = trainer.storage.actions.clone()
+        norm = trainer.policy.obs_norm
+        if norm is not None:
+            record["obs_norm"] = torch.cat([norm.mean.reshape(-1), norm.var.reshape(-1), norm.count.view(1)])
 
     result = train(cfg, callback=snapshot)
     torch.save({**record, "step": result.global_step}, Path(out) / f"rank{rank}.pt")
@@ -199,12 +219,18 @@ def test_two_gloo_ranks_keep_identical_parameters(tmp_path: Path) -> None:
     import torch.multiprocessing as mp
 
     cfg = tiny(tmp_path, updates=3)
-    cfg = dataclasses.replace(cfg, total_timesteps=3 * BATCH * 2)  # global steps: 3 updates of both ranks
+    cfg = dataclasses.replace(
+        cfg,
+        total_timesteps=3 * BATCH * 2,  # global steps: 3 updates of both ranks
+        policy=dataclasses.replace(cfg.policy, norm_obs=True),
+    )
     mp.spawn(_rank_worker, args=(2, _free_port(), cfg, str(tmp_path)), nprocs=2, join=True)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     assert r0["step"] == r1["step"] == 3 * BATCH * 2
     assert torch.equal(r0["checksum"], r1["checksum"])  # replicas identical after 3 updates
     assert not torch.equal(r0["actions"], r1["actions"])  # ... trained on different data (own envs)
+    # observation statistics: merged over both ranks' rollouts, identical on both
+    assert torch.equal(r0["obs_norm"], r1["obs_norm"]) and float(r0["obs_norm"][-1]) == 3 * BATCH * 2
     assert len(list((tmp_path / "ppo").glob("*/*"))) == 1  # only rank 0 writes a run directory
 
 

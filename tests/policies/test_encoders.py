@@ -82,3 +82,25 @@ def test_hwc_and_chw_give_the_same_features_for_the_same_image() -> None:
 def test_unsupported_space_names_the_supported_ones() -> None:
     with pytest.raises(TypeError, match="supported: Box"):
         make_encoder(spaces.Text(5), 4)
+
+
+def test_running_norm_matches_numpy_over_chunked_updates() -> None:
+    """Chan's merge over unequal chunks == mean / (population) variance of everything, in float64."""
+    from rl_transformers.policies.encoders import RunningNorm
+
+    rng = np.random.default_rng(0)
+    data = rng.normal(3.0, 2.5, size=(130, 2, 3)) * np.array([1.0, 10.0, 0.1])
+    norm = RunningNorm((2, 3), clip=5.0)
+    x = torch.zeros(4, 2, 3)
+    torch.testing.assert_close(norm(x), x)  # identity before any update
+    for chunk in np.split(data, [1, 40, 41, 100]):
+        norm.update(torch.as_tensor(chunk, dtype=torch.float32))
+    np.testing.assert_allclose(norm.mean.numpy(), data.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(norm.var.numpy(), data.var(0), rtol=1e-5)
+    assert float(norm.count) == 130
+    z = norm(torch.as_tensor(data, dtype=torch.float32))
+    expected = np.clip((data - data.mean(0)) / np.sqrt(data.var(0) + 1e-8), -5, 5)
+    np.testing.assert_allclose(z.numpy(), expected, rtol=1e-4, atol=1e-5)
+    assert z.dtype == torch.float32 and float(z.abs().max()) <= 5.0
+    with pytest.raises(ValueError, match="clip must be > 0"):
+        RunningNorm((3,), clip=0.0)

@@ -77,6 +77,16 @@ CASES = {
     "mlp": lambda: make_policy(PolicyConfig(kind="mlp", hidden_size=12), OBS, ACT),
     "context_core": lambda: ActorCritic(OBS, ACT, ContextCore(small(position="xl_relative"), context_len=W)),
 }
+
+
+def _normalised_gtrxl() -> ActorCritic:
+    policy = make_policy(PolicyConfig(backbone=gtrxl_backbone(16, 2, 2, mem_len=6), norm_obs=True), OBS, ACT)
+    assert policy.obs_norm is not None
+    policy.obs_norm.update(torch.randn(50, 3) * 4 + 2)  # statistics far from the identity
+    return policy
+
+
+CASES["gtrxl_norm_obs"] = _normalised_gtrxl
 if "linear" in available()["attention"]:
     CASES["linear"] = lambda: make_policy(PolicyConfig(backbone=small(attention="linear")), OBS, ACT)
 if "local" in available()["attention"]:
@@ -148,6 +158,13 @@ def test_gradients_flow_through_the_training_window_only() -> None:
         obs.grad is not None and obs.grad[:, :-1].abs().sum() > 0
     )  # earlier steps of the window get gradient
     assert not state.memory.h.requires_grad  # the stored memory is a constant
+
+
+def test_norm_obs_needs_a_box_space() -> None:
+    with pytest.raises(ValueError, match=r"norm_obs needs a Box observation space.*Discrete"):
+        make_policy(PolicyConfig(kind="mlp", norm_obs=True), gym.spaces.Discrete(4), ACT)
+    with pytest.raises(ValueError, match="norm_obs_clip"):
+        PolicyConfig(norm_obs_clip=0.0)
 
 
 def test_bad_policy_config() -> None:
