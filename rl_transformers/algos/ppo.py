@@ -44,11 +44,7 @@ from rl_transformers.algos.distributed import (
     setup_distributed,
     shutdown,
 )
-from rl_transformers.algos.ppo_config import (
-    PPOConfig,
-    TrainConfig,
-    resume_config,
-)
+from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig, resume_config
 from rl_transformers.algos.rollout import (
     LoopState,
     RolloutStorage,

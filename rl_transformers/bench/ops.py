@@ -135,8 +135,8 @@ def backbone_config(impl: Impl, shape: Shape, causal: bool, position: str, n_lay
 
 
 # -- modules ------------------------------------------------------------------------------------------------
-class KernelModule(nn.Module):
-    """An attention layer and its positional scheme, called on q, k, v through ``core``."""
+class _AttentionModule(nn.Module):
+    """One registry attention layer (index 0) and its positional scheme, built from ``cfg``."""
 
     def __init__(self, cfg: BackboneConfig) -> None:
         super().__init__()
@@ -148,6 +148,10 @@ class KernelModule(nn.Module):
 
     def init_state(self, batch: int, like: Tensor) -> Any:
         return self.attn.init_state(batch, like.device, like.dtype)
+
+
+class KernelModule(_AttentionModule):
+    """An attention layer and its positional scheme, called on q, k, v through ``core``."""
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, pos: Tensor, valid: Tensor, state: Any
@@ -182,19 +186,8 @@ class SDPAKernel(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), (k, v), []
 
 
-class LayerModule(nn.Module):
+class LayerModule(_AttentionModule):
     """An attention layer with its projections, called as ``layer(x, ctx, state)``."""
-
-    def __init__(self, cfg: BackboneConfig) -> None:
-        super().__init__()
-        self.position = registry.get("position", cfg.position).cls(cfg, cfg.options("position"))
-        self.attn = registry.get("attention", cfg.attention).cls(
-            cfg, cfg.options("attention"), self.position, 0
-        )
-        self.causal = cfg.causal
-
-    def init_state(self, batch: int, like: Tensor) -> Any:
-        return self.attn.init_state(batch, like.device, like.dtype)
 
     def forward(self, x: Tensor, pos: Tensor, valid: Tensor, state: Any) -> tuple[Tensor, Any, list[Tensor]]:
         ctx = ForwardContext(pos=pos, valid=valid, causal=self.causal)

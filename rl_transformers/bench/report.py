@@ -157,15 +157,7 @@ def crossovers(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for row in rows:
         if row["kind"] == "sdpa":
             if row["time_ms"] is None and not row["compiled"]:
-                group = (
-                    row["position"],
-                    row["target"],
-                    row["mode"],
-                    row["causal"],
-                    row["heads"],
-                    row["d_head"],
-                )
-                sdpa_skipped[group].add(row["length"])
+                sdpa_skipped[_series_key(row)[1:]].add(row["length"])  # the series key without the variant
             continue
         series[_series_key(row)].append(row)
     out = []
