@@ -23,6 +23,7 @@ import torch
 import tyro
 
 from rl_transformers.policies.decision_transformer import DecisionTransformer, dt_backbone_config
+from rl_transformers.utils.errors import run_cli
 
 
 @dataclass(frozen=True)
@@ -152,4 +153,4 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args, description=__doc__))
+    run_cli(lambda: main(tyro.cli(Args, description=__doc__)))

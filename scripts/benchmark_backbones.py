@@ -17,6 +17,7 @@ import tyro
 
 from rl_transformers.bench import BenchConfig, run_benchmark
 from rl_transformers.bench.harness import main_exit_code
+from rl_transformers.utils.errors import run_cli
 
 
 def main(config: BenchConfig) -> int:
@@ -30,4 +31,4 @@ def main(config: BenchConfig) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(tyro.cli(BenchConfig, description=__doc__)))
+    sys.exit(run_cli(lambda: main(tyro.cli(BenchConfig, description=__doc__))))

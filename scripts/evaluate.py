@@ -15,6 +15,7 @@ import tyro
 from rl_transformers.algos.ppo import load_policy
 from rl_transformers.algos.rollout import evaluate_policy, video_unavailable
 from rl_transformers.utils import set_threads
+from rl_transformers.utils.errors import run_cli
 
 
 @dataclass(frozen=True)
@@ -66,4 +67,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

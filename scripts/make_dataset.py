@@ -15,6 +15,7 @@ import json
 import tyro
 
 from offline_data.build import BuildConfig, build_datasets
+from rl_transformers.utils.errors import run_cli
 
 
 def main(config: BuildConfig) -> None:
@@ -41,4 +42,4 @@ def main(config: BuildConfig) -> None:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(BuildConfig))
+    run_cli(lambda: main(tyro.cli(BuildConfig)))

@@ -16,6 +16,7 @@ import tyro
 
 from rl_transformers.algos.ppo import TrainConfig, measure_throughput
 from rl_transformers.utils.cli import cli_registry
+from rl_transformers.utils.errors import run_cli
 
 
 @dataclass(frozen=True)
@@ -37,4 +38,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import tyro
 
 from rl_transformers.bench.sweep import SweepConfig, run_sweep, summary_markdown
+from rl_transformers.utils.errors import run_cli
 
 
 def main(config: SweepConfig) -> None:
@@ -23,4 +24,4 @@ def main(config: SweepConfig) -> None:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(SweepConfig, description=__doc__))
+    run_cli(lambda: main(tyro.cli(SweepConfig, description=__doc__)))

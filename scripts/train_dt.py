@@ -20,6 +20,7 @@ import tyro
 
 from rl_transformers.algos.dt import DTConfig, cleanup_distributed, train
 from rl_transformers.utils.cli import cli_registry  # BackboneConfig flags, *_options as JSON
+from rl_transformers.utils.errors import run_cli
 
 
 def main(config: DTConfig) -> None:
@@ -36,4 +37,4 @@ def main(config: DTConfig) -> None:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(DTConfig, registry=cli_registry(), description=__doc__))
+    run_cli(lambda: main(tyro.cli(DTConfig, registry=cli_registry(), description=__doc__)))

@@ -21,6 +21,7 @@ import tyro
 from rl_transformers.algos.ppo import TrainConfig, train
 from rl_transformers.utils import NonFiniteError
 from rl_transformers.utils.cli import cli_registry
+from rl_transformers.utils.errors import run_cli
 
 
 def main() -> int:
@@ -37,4 +38,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))
