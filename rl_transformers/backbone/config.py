@@ -12,9 +12,17 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rl_transformers.backbone import registry
+from rl_transformers.backbone.options import (
+    check_choice,
+    check_int,
+    check_probability,
+    check_types,
+)
+from rl_transformers.utils.errors import UserError, closest
 
 Activation = Literal["relu", "gelu"]
 KINDS = ("attention", "position", "memory", "block", "depth")
+_OPTIONS = tuple(f"{kind}_options" for kind in KINDS)
 
 
 @dataclass(frozen=True)
@@ -60,28 +68,24 @@ class BackboneConfig:
     """Options of the depth controller."""
 
     def __post_init__(self) -> None:
+        plain = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _OPTIONS}
+        check_types(BackboneConfig, plain, "BackboneConfig.")
         for name in ("d_model", "n_layers", "n_heads"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"BackboneConfig.{name} must be a positive int, got {value!r}")
+            check_int(f"BackboneConfig.{name}", getattr(self, name), 1)
         if self.d_model % self.n_heads:
-            raise ValueError(
+            raise UserError(
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
                 f"valid n_heads for this width: {[h for h in range(1, self.d_model + 1) if self.d_model % h == 0]}"
             )
-        if self.d_ff is not None and self.d_ff < 1:
-            raise ValueError(f"d_ff must be positive or None, got {self.d_ff!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if self.ffn_dropout is not None and not 0.0 <= self.ffn_dropout < 1.0:
-            raise ValueError(f"ffn_dropout must be in [0, 1) or None, got {self.ffn_dropout!r}")
-        if self.activation not in ("relu", "gelu"):
-            raise ValueError(f"activation={self.activation!r} is not one of ['gelu', 'relu']")
+        check_int("d_ff", self.d_ff, 1, optional=True)
+        check_probability("dropout", self.dropout)
+        check_probability("ffn_dropout", self.ffn_dropout, optional=True)
+        check_choice("activation", self.activation, Activation)
         for kind in KINDS:
             name = getattr(self, kind)
             if name is None:
                 if kind != "memory":
-                    raise ValueError(f"{kind} may not be None (only memory is optional)")
+                    raise UserError(f"{kind} may not be None (only memory is optional)")
                 continue
             entry = registry.get(kind, name)
             # Normalise the options to a plain dict (JSON / CLI form) after validating them.
@@ -102,8 +106,7 @@ class BackboneConfig:
 
     def options(self, kind: str) -> Any:
         """The typed options dataclass of the ``kind`` entry (attention, position, memory, block, depth)."""
-        if kind not in KINDS:
-            raise ValueError(f"unknown kind {kind!r}; valid kinds: {list(KINDS)}")
+        check_choice("kind", kind, KINDS)
         name = getattr(self, kind)
         if name is None:
             return None
@@ -124,7 +127,10 @@ class BackboneConfig:
         valid = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - valid)
         if unknown:
-            raise ValueError(f"unknown BackboneConfig fields {unknown}; valid fields: {sorted(valid)}")
+            hints = [f"{u!r} (did you mean {m!r}?)" if (m := closest(u, valid)) else repr(u) for u in unknown]
+            raise UserError(
+                f"unknown BackboneConfig fields {', '.join(hints)}; valid fields: {sorted(valid)}"
+            )
         return cls(**data)
 
 

@@ -14,13 +14,15 @@ one ``register`` line and one test file.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib
 import pkgutil
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from rl_transformers.backbone.options import check_choice, check_types
+from rl_transformers.utils.errors import UserError, closest
 
 Streaming = Literal["exact", "window", "none"]
 FAMILIES = ("attention", "position", "memory", "block", "depth")
@@ -42,8 +44,7 @@ class Capabilities:
     """Supports bidirectional (non-causal) attention."""
 
     def __post_init__(self) -> None:
-        if self.streaming not in ("exact", "window", "none"):
-            raise ValueError(f"streaming={self.streaming!r} is not one of ['exact', 'none', 'window']")
+        check_choice("streaming", self.streaming, Streaming)
 
 
 @dataclass(frozen=True)
@@ -123,10 +124,10 @@ def _load() -> None:
         _done = True
 
 
-def _unknown(kind: str, value: str, valid: list[str]) -> ValueError:
-    close = difflib.get_close_matches(str(value), valid, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    return ValueError(f"unknown {kind} {value!r}.{hint} Valid {kind} names: {valid}")
+def _unknown(kind: str, value: str, valid: list[str]) -> UserError:
+    match = closest(value, valid)
+    hint = f" Did you mean {match!r}?" if match else ""
+    return UserError(f"unknown {kind} {value!r}.{hint} Valid {kind} names: {valid}")
 
 
 def get(family: str, name: str) -> Entry:
@@ -159,21 +160,22 @@ def build_options(family: str, name: str, options: Any) -> Any:
     if options is None:
         options = {}
     if dataclasses.is_dataclass(options) and not isinstance(options, type):
-        raise ValueError(f"{family} {name!r} takes {entry.options.__name__}, got {type(options).__name__}")
+        raise UserError(f"{family} {name!r} takes {entry.options.__name__}, got {type(options).__name__}")
     if not isinstance(options, dict):
-        raise ValueError(
+        raise UserError(
             f"{family}_options for {name!r} must be a dict or {entry.options.__name__}, got {options!r}"
         )
     valid = [f.name for f in dataclasses.fields(entry.options)]
     for key in options:
         if key not in valid:
-            close = difflib.get_close_matches(key, valid, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(
+            match = closest(key, valid)
+            hint = f" Did you mean {match!r}?" if match else ""
+            raise UserError(
                 f"unknown option {key!r} for {family} {name!r}.{hint} Valid options: {valid or '(none)'}"
             )
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
+    check_types(entry.options, values, f"{family} {name!r} option ")
     try:
         return entry.options(**values)
-    except TypeError as err:  # e.g. wrong type reaching a dataclass without its own check
-        raise ValueError(f"bad options for {family} {name!r}: {err}") from err
+    except TypeError as err:  # e.g. a wrong type inside a value the annotation check cannot see
+        raise UserError(f"bad options for {family} {name!r}: {err}") from err
