@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from rl_transformers.utils.checkpoint import (
     CheckpointManager,
+    CheckpointWriteError,
+    InvalidCheckpointError,
     atomic_save,
     capture_rng_state,
     latest_checkpoint,
     load_checkpoint,
+    read_checkpoint,
     restore_rng_state,
 )
 from rl_transformers.utils.runs import (
@@ -36,7 +39,9 @@ from rl_transformers.utils.training import (
 
 __all__ = [
     "CheckpointManager",
+    "CheckpointWriteError",
     "GracefulInterrupt",
+    "InvalidCheckpointError",
     "NonFiniteError",
     "atomic_save",
     "available_cores",
@@ -49,6 +54,7 @@ __all__ = [
     "load_checkpoint",
     "load_config",
     "make_run_dir",
+    "read_checkpoint",
     "restore_rng_state",
     "sanitize_name",
     "save_config",

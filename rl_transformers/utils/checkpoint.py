@@ -17,28 +17,39 @@ draws identical to an uninterrupted run. Generators the trainer owns (Gymnasium 
 
 ``last.pt`` and ``best.pt`` are hard links to the step file when the file system allows (no extra copy).
 A dict payload gets a ``"checkpoint_meta"`` entry ``{"step", "metric", "metric_value"}``.
+
+Reading is always ``torch.load(weights_only=True)`` (no code from the file runs). A file that does not load
+(truncated, garbage, not written by torch) raises :class:`InvalidCheckpointError` naming it; given a run
+directory, :func:`latest_checkpoint` / :func:`load_checkpoint` skip such files with a warning and take the
+next newest one. A failed write (e.g. a full disk) raises :class:`CheckpointWriteError` naming the file and
+the last good checkpoint, which is left untouched.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
-import random
 import re
 import shutil
 import tempfile
 import time
 import warnings
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import torch
+
+from rl_transformers.utils.errors import UserError
+from rl_transformers.utils.rng import capture_rng_state, restore_rng_state
 
 __all__ = [
     "CheckpointManager",
+    "CheckpointWriteError",
+    "InvalidCheckpointError",
     "atomic_save",
     "capture_rng_state",
     "latest_checkpoint",
@@ -107,33 +118,107 @@ def _atomic_link(src: Path, dst: Path) -> None:
         raise
 
 
-def load_checkpoint(
-    path: str | Path, map_location: str | torch.device | None = "cpu", *, weights_only: bool = True
-) -> Any:
-    """``torch.load`` a checkpoint (a file, or the latest one of a run directory, see :func:`latest_checkpoint`).
+class InvalidCheckpointError(UserError):
+    """A checkpoint file that cannot be read (truncated, garbage, or not written by rl_transformers)."""
 
-    ``weights_only=True`` (torch's safe loader) accepts tensors and plain containers, which is what this
-    module writes; pass ``False`` only for trusted files holding other objects (e.g. NumPy arrays).
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(
+            f"checkpoint {path} is not a valid checkpoint (truncated or not written by rl_transformers): "
+            f"{reason}"
+        )
+        self.path = path
+
+
+class CheckpointWriteError(UserError):
+    """Writing a checkpoint failed (e.g. no space left on device); earlier checkpoints are unchanged.
+
+    ``errno`` is the one of the underlying ``OSError`` (also its ``__cause__``)."""
+
+    def __init__(self, message: str, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
+
+
+def _short_reason(err: BaseException) -> str:
+    text = str(err).strip()
+    marker = "WeightsUnpickler error:"  # torch's own advice (weights_only=False) would run the file's code
+    if marker in text:
+        text = "it holds objects other than tensors and plain data (" + text.split(marker, 1)[1].strip()
+        text = text.split("\n", 1)[0] + ")"
+    text = text.split("\n", 1)[0]
+    if not text:
+        text = type(err).__name__ + (" (the file ends early)" if isinstance(err, EOFError) else "")
+    return text[:300]
+
+
+def read_checkpoint(path: str | Path, map_location: str | torch.device | None = "cpu") -> Any:
+    """``torch.load(path, weights_only=True)``; any failure becomes :class:`InvalidCheckpointError`.
+
+    The result must be a dict (every checkpoint of this package is one).
     """
-    resolved = latest_checkpoint(path)
-    if resolved is None:
+    path = Path(path)
+    try:
+        obj = torch.load(path, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise
+    except (IsADirectoryError, PermissionError) as err:
+        raise InvalidCheckpointError(path, str(err)) from None
+    except Exception as err:  # torch raises RuntimeError, UnpicklingError, EOFError, OSError ...
+        raise InvalidCheckpointError(path, _short_reason(err)) from None
+    if not isinstance(obj, dict):
+        raise InvalidCheckpointError(path, f"it holds a {type(obj).__name__}, not a dict")
+    return obj
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device | None = "cpu") -> Any:
+    """Load a checkpoint file, or the newest loadable one of a run directory (see :func:`latest_checkpoint`).
+
+    Always torch's safe loader (``weights_only=True``: tensors and plain containers only). A file given
+    explicitly that does not load raises :class:`InvalidCheckpointError`; in a run directory unreadable
+    files are skipped with a warning.
+    """
+    path = Path(path)
+    if path.is_file():
+        return read_checkpoint(path, map_location)
+    candidates = _candidates(path)
+    if not candidates:
         raise FileNotFoundError(f"no checkpoint found at {path} (looked for last.pt and step_<n>.pt)")
-    return torch.load(resolved, map_location=map_location, weights_only=weights_only)
+    errors = []
+    for candidate in candidates:
+        try:
+            return read_checkpoint(candidate, map_location)
+        except InvalidCheckpointError as err:
+            warnings.warn(f"skipping {err}", stacklevel=2)
+            errors.append(str(err))
+    raise InvalidCheckpointError(path, "no checkpoint in it loads: " + "; ".join(errors))
 
 
 def latest_checkpoint(path: str | Path) -> Path | None:
     """The checkpoint to resume from: ``path`` itself if it is a file; else in ``path/checkpoints/`` (or
-    ``path``) ``last.pt``, or failing that the ``step_<n>.pt`` with the largest ``n``; ``None`` if none."""
+    ``path``) ``last.pt``, or failing that the ``step_<n>.pt`` with the largest ``n``; ``None`` if none.
+
+    In a directory, files whose zip structure is broken (a torn or foreign file) are skipped with a warning.
+    """
     path = Path(path)
     if path.is_file():
         return path
+    for candidate in _candidates(path):
+        if zipfile.is_zipfile(candidate):
+            return candidate
+        warnings.warn(
+            f"skipping {InvalidCheckpointError(candidate, 'not a torch zip archive')}", stacklevel=2
+        )
+    return None
+
+
+def _candidates(path: Path) -> list[Path]:
+    """``last.pt`` then ``step_<n>.pt`` by decreasing ``n`` (in ``path/checkpoints`` or ``path``)."""
     directory = path / "checkpoints" if (path / "checkpoints").is_dir() else path
     if not directory.is_dir():
-        return None
-    if (directory / "last.pt").is_file():
-        return directory / "last.pt"
+        return []
+    found = [directory / "last.pt"] if (directory / "last.pt").is_file() else []
     steps = _step_files(directory)
-    return steps[max(steps)] if steps else None
+    return found + [steps[n] for n in sorted(steps, reverse=True)]
 
 
 def _step_files(directory: Path) -> dict[int, Path]:
@@ -143,68 +228,6 @@ def _step_files(directory: Path) -> dict[int, Path]:
         if match and entry.is_file():
             found[int(match.group(1))] = entry
     return found
-
-
-# --- RNG state -----------------------------------------------------------------------------------------
-
-
-def capture_rng_state() -> dict[str, Any]:
-    """The global RNG states: ``{"python", "numpy", "torch"[, "cuda"]}`` (tensors and plain containers)."""
-    np_state = np.random.get_state(legacy=False)
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": {
-            "bit_generator": str(np_state["bit_generator"]),
-            "state": {"key": np_state["state"]["key"].tolist(), "pos": int(np_state["state"]["pos"])},
-            "has_gauss": int(np_state["has_gauss"]),
-            "gauss": float(np_state["gauss"]),
-        },
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng_state(state: Mapping[str, Any]) -> None:
-    """Put back the generators saved by :func:`capture_rng_state` (keys that are absent are left alone).
-
-    Accepts the state after a ``torch.load`` or a JSON round trip (lists instead of tuples).
-    """
-    if "python" in state:
-        version, internal, gauss = state["python"]
-        random.setstate((version, tuple(internal), gauss))
-    if "numpy" in state:
-        saved = state["numpy"]
-        np.random.set_state(
-            {
-                "bit_generator": saved["bit_generator"],
-                "state": {
-                    "key": np.asarray(saved["state"]["key"], dtype=np.uint32),
-                    "pos": saved["state"]["pos"],
-                },
-                "has_gauss": saved["has_gauss"],
-                "gauss": saved["gauss"],
-            }
-        )
-    if "torch" in state:
-        torch.set_rng_state(torch.as_tensor(state["torch"], dtype=torch.uint8).cpu())
-    if "cuda" in state and state["cuda"] is not None:
-        if not torch.cuda.is_available():
-            warnings.warn(
-                "checkpoint has CUDA RNG states but CUDA is not available: not restored", stacklevel=2
-            )
-            return
-        cuda_states = [torch.as_tensor(s, dtype=torch.uint8).cpu() for s in state["cuda"]]
-        n_devices = torch.cuda.device_count()
-        if len(cuda_states) != n_devices:
-            warnings.warn(
-                f"checkpoint has {len(cuda_states)} CUDA RNG states, this machine {n_devices} devices: "
-                "restoring the common ones",
-                stacklevel=2,
-            )
-        for device, device_state in enumerate(cuda_states[:n_devices]):
-            torch.cuda.set_rng_state(device_state, device)
 
 
 # --- manager -------------------------------------------------------------------------------------------
@@ -289,28 +312,68 @@ class CheckpointManager:
         if isinstance(state, Mapping):
             meta = {"step": step, "metric": self.metric, "metric_value": value}
             payload = {**state, META_KEY: meta}
-        if self.keep_last == 0:
-            primary = atomic_save(payload, self.last_path)
-        else:
-            primary = atomic_save(payload, self.step_path(step))
-            _atomic_link(primary, self.last_path)
+        target = self.last_path if self.keep_last == 0 else self.step_path(step)
+        try:
+            primary = atomic_save(payload, target)
+            if self.keep_last != 0:
+                _atomic_link(primary, self.last_path)
+        except OSError as err:
+            self._write_failed(target, err)
         self.last_step = step
         if self.is_better(value):
-            _atomic_link(primary, self.best_path)
-            self.best_step, self.best_value = step, value
+            self._link_best(primary, step, value)
         self._prune()
-        self._write_index(step, value)
-        _fsync_dir(self.directory)
+        self._write_index_safely(step, value)
         return primary
+
+    def update_metric(self, step: int, metric_value: float | None) -> bool:
+        """Attach the evaluation of the checkpoint saved for ``step`` (saved *before* evaluating, so an
+        evaluation error loses nothing); it becomes ``best.pt`` when better. Returns whether it did."""
+        value = None if metric_value is None else float(metric_value)
+        if self.metric is None or step != self.last_step:
+            return False
+        source = self.last_path if self.keep_last == 0 else self.step_path(step)
+        if not source.is_file():
+            source = self.last_path
+        better = self.is_better(value)
+        if better:
+            self._link_best(source, step, value)
+        self._write_index_safely(step, value)
+        return better
+
+    def _link_best(self, source: Path, step: int, value: float | None) -> None:
+        try:
+            _atomic_link(source, self.best_path)
+        except OSError as err:
+            self._write_failed(self.best_path, err)
+        self.best_step, self.best_value = step, value
+
+    def _write_index_safely(self, step: int, value: float | None) -> None:
+        try:
+            self._write_index(step, value)
+        except OSError as err:
+            self._write_failed(self.index_path, err)
+        _fsync_dir(self.directory)
+
+    def _write_failed(self, target: Path, err: OSError) -> None:
+        reason = "no space left on device" if err.errno == errno.ENOSPC else (err.strerror or str(err))
+        last = (
+            f"the last good checkpoint is {self.last_path}"
+            if self.last_path.is_file()
+            else ("no earlier checkpoint exists")
+        )
+        raise CheckpointWriteError(
+            f"could not write checkpoint {target}: {reason}; {last} (unchanged). Free space "
+            "(or move the run elsewhere), then --resume it",
+            err.errno,
+        ) from err
 
     def load(
         self,
         which: Literal["last", "best"] | int = "last",
         map_location: str | torch.device | None = "cpu",
-        *,
-        weights_only: bool = True,
     ) -> Any:
-        """Load ``"last"``, ``"best"`` or the checkpoint of a given step."""
+        """Load ``"last"``, ``"best"`` or the checkpoint of a given step (safe loader)."""
         if which == "last":
             path = self.last_path
         elif which == "best":
@@ -321,7 +384,7 @@ class CheckpointManager:
             raise ValueError(f"which must be 'last', 'best' or a step number, got {which!r}")
         if not path.is_file():
             raise FileNotFoundError(f"no checkpoint {path}")
-        return torch.load(path, map_location=map_location, weights_only=weights_only)
+        return read_checkpoint(path, map_location)
 
     def kept_steps(self) -> list[int]:
         """Steps of the ``step_<n>.pt`` files on disk, ascending."""

@@ -141,14 +141,22 @@ def load_config(path: str | Path, cls: type[T] | None = None) -> T | dict[str, A
     return data if cls is None else from_dict(cls, data)
 
 
-def from_dict(cls: type[T], data: Mapping[str, Any], *, strict: bool = True) -> T:
+def from_dict(
+    cls: type[T], data: Mapping[str, Any], *, strict: bool = True, require_sections: bool = False
+) -> T:
     """Rebuild dataclass ``cls`` (nested dataclasses included) from the output of :func:`to_jsonable`.
 
     Field type hints guide the conversion: ``tuple[...]``/``list[...]``/``set``, ``dict[K, V]``, ``Path``,
     ``Enum`` subclasses, nested dataclasses, ``X | None`` and other unions. Missing keys take the field
     defaults (configs saved by older versions still load); unknown keys raise ``ValueError`` listing the
-    valid fields, unless ``strict=False`` (then they are ignored). ``__post_init__`` validation runs as usual.
+    valid fields, unless ``strict=False`` (then they are ignored); ``require_sections=True`` refuses missing
+    nested-dataclass fields (a config file missing its ``ppo`` / ``backbone`` section). Values are type-checked
+    against the hints (``int``, ``float`` (ints accepted), ``bool``, ``str``, ``Literal``, paths): a wrong type
+    raises ``TypeError`` naming the field. ``__post_init__`` validation runs as usual (its errors get the
+    field path).
     """
+    if require_sections:
+        _check_sections(cls, data, cls.__name__)
     return _from_dict(cls, data, cls.__name__, strict)
 
 
@@ -172,7 +180,34 @@ def _from_dict(cls: type[T], data: Mapping[str, Any], where: str, strict: bool) 
     for name, value in data.items():
         if name in fields:
             kwargs[name] = _convert(hints.get(name, Any), value, f"{where}.{name}", strict)
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as err:  # __post_init__ validation
+        raise ValueError(f"{where}: {err}") from err
+
+
+def _section_type(tp: Any) -> type | None:
+    """The dataclass a field holds (``Annotated`` unwrapped), else None."""
+    if typing.get_origin(tp) is typing.Annotated:
+        tp = typing.get_args(tp)[0]
+    return tp if isinstance(tp, type) and dataclasses.is_dataclass(tp) else None
+
+
+def _check_sections(cls: type, data: Any, where: str) -> None:
+    """Every nested-dataclass field of ``cls`` is present in ``data`` (recursively)."""
+    if not isinstance(data, Mapping):
+        return
+    try:
+        hints = typing.get_type_hints(cls, include_extras=True)
+    except (NameError, TypeError):
+        return
+    for f in dataclasses.fields(cls):
+        section = _section_type(hints.get(f.name, Any)) if f.init else None
+        if section is None:
+            continue
+        if f.name not in data:
+            raise ValueError(f"{where}: section {f.name!r} is missing (present: {sorted(data)})")
+        _check_sections(section, data[f.name], f"{where}.{f.name}")
 
 
 _NONE_TYPE = type(None)
@@ -191,9 +226,15 @@ def _convert(tp: Any, value: Any, where: str, strict: bool) -> Any:
     if origin is typing.Union or origin is types.UnionType:
         return _convert_union(args, value, where, strict)
     if origin is typing.Literal:
+        if value not in args:
+            raise ValueError(f"{where}: {value!r} is not one of {list(args)}")
         return value
     if value is None:
+        if tp in _PRIMITIVES or (isinstance(tp, type) and dataclasses.is_dataclass(tp)):
+            raise TypeError(f"{where}: expected {_type_name(tp)}, got null")
         return None
+    if tp in _PRIMITIVES:
+        return _check_primitive(tp, value, where)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _from_dict(tp, value, where, strict)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
@@ -207,9 +248,9 @@ def _convert(tp: Any, value: Any, where: str, strict: bool) -> Any:
             valid = [m.value for m in tp]
             raise ValueError(f"{where}: {value!r} is not a valid {tp.__name__}; valid: {valid}") from None
     if isinstance(tp, type) and issubclass(tp, PurePath):
+        if not isinstance(value, str | PurePath):
+            raise TypeError(f"{where}: expected a path string, got {type(value).__name__} {value!r}")
         return tp(value)
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
     container = origin if origin is not None else tp
     if container in (tuple, list, set, frozenset) or container in _ABSTRACT_SEQUENCES:
         if not isinstance(value, list | tuple | set | frozenset):
@@ -237,6 +278,22 @@ def _convert(tp: Any, value: Any, where: str, strict: bool) -> Any:
             for k, v in value.items()
         }
     return value
+
+
+_PRIMITIVES = (bool, int, float, str)
+
+
+def _type_name(tp: Any) -> str:
+    return {bool: "a bool", int: "an int", float: "a number", str: "a string"}.get(tp, str(tp))
+
+
+def _check_primitive(tp: type, value: Any, where: str) -> Any:
+    """``value`` if it is a ``tp`` (ints are accepted as floats; bools are not numbers), else TypeError."""
+    if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, tp) and (tp is bool or not isinstance(value, bool)):
+        return value
+    raise TypeError(f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
 
 
 def _json_key(key_tp: Any, key: Any) -> Any:
