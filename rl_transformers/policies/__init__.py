@@ -1,22 +1,16 @@
 """Policies: memory actor-critics (GTrXL and any backbone, LSTM / GRU / MLP baselines) and shared encoders.
 
 from rl_transformers.policies import GTrXLPolicy, PolicyConfig, make_policy, make_encoder
+
+Modules: ``actor_critic`` (encoder -> core -> heads), ``cores`` (backbone cores), ``recurrent`` (LSTM / GRU /
+MLP cores), ``packing`` (episode-start packing), ``gtrxl`` (the GTrXL preset, ``PolicyConfig``,
+``make_policy``), ``encoders``, ``heads``, ``decision_transformer``.
 """
 
+from rl_transformers.policies.actor_critic import ActorCritic, ActOutput, SequenceOutput
+from rl_transformers.policies.cores import ContextCore, Core, TransformerCore, replay_exactness
 from rl_transformers.policies.encoders import image_layout, make_encoder, obs_to_tensor, tree_map
-from rl_transformers.policies.gtrxl import (
-    ActorCritic,
-    ActOutput,
-    ContextCore,
-    Core,
-    GTrXLPolicy,
-    PolicyConfig,
-    SequenceOutput,
-    TransformerCore,
-    gtrxl_backbone,
-    make_policy,
-    replay_exactness,
-)
+from rl_transformers.policies.gtrxl import GTrXLPolicy, PolicyConfig, gtrxl_backbone, make_policy
 from rl_transformers.policies.heads import ActionHead, make_action_head
 from rl_transformers.policies.recurrent import MLPCore, RecurrentCore
 

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from rl_transformers.backbone.state import State
-from rl_transformers.policies.gtrxl import Core, CoreOutput
+from rl_transformers.policies.cores import Core, CoreOutput
 
 
 @dataclass

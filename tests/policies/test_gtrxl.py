@@ -23,7 +23,7 @@ from rl_transformers.policies import (
     make_policy,
     replay_exactness,
 )
-from rl_transformers.policies.gtrxl import Packing
+from rl_transformers.policies.packing import Packing
 
 OBS = gym.spaces.Box(-1.0, 1.0, (3,))
 ACT = gym.spaces.Discrete(3)

@@ -1,0 +1,169 @@
+"""Memory actor-critic: observation encoder -> sequence core -> actor head + critic head.
+
+The core (:mod:`rl_transformers.policies.cores`: the shared backbone, a context-recomputing backbone, or the
+LSTM / GRU / MLP baselines of :mod:`rl_transformers.policies.recurrent`) maps a chunk of tokens with a carried
+per-env state to features; the heads (:mod:`rl_transformers.policies.heads`) turn them into an action
+distribution and a value. Two ways to run a policy, which give the same numbers (tested):
+
+- :meth:`ActorCritic.act` - one token per env per step, state carried (rollouts; ``episode_start`` (B,) clears
+  the rows of envs whose episode just began, via the core's ``reset``);
+- :meth:`ActorCritic.evaluate_sequence` - a stored sequence (B, T) in one pass from the state stored at its
+  first step (PPO updates). Episode starts inside the sequence are applied as in the rollout: each row is cut
+  at its episode starts, the pieces are packed into one right-padded batch (:class:`Packing`), run in a single
+  forward, and scattered back.
+
+Shapes: B envs (or sequences), T time steps, d = core width; obs (B, *obs_shape) when acting,
+(B, T, *obs_shape) in ``evaluate_sequence``; values, log-probs, entropies (B,) / (B, T).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from torch import Tensor, nn
+
+from rl_transformers.policies.cores import Core, CoreOutput
+from rl_transformers.policies.encoders import Obs, RunningNorm, make_encoder
+from rl_transformers.policies.heads import ActionHead, make_action_head
+from rl_transformers.policies.packing import Packing
+
+
+class ActOutput(NamedTuple):
+    """What :meth:`ActorCritic.act` returns (unpacks as ``action, value, log_prob, state``)."""
+
+    action: Tensor
+    """(B, *action_shape) sampled (or modal) action, unclipped."""
+    value: Tensor
+    """(B,) critic value."""
+    log_prob: Tensor
+    """(B,) log-probability of ``action``."""
+    state: Any
+    """State after this step."""
+
+
+@dataclass
+class SequenceOutput:
+    log_prob: Tensor
+    """(B, T) log-probabilities of the given actions."""
+    entropy: Tensor
+    """(B, T) policy entropy."""
+    value: Tensor
+    """(B, T) critic values."""
+    aux_losses: dict[str, Tensor] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def _init_linear(layer: nn.Linear, gain: float) -> nn.Linear:
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+class ActorCritic(nn.Module):
+    """Encoder -> core -> (actor head, critic head), with a per-env state carried by the caller."""
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        core: Core,
+        log_std_init: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.encoder = make_encoder(observation_space, core.d_in)
+        self.core = core
+        self.actor: ActionHead = make_action_head(action_space, core.d_out, log_std_init)
+        self.critic = _init_linear(nn.Linear(core.d_out, 1), 1.0)
+        self.obs_norm: RunningNorm | None = None
+        """Observation normaliser (``enable_obs_norm``); None: observations go to the encoder as they are."""
+
+    def enable_obs_norm(self, clip: float = 10.0) -> None:
+        """Normalise observations with running statistics (Box observation spaces only)."""
+        space = self.observation_space
+        if not isinstance(space, spaces.Box):
+            raise ValueError(
+                f"norm_obs needs a Box observation space, got {space}; valid: Box (flatten Dict / Tuple "
+                "observations first, e.g. with envs.FloatFlattenObservation)"
+            )
+        self.obs_norm = RunningNorm(tuple(space.shape), clip).to(next(self.parameters()).device)
+
+    def encode(self, obs: Obs) -> Tensor:
+        """Encoder features of observations (normalised first when ``obs_norm`` is set)."""
+        return self.encoder(obs if self.obs_norm is None else self.obs_norm(obs))
+
+    # -- state --------------------------------------------------------------------------------------------
+    def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> Any:
+        p = next(self.parameters())
+        return self.core.initial_state(batch_size, p.device if device is None else device, p.dtype)
+
+    def segment_start(self, state: Any) -> Any:
+        """Call at the first step of each training sequence, before storing the state (trims context cores)."""
+        return self.core.segment_start(state)
+
+    # -- acting -------------------------------------------------------------------------------------------
+    def _step(self, obs: Obs, state: Any, episode_start: Tensor | None) -> tuple[Tensor, Any]:
+        x = self.encode(obs).unsqueeze(1)
+        reset = None if episode_start is None else episode_start.to(device=x.device, dtype=torch.bool)
+        out = self.core(x, state, reset=reset)
+        return out.y[:, 0], out.state
+
+    def act(
+        self, obs: Obs, state: Any, episode_start: Tensor | None = None, deterministic: bool = False
+    ) -> ActOutput:
+        """One step for B envs: obs (B, ...), episode_start (B,) bool (True: the episode begins with obs)."""
+        h, new_state = self._step(obs, state, episode_start)
+        dist = self.actor(h)
+        action = dist.mode() if deterministic else dist.sample()
+        return ActOutput(action, self.critic(h).squeeze(-1), dist.log_prob(action), new_state)
+
+    def value(self, obs: Obs, state: Any, episode_start: Tensor | None = None) -> Tensor:
+        """(B,) critic values of ``obs`` given the state (used to bootstrap truncated episodes)."""
+        h, _ = self._step(obs, state, episode_start)
+        return self.critic(h).squeeze(-1)
+
+    def to_env(self, action: Tensor) -> np.ndarray:
+        """Actions for ``env.step`` (NumPy, Box actions clipped to the bounds)."""
+        return self.actor.to_env(action)
+
+    # -- training -----------------------------------------------------------------------------------------
+    def features(self, obs: Obs, state: Any, episode_starts: Tensor) -> CoreOutput:
+        """Core features (B, T, d) of stored sequences, cutting rows at episode starts (see module docstring)."""
+        x = self.encode(obs)
+        b, t = x.shape[:2]
+        starts = episode_starts.to(device=x.device, dtype=torch.bool)
+        if not self.core.stateful or t == 1 or not bool(starts[:, 1:].any()):
+            return self.core(x, state, reset=starts[:, 0])
+        packing = Packing.from_starts(starts)
+        piece_state = state.index_select(packing.row)
+        out = self.core(packing.pack(x), piece_state, reset=packing.reset, valid=packing.valid())
+        return CoreOutput(packing.unpack(out.y, b, t), None, out.aux_losses, out.info)
+
+    def evaluate_sequence(
+        self, obs: Obs, actions: Tensor, state: Any, episode_starts: Tensor
+    ) -> SequenceOutput:
+        """Log-probs, entropies and values of stored sequences in one pass.
+
+        obs (B, T, ...), actions (B, T, *action_shape), state: the state before step 0 of each row (B rows),
+        episode_starts (B, T) bool as recorded while acting.
+        """
+        out = self.features(obs, state, episode_starts)
+        dist = self.actor(out.y)
+        value = self.critic(out.y).squeeze(-1)
+        return SequenceOutput(dist.log_prob(actions), dist.entropy(), value, out.aux_losses, out.info)
+
+    @property
+    def collect_info(self) -> bool:
+        return self.core.collect_info
+
+    @collect_info.setter
+    def collect_info(self, value: bool) -> None:
+        self.core.collect_info = value
+
+
+__all__ = ["ActOutput", "ActorCritic", "SequenceOutput"]

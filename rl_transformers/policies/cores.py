@@ -1,0 +1,190 @@
+"""Sequence cores of the memory actor-critics: a chunk of tokens x (B, T, d_in) with a carried per-env state
+-> features y (B, T, d_out).
+
+:class:`Core` is the interface (``initial_state``, ``forward(x, state, reset, valid)``, ``segment_start``);
+:class:`TransformerCore` streams the shared :class:`~rl_transformers.backbone.Backbone` chunk by chunk with its
+own state; :class:`ContextCore` re-runs a non-streaming backbone over a window of past tokens at every step.
+The LSTM / GRU / MLP baselines (:mod:`rl_transformers.policies.recurrent`) implement the same interface.
+
+One-pass == step-by-step (what PPO relies on, see :mod:`rl_transformers.policies.actor_critic`) holds when a
+query of the training pass sees exactly the keys it saw when acting. That is true of streaming attentions
+(exact KV cache / linear state / windowed caches). Transformer-XL memory (Dai et al. 2019, arXiv 1901.02860)
+alone is not: a one-pass query at offset i of a sequence sees mem_len + i keys, an acting step mem_len.
+:func:`bounded_backbone` therefore limits full attention to ``mem_len`` past keys under XL memory, and to
+``context_len`` past keys without memory (a KV cache keeps its columns across episodes, so an unbounded cache
+would grow for the whole run); :func:`replay_exactness` says whether a configuration replays exactly.
+Non-streaming attentions (capability ``streaming="none"``) run through :class:`ContextCore`: the policy keeps
+the last ``context_len`` tokens plus the tokens of the current training segment, and recomputes the backbone
+over them at every step.
+
+Shapes: B envs (or sequences), T time steps, d = backbone.d_model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from rl_transformers.backbone import Backbone, BackboneConfig, capabilities
+from rl_transformers.backbone.state import State
+
+
+# -- the interface --------------------------------------------------------------------------------------------------
+@dataclass
+class CoreOutput:
+    y: Tensor
+    """(B, T, d_out) features for the heads."""
+    state: Any
+    """State after the chunk."""
+    aux_losses: dict[str, Tensor] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Core(nn.Module):
+    """Sequence core interface. ``forward`` resets rows only at the chunk start (``reset`` (B,) bool)."""
+
+    d_in: int
+    d_out: int
+    stateful: bool = True
+    """False for memory-less cores: sequences need no cutting at episode starts."""
+
+    def initial_state(self, batch: int, device: torch.device | str, dtype: torch.dtype) -> State:
+        raise NotImplementedError
+
+    def forward(
+        self, x: Tensor, state: Any, reset: Tensor | None = None, valid: Tensor | None = None
+    ) -> CoreOutput:
+        raise NotImplementedError
+
+    def segment_start(self, state: Any) -> Any:
+        """Called by trainers at the first step of every training sequence (before the state is stored)."""
+        return state
+
+    @property
+    def collect_info(self) -> bool:
+        return False
+
+    @collect_info.setter
+    def collect_info(self, value: bool) -> None:
+        pass
+
+
+def replay_exactness(cfg: BackboneConfig) -> tuple[bool, str]:
+    """Whether a one-pass training sequence sees exactly the keys each acting step saw (and why not)."""
+    streaming = capabilities("attention", cfg.attention).streaming
+    if streaming == "none":
+        return True, "non-streaming attention: recomputed over the policy's context segment"
+    if cfg.memory is None:
+        return True, f"attention {cfg.attention!r} streams ({streaming})"
+    if cfg.memory != "xl":
+        return False, f"memory {cfg.memory!r} depends on how the stream is chunked"
+    mem_len = cfg.options("memory").mem_len
+    window = getattr(cfg.options("attention"), "max_cache", None)
+    if window is not None and window <= mem_len:
+        return True, f"attention window {window} <= mem_len {mem_len}"
+    return False, (
+        f"attention {cfg.attention!r} under XL memory sees mem_len + i keys at offset i of a training sequence "
+        f"but mem_len={mem_len} keys when acting (set its max_cache <= mem_len, or bound_context=True)"
+    )
+
+
+def bounded_backbone(cfg: BackboneConfig, context_len: int) -> BackboneConfig:
+    """``cfg`` with a window on attentions that would otherwise see more when training than when acting."""
+    opts = cfg.options("attention")
+    if not any(f.name == "max_cache" for f in dataclasses.fields(opts)) or opts.max_cache is not None:
+        return cfg
+    if cfg.memory == "xl":
+        window = cfg.options("memory").mem_len
+    elif cfg.memory is None:
+        window = context_len
+    else:
+        return cfg
+    return dataclasses.replace(cfg, attention_options={**cfg.attention_options, "max_cache": window})
+
+
+class TransformerCore(Core):
+    """The shared :class:`Backbone`, streaming one chunk at a time with its own state."""
+
+    def __init__(self, cfg: BackboneConfig) -> None:
+        super().__init__()
+        self.backbone = Backbone(cfg)
+        self.d_in = self.d_out = cfg.d_model
+
+    def initial_state(self, batch: int, device: torch.device | str, dtype: torch.dtype) -> State:
+        return self.backbone.init_state(batch, device, dtype)
+
+    def forward(
+        self, x: Tensor, state: Any, reset: Tensor | None = None, valid: Tensor | None = None
+    ) -> CoreOutput:
+        out = self.backbone(x, state=state, reset=reset, key_padding_mask=valid)
+        return CoreOutput(out.y, out.state, out.aux_losses, out.info)
+
+    @property
+    def collect_info(self) -> bool:
+        return self.backbone.collect_info
+
+    @collect_info.setter
+    def collect_info(self, value: bool) -> None:
+        self.backbone.collect_info = value
+
+
+@dataclass
+class ContextState(State):
+    """Recent input tokens x (B, S, d) and their validity (B, S) for non-streaming attentions."""
+
+    x: Tensor
+    valid: Tensor
+
+
+class ContextCore(TransformerCore):
+    """A backbone re-run over a context window of past tokens at every step (non-streaming attentions).
+
+    The window holds the last ``context_len`` tokens before the current training segment plus the segment's
+    tokens (at most ``2 * context_len``); :meth:`segment_start` trims it to ``context_len``. A training pass
+    over the segment from the stored window then sees exactly what each acting step saw (for position schemes
+    that depend on distances only). Tokens in the window are detached (like XL memory).
+    """
+
+    def __init__(self, cfg: BackboneConfig, context_len: int) -> None:
+        super().__init__(cfg)
+        self.context_len = context_len
+
+    def initial_state(self, batch: int, device: torch.device | str, dtype: torch.dtype) -> ContextState:
+        return ContextState(
+            x=torch.zeros(batch, 0, self.d_in, device=device, dtype=dtype),
+            valid=torch.zeros(batch, 0, dtype=torch.bool, device=device),
+        )
+
+    def forward(
+        self, x: Tensor, state: Any, reset: Tensor | None = None, valid: Tensor | None = None
+    ) -> CoreOutput:
+        if reset is not None:
+            state = state.reset(reset.to(torch.bool))
+        t = x.shape[1]
+        if valid is None:
+            valid = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+        seq = torch.cat([state.x.to(x.dtype), x], dim=1)
+        mask = torch.cat([state.valid, valid.to(torch.bool)], dim=1)
+        out = self.backbone(seq, key_padding_mask=mask)
+        keep = seq.shape[1] if seq.shape[1] <= 2 * self.context_len else self.context_len
+        new_state = ContextState(seq[:, -keep:].detach(), mask[:, -keep:])
+        return CoreOutput(out.y[:, -t:], new_state, out.aux_losses, out.info)
+
+    def segment_start(self, state: Any) -> Any:
+        k = self.context_len
+        return ContextState(state.x[:, -k:], state.valid[:, -k:])
+
+
+__all__ = [
+    "ContextCore",
+    "ContextState",
+    "Core",
+    "CoreOutput",
+    "TransformerCore",
+    "bounded_backbone",
+    "replay_exactness",
+]
