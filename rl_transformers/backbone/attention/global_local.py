@@ -51,22 +51,9 @@ from rl_transformers.backbone.attention._banded import (
 )
 from rl_transformers.backbone.attention.base import Attention
 from rl_transformers.backbone.context import ForwardContext
+from rl_transformers.backbone.options import check_int, check_positions
 from rl_transformers.backbone.registry import Capabilities, register
 from rl_transformers.backbone.state import KVCache, State
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-
-
-def _check_positions(name: str, value: Any) -> None:
-    if not isinstance(value, tuple) or any(
-        not isinstance(p, int) or isinstance(p, bool) or p < 0 for p in value
-    ):
-        raise ValueError(f"{name} must be a tuple of positions (ints >= 0), got {value!r}")
-    if len(set(value)) != len(value):
-        raise ValueError(f"{name} has repeated positions: {value!r}")
 
 
 @dataclass
@@ -217,14 +204,14 @@ class LongformerOptions:
     """Absolute positions (since reset) of the global tokens: they attend everything and all attend them."""
 
     def __post_init__(self) -> None:
-        _check_int("longformer window", self.window, 0)
+        check_int("longformer window", self.window, 0)
         if not isinstance(self.dilation, tuple) or not self.dilation:
             raise ValueError(
                 f"longformer dilation must be a non-empty tuple of ints >= 1, got {self.dilation!r}"
             )
         for d in self.dilation:
-            _check_int("longformer dilation", d, 1)
-        _check_positions("longformer global_tokens", self.global_tokens)
+            check_int("longformer dilation", d, 1)
+        check_positions("longformer global_tokens", self.global_tokens)
 
 
 @register(
@@ -273,8 +260,8 @@ class EtcOptions:
     """The first n_global positions (since reset) are the global input."""
 
     def __post_init__(self) -> None:
-        _check_int("etc window", self.window, 0)
-        _check_int("etc n_global", self.n_global, 0)
+        check_int("etc window", self.window, 0)
+        check_int("etc n_global", self.n_global, 0)
 
 
 @register(
@@ -309,11 +296,11 @@ class BigBirdOptions:
     """Seed of the torch.Generator drawing the random blocks (the pattern is a pure function of it)."""
 
     def __post_init__(self) -> None:
-        _check_int("bigbird block", self.block, 1)
-        _check_int("bigbird window_blocks", self.window_blocks, 0)
-        _check_int("bigbird n_random", self.n_random, 0)
-        _check_int("bigbird seed", self.seed, 0)
-        _check_positions("bigbird global_tokens", self.global_tokens)
+        check_int("bigbird block", self.block, 1)
+        check_int("bigbird window_blocks", self.window_blocks, 0)
+        check_int("bigbird n_random", self.n_random, 0)
+        check_int("bigbird seed", self.seed, 0)
+        check_positions("bigbird global_tokens", self.global_tokens)
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -28,26 +28,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from torch import Tensor
 
 from rl_transformers.backbone.attention._banded import band_part, block_size
 from rl_transformers.backbone.attention.base import Attention
 from rl_transformers.backbone.context import ForwardContext
+from rl_transformers.backbone.options import check_int, check_pair
 from rl_transformers.backbone.registry import Capabilities, register
-
-
-def _positive(name: str, value: Any, minimum: int = 1) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-
-
-def _pair(name: str, value: Any, minimum: int) -> None:
-    if not (isinstance(value, tuple) and len(value) == 2):
-        raise ValueError(f"{name} must be a pair (rows, cols) of ints >= {minimum}, got {value!r}")
-    for v in value:
-        _positive(name, v, minimum)
 
 
 # ----------------------------------------------------------------------------------------------------- local
@@ -59,9 +47,8 @@ class LocalOptions:
     """Compute-block length c (queries per block); None = about w (in [16, 256]). Speed knob only."""
 
     def __post_init__(self) -> None:
-        _positive("local window", self.window, 0)
-        if self.block is not None:
-            _positive("local block", self.block)
+        check_int("local window", self.window, 0)
+        check_int("local block", self.block, 1, optional=True)
 
 
 @register(
@@ -111,8 +98,8 @@ class BlockLocalOptions:
     """l_m: memory flange, positions before the block (bidirectional: also after it) that its queries see."""
 
     def __post_init__(self) -> None:
-        _positive("block_local block", self.block)
-        _positive("block_local flange", self.flange, 0)
+        check_int("block_local block", self.block, 1)
+        check_int("block_local flange", self.flange, 0)
 
 
 @register(
@@ -160,9 +147,9 @@ class BlockLocal2DOptions:
 
     def __post_init__(self) -> None:
         if self.image_shape is not None:
-            _pair("block_local_2d image_shape", self.image_shape, 1)
-        _pair("block_local_2d query_shape", self.query_shape, 1)
-        _pair("block_local_2d flange", self.flange, 0)
+            check_pair("block_local_2d image_shape", self.image_shape, 1)
+        check_pair("block_local_2d query_shape", self.query_shape, 1)
+        check_pair("block_local_2d flange", self.flange, 0)
 
 
 @register(

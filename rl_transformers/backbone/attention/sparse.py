@@ -44,24 +44,11 @@ from rl_transformers.backbone.attention._banded import (
 )
 from rl_transformers.backbone.attention.base import Attention
 from rl_transformers.backbone.context import ForwardContext
+from rl_transformers.backbone.options import check_choice, check_int
 from rl_transformers.backbone.registry import Capabilities, register
 
 Combine = Literal["alternate", "union", "split_heads"]
 COMBINES = ("alternate", "union", "split_heads")
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-
-
-def _check_combine(combine: str) -> None:
-    if combine not in COMBINES:
-        import difflib
-
-        close = difflib.get_close_matches(str(combine), COMBINES, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"combine={combine!r} is not one of {list(COMBINES)}.{hint}")
 
 
 class _Factorised(Attention):
@@ -114,8 +101,8 @@ class StridedOptions:
     """How A(1) and A(2) are combined: "alternate" (per layer), "union" (every head) or "split_heads"."""
 
     def __post_init__(self) -> None:
-        _check_int("strided stride", self.stride, 1)
-        _check_combine(self.combine)
+        check_int("strided stride", self.stride, 1)
+        check_choice("combine", self.combine, Combine)
 
 
 @register(
@@ -169,13 +156,13 @@ class FixedOptions:
     """How A(1) and A(2) are combined: "alternate" (per layer), "union" (every head) or "split_heads"."""
 
     def __post_init__(self) -> None:
-        _check_int("fixed stride", self.stride, 1)
-        _check_int("fixed summary", self.summary, 1)
+        check_int("fixed stride", self.stride, 1)
+        check_int("fixed summary", self.summary, 1)
         if self.summary > self.stride:
             raise ValueError(
                 f"fixed summary={self.summary} must be <= stride={self.stride} (valid: 1..{self.stride})"
             )
-        _check_combine(self.combine)
+        check_choice("combine", self.combine, Combine)
 
 
 @register(
@@ -234,9 +221,8 @@ class BlockwiseOptions:
     None = head h shifts by h mod n."""
 
     def __post_init__(self) -> None:
-        _check_int("blockwise n_blocks", self.n_blocks, 1)
-        if self.block_size is not None:
-            _check_int("blockwise block_size", self.block_size, 1)
+        check_int("blockwise n_blocks", self.n_blocks, 1)
+        check_int("blockwise block_size", self.block_size, 1, optional=True)
         if self.permutations is not None:
             if (
                 not isinstance(self.permutations, tuple)
