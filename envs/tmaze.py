@@ -44,10 +44,12 @@ class TMazeEnv(gym.Env[np.ndarray, np.int64]):
         penalty: reward of each of the first L steps on which the agent is behind schedule (x < t);
             ``None`` means Ni et al.'s ``-1/L`` (sum over an idle episode = -1); 0 disables it. Must be <= 0.
         goal_reward: reward for standing on the cued goal at the last step; > 0.
-        render_mode: ``None`` or ``"ansi"`` (a text picture of the maze).
+        render_mode: ``None``, ``"ansi"`` (a text picture of the maze) or ``"rgb_array"`` (an image, 16 px per
+            cell: corridor grey, agent blue, cued goal green, other arm red; used for videos and by SB3's
+            ``make_vec_env``, which asks for ``rgb_array``).
     """
 
-    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+    metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
 
     def __init__(
         self,
@@ -123,7 +125,9 @@ class TMazeEnv(gym.Env[np.ndarray, np.int64]):
             info["success"] = bool(success)
         return self._obs(), float(reward), terminated, False, info
 
-    def render(self) -> str | None:
+    def render(self) -> str | np.ndarray | None:
+        if self.render_mode == "rgb_array":
+            return self._image()
         if self.render_mode != "ansi":
             return None
         length = self.corridor_length
@@ -139,6 +143,18 @@ class TMazeEnv(gym.Env[np.ndarray, np.int64]):
                 row[self._x] = "A"
             rows.append("".join(row))
         return "\n".join(rows) + f"\nt={self._t}/{self.horizon}\n"
+
+    def _image(self, cell: int = 16) -> np.ndarray:
+        """(3 * cell, (L + 1) * cell, 3) uint8 picture: rows north / corridor / south, walls black."""
+        length = self.corridor_length
+        grid = np.zeros((3, length + 1, 3), dtype=np.uint8)
+        grid[1, :] = (128, 128, 128)
+        if self._t == 0:  # the cue is visible only at the first step
+            grid[1, 0] = (0, 160, 0) if self._goal == 1 else (160, 0, 0)
+        for y in (1, -1):
+            grid[1 - y, length] = (0, 200, 0) if y == self._goal else (200, 0, 0)
+        grid[1 - self._y, self._x] = (40, 80, 255)
+        return np.repeat(np.repeat(grid, cell, axis=0), cell, axis=1)
 
 
 def random_policy_return(
