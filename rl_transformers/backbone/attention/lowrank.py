@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from rl_transformers.backbone.attention.base import Attention
 from rl_transformers.backbone.context import ForwardContext
+from rl_transformers.backbone.options import check_choice, check_int
 from rl_transformers.backbone.registry import Capabilities, register
 from rl_transformers.backbone.state import State
 
@@ -43,7 +44,7 @@ CONTENT_POSITIONS = frozenset({"none", "input", "qk"})
 
 # ----------------------------------------------------------------------------------------------------- linformer
 Share = Literal["none", "headwise", "key_value", "layerwise"]
-SHARES = ("none", "headwise", "key_value", "layerwise")
+SHARES: tuple[str, ...] = get_args(Share)
 
 _LAYERWISE: weakref.WeakKeyDictionary[nn.Module, nn.Parameter] = weakref.WeakKeyDictionary()
 """The layer-shared projection of each backbone, keyed by the backbone's (single) position module."""
@@ -60,15 +61,8 @@ class LinformerOptions:
 
     def __post_init__(self) -> None:
         for name in ("k", "max_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"linformer {name} must be an int >= 1, got {value!r}")
-        if self.share not in SHARES:
-            import difflib
-
-            close = difflib.get_close_matches(str(self.share), SHARES, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"linformer share={self.share!r} is not one of {list(SHARES)}.{hint}")
+            check_int(f"linformer {name}", getattr(self, name), 1)
+        check_choice("linformer share", self.share, Share)
 
 
 @register(

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal, cast, get_args
 
 import torch
 import torch.nn.functional as F
@@ -32,14 +32,16 @@ from torch import Tensor, nn
 from rl_transformers.backbone.blocks import Block
 from rl_transformers.backbone.context import ForwardContext
 from rl_transformers.backbone.depth.base import Depth
+from rl_transformers.backbone.options import check_choice, check_int
 from rl_transformers.backbone.registry import register
 
-MEASURES = ("saturation", "softmax", "classifier")
+Measure = Literal["saturation", "softmax", "classifier"]
+MEASURES: tuple[str, ...] = get_args(Measure)
 
 
 @dataclass(frozen=True)
 class EarlyExitOptions:
-    measure: Literal["saturation", "softmax", "classifier"] = "saturation"
+    measure: Measure = "saturation"
     """Confidence measure: saturation (cosine between layers), softmax (needs confidence_head), classifier."""
     threshold: float = 0.99
     """Exit when confidence >= threshold (inf = never exit, 0 = exit after min_layers)."""
@@ -51,10 +53,8 @@ class EarlyExitOptions:
     """Apply exits in training mode too (default: train at full depth, exit at inference)."""
 
     def __post_init__(self) -> None:
-        if self.measure not in MEASURES:
-            raise ValueError(f"early_exit measure={self.measure!r} is not one of {list(MEASURES)}")
-        if self.min_layers < 1:
-            raise ValueError(f"min_layers must be >= 1, got {self.min_layers!r}")
+        check_choice("early_exit measure", self.measure, Measure)
+        check_int("early_exit min_layers", self.min_layers, 1)
 
 
 def top2_margin(logits: Tensor) -> Tensor:

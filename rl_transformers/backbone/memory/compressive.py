@@ -34,11 +34,10 @@ Shapes: B batch, L layers, T new tokens, W <= m_m + c - 1 uncompressed slots, C 
 
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -47,10 +46,12 @@ from torch import Tensor, nn
 from rl_transformers.backbone.attention.base import visible_mask
 from rl_transformers.backbone.context import ForwardContext, MemoryContext
 from rl_transformers.backbone.memory.base import Memory
+from rl_transformers.backbone.options import check_choice, check_int
 from rl_transformers.backbone.registry import Capabilities, register
 from rl_transformers.backbone.state import State
 
-COMPRESSIONS = ("max_pool", "mean_pool", "conv", "dilated_conv", "most_used")
+Compression = Literal["max_pool", "mean_pool", "conv", "dilated_conv", "most_used"]
+COMPRESSIONS: tuple[str, ...] = get_args(Compression)
 _ATTENTION = "compressive/attention"  # ctx.extras slot: {application: attention module}
 _USAGE = "compressive/usage"  # ctx.extras slot: {application: (B, S) attention received by each key}
 
@@ -84,20 +85,13 @@ class CompressiveOptions:
     """m_cm: compressed memories per layer."""
     rate: int = 2
     """c: compression rate (c evicted memories -> 1 compressed memory)."""
-    compression: str = "conv"
+    compression: Compression = "conv"
     """f_c: max_pool, mean_pool, conv (best in the paper), dilated_conv or most_used."""
 
     def __post_init__(self) -> None:
         for name in ("mem_len", "cmem_len", "rate"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"compressive {name} must be an int >= 1, got {value!r}")
-        if self.compression not in COMPRESSIONS:
-            close = difflib.get_close_matches(str(self.compression), COMPRESSIONS, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(
-                f"unknown compression {self.compression!r}.{hint} Valid compressions: {list(COMPRESSIONS)}"
-            )
+            check_int(f"compressive {name}", getattr(self, name), 1)
+        check_choice("compression", self.compression, Compression)
 
 
 def _set(conv: nn.Conv1d | nn.ConvTranspose1d, weight: Tensor) -> None:

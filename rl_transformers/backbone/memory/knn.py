@@ -31,11 +31,10 @@ Shapes: B batch, T new tokens, N store slots, H heads, D head dim; store keys/va
 
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -44,11 +43,14 @@ from torch import Tensor, nn
 from rl_transformers.backbone.context import ForwardContext, MemoryContext
 from rl_transformers.backbone.memory.base import Memory
 from rl_transformers.backbone.memory.xl import XLMemory, XLMemoryState, XLOptions
+from rl_transformers.backbone.options import check_choice, check_int
 from rl_transformers.backbone.registry import Capabilities, register
 from rl_transformers.backbone.state import State
 
-GATES = ("per_head", "spalm")
-INDEXES = ("exact", "faiss")
+Gate = Literal["per_head", "spalm"]
+Index = Literal["exact", "faiss"]
+GATES: tuple[str, ...] = get_args(Gate)
+INDEXES: tuple[str, ...] = get_args(Index)
 _ATTENTION = "knn/attention"  # ctx.extras slot: the kNN layer's attention module (for write)
 
 
@@ -65,13 +67,6 @@ class KNNMemoryState(State):
     ptr: Tensor
 
 
-def _choice(name: str, value: str, valid: tuple[str, ...]) -> None:
-    if value not in valid:
-        close = difflib.get_close_matches(str(value), valid, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown knn {name} {value!r}.{hint} Valid values: {list(valid)}")
-
-
 @dataclass(frozen=True)
 class KNNOptions:
     mem_len: int = 64
@@ -82,18 +77,16 @@ class KNNOptions:
     """k: entries retrieved per query and head (k >= store_size: attention over the whole store)."""
     layer: int | None = None
     """Index of the kNN-augmented layer (negative counts from the end); None = second-to-last (or the only)."""
-    gate: str = "per_head"
+    gate: Gate = "per_head"
     """per_head: g = σ(b_g) per head (Wu 2022); spalm: g_t = σ(w·x_t + b) per head (Yogatama 2021)."""
-    index: str = "exact"
+    index: Index = "exact"
     """exact: top-k in torch; faiss: faiss-cpu inner-product search (pip install faiss-cpu)."""
 
     def __post_init__(self) -> None:
         for name in ("mem_len", "store_size", "top_k"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"knn {name} must be an int >= 1, got {value!r}")
-        _choice("gate", self.gate, GATES)
-        _choice("index", self.index, INDEXES)
+            check_int(f"knn {name}", getattr(self, name), 1)
+        check_choice("knn gate", self.gate, Gate)
+        check_choice("knn index", self.index, Index)
 
 
 def resolve_layer(layer: int | None, n_layers: int) -> int:
