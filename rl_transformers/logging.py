@@ -10,8 +10,13 @@ Method: the trainer *records* named scalars during an iteration and *dumps* them
   values are written as ``NaN`` / ``Infinity`` (what Python's ``json`` reads back), never dropped.
 * stdout: a compact table grouped by tag prefix; pass ``stdout=False`` to switch it off.
 
-Hyper-parameters go to TensorBoard twice (``log_hparams``): as an HParams-plugin entry and as a markdown
-table under the text tag ``hyperparameters`` (the CleanRL habit, readable without the plugin).
+Hyper-parameters go to TensorBoard twice (``log_hparams``): as an HParams-plugin session (its hyper-parameters
+and status) and as a markdown table under the text tag ``hyperparameters`` (the CleanRL habit, readable without
+the plugin). No run writes an HParams *experiment* definition: TensorBoard's HParams plugin takes the first
+one it finds anywhere under ``--logdir`` (``backend_context._find_experiment_tag``), so in a log directory
+mixing algorithms (``runs/ppo/...`` beside ``runs/dt/...``) the other algorithm's hyper-parameters and metrics
+would be hidden. Without one, the plugin derives the experiment from every run (the union of the sessions'
+hyper-parameters and of their scalar tags), so each algorithm's runs show their own columns and metrics.
 
 Tags follow Stable-Baselines3 where a name exists. The logger never invents a tag (except the ``time/<name>_s``
 convention of :func:`measure_time`); the standard ones are listed in :data:`STANDARD_TAGS` and exposed as
@@ -328,14 +333,15 @@ class Logger:
     def log_hparams(
         self, hparams: Mapping[str, Any] | Any, metrics: Mapping[str, float | None], step: int | None = None
     ) -> None:
-        """Write an HParams-plugin entry and a markdown table (text tag ``hyperparameters``).
+        """Write an HParams-plugin session (no experiment definition, see the module docstring) and a markdown
+        table (text tag ``hyperparameters``).
 
         Args:
             hparams: a (nested) dict or dataclass config; nested keys are flattened to ``a.b.c``, values that
                 are not numbers/strings/bools become strings.
-            metrics: scalar tags the HParams dashboard should show for this run (e.g. ``{EP_REW_MEAN: None}``).
-                They are normally recorded by the training loop; a numeric value here is also written as a
-                scalar at ``step`` when ``step`` is given (e.g. final scores), otherwise values are ignored.
+            metrics: the run's key scalar tags (e.g. ``{EP_REW_MEAN: None}``). The HParams dashboard lists
+                every scalar tag of the runs; a numeric value here is also written as a scalar at ``step``
+                when ``step`` is given (e.g. final scores), otherwise values are ignored.
             step: see ``metrics``.
         """
         self._check_open()
@@ -346,9 +352,9 @@ class Logger:
         flat = {}
         for key, value in _flatten(to_jsonable(hparams, strict=False)).items():
             flat[key] = value if isinstance(value, bool | int | float | str) else json.dumps(value)
-        experiment, start_info, end_info = hparams_summary(flat, {k: 0.0 for k in metrics})
+        _experiment, start_info, end_info = hparams_summary(flat, {k: 0.0 for k in metrics})
         file_writer = self._writer._get_file_writer()
-        for summary in (experiment, start_info, end_info):
+        for summary in (start_info, end_info):  # no experiment definition: it would hide other algorithms
             file_writer.add_summary(summary)
         if step is not None:
             for key, value in metrics.items():

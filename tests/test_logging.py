@@ -92,14 +92,13 @@ def test_hparams_entry_and_markdown_table(tmp_path: Path) -> None:
         logger.text("notes", "hello")
     acc = _events(tmp_path)
     content = acc.PluginTagToContent("hparams")
-    assert {"_hparams_/experiment", "_hparams_/session_start_info"} <= set(content)
+    assert "_hparams_/session_start_info" in content
+    assert "_hparams_/experiment" not in content  # TensorBoard derives it from all runs (mixed algorithms)
     start = HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
     assert start.hparams["learning_rate"].number_value == pytest.approx(3e-4)
     assert start.hparams["backbone.n_layers"].number_value == 2
     assert start.hparams["backbone.attention"].string_value == "full"
     assert start.hparams["seeds"].string_value == "[1, 2]"
-    experiment = HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
-    assert {m.name.tag for m in experiment.metric_infos} == {"rollout/ep_rew_mean", "eval/mean_reward"}
     # a metric with a value and a step is also written as a scalar; one without is only declared
     assert [(e.step, e.value) for e in acc.Scalars("eval/mean_reward")] == [(5, 12.0)]
     assert "rollout/ep_rew_mean" not in acc.Tags()["scalars"]
@@ -206,3 +205,57 @@ def test_standard_tags_use_sb3_names() -> None:
     assert rl_logging.FPS == "time/fps"
     assert rl_logging.APPROX_KL == "train/approx_kl"
     assert all(tag.split("/")[0] in {"rollout", "train", "time", "eval"} for tag in STANDARD_TAGS)
+
+
+def tensorboard_experiment(logdir: Path) -> tuple[list[str], list[str]]:
+    """(hyper-parameter names, metric tags) the TensorBoard HParams dashboard shows for ``--logdir logdir``,
+    computed by TensorBoard's own HParams backend over its event multiplexer."""
+    from tensorboard import context
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from tensorboard.plugins.hparams import backend_context
+
+    mux = plugin_event_multiplexer.EventMultiplexer()
+    mux.AddRunsFromDirectory(str(logdir))
+    mux.Reload()
+    provider = data_provider.MultiplexerDataProvider(mux, str(logdir))
+    backend = backend_context.Context(
+        base_plugin.TBContext(logdir=str(logdir), data_provider=provider, multiplexer=mux)
+    )
+    ctx = context.RequestContext()
+    experiment = backend.experiment_from_metadata(
+        ctx, "", True, backend.hparams_metadata(ctx, ""), backend.hparams_from_data_provider(ctx, "", 1000)
+    )
+    return [h.name for h in experiment.hparam_infos], [m.name.tag for m in experiment.metric_infos]
+
+
+def _fake_run(run_dir: Path, hparams: dict, scalars: dict[str, float]) -> None:
+    with Logger(run_dir, stdout=False) as logger:
+        logger.log_hparams(hparams, {k: None for k in scalars})
+        for key, value in scalars.items():
+            logger.record(key, value)
+        logger.dump(1)
+
+
+def test_mixed_logdir_shows_every_algorithms_hparams_and_metrics(tmp_path: Path) -> None:
+    _fake_run(tmp_path / "ppo" / "a", {"ppo": {"learning_rate": 3e-4}}, {"rollout/ep_rew_mean": 1.0})
+    _fake_run(tmp_path / "dt" / "b", {"dataset": "x.hdf5"}, {"eval/return_mean": 2.0})
+    names, metrics = tensorboard_experiment(tmp_path)
+    assert {"ppo.learning_rate", "dataset"} <= set(names)
+    assert {"rollout/ep_rew_mean", "eval/return_mean"} <= set(metrics)
+
+    # The old layout (an experiment definition in every run) hid one algorithm: the check above would fail.
+    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard.summary import hparams as hparams_summary
+
+    old = tmp_path / "old"
+    for name, hp, metric in (
+        ("ppo", {"lr": 1.0}, "rollout/ep_rew_mean"),
+        ("dt", {"ds": "x"}, "eval/return_mean"),
+    ):
+        with SummaryWriter(str(old / name)) as writer:
+            for summary in hparams_summary(hp, {metric: 0.0}):
+                writer._get_file_writer().add_summary(summary)
+            writer.add_scalar(metric, 1.0, 1)
+    _, old_metrics = tensorboard_experiment(old)
+    assert len(set(old_metrics) & {"rollout/ep_rew_mean", "eval/return_mean"}) == 1
