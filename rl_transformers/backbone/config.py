@@ -104,6 +104,16 @@ class BackboneConfig:
         """Feed-forward hidden width."""
         return self.d_ff if self.d_ff is not None else 4 * self.d_model
 
+    @property
+    def aux_loss_names(self) -> tuple[str, ...]:
+        """Names the selected entries may add to ``BackboneOutput.aux_losses`` (their ``aux_losses`` attribute)."""
+        names: list[str] = []
+        for kind in KINDS:
+            name = getattr(self, kind)
+            if name is not None:
+                names += getattr(registry.get(kind, name).cls, "aux_losses", ())
+        return tuple(names)
+
     def options(self, kind: str) -> Any:
         """The typed options dataclass of the ``kind`` entry (attention, position, memory, block, depth)."""
         check_choice("kind", kind, KINDS)

@@ -58,6 +58,8 @@ def span_ramp(distance: Tensor, span: Tensor, ramp: int) -> Tensor:
     capabilities=Capabilities(causal=True, exact=True, streaming="exact", noncausal=False),
 )
 class AdaptiveSpanAttention(Attention):
+    aux_losses = ("adaptive_span_l1",)  # names this entry adds to BackboneOutput.aux_losses
+
     def __init__(self, cfg: Any, options: AdaptiveSpanOptions, position: Any, layer: int) -> None:
         super().__init__(cfg, options, position, layer)
         if options.dynamic:

@@ -264,6 +264,7 @@ def band_attention(
     capabilities=Capabilities(causal=True, exact=False, streaming="exact", noncausal=True),
 )
 class RoutingAttention(Attention):
+    aux_losses = ("routing_commitment",)  # names this entry adds to BackboneOutput.aux_losses
     centroids: Tensor
     """(Hr, k, D) unit centroids of the routing heads (a buffer, updated in training only)."""
 

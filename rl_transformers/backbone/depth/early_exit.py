@@ -68,6 +68,8 @@ def top2_margin(logits: Tensor) -> Tensor:
 
 @register("depth", "early_exit", options=EarlyExitOptions)
 class EarlyExitDepth(Depth):
+    aux_losses = ("early_exit_classifier",)  # names this entry adds to BackboneOutput.aux_losses (classifier)
+
     def __init__(self, cfg: Any, options: EarlyExitOptions, make_block: Callable[[int], Block]) -> None:
         super().__init__(cfg, options, make_block)
         self.blocks = nn.ModuleList(make_block(i) for i in range(cfg.n_layers))

@@ -45,6 +45,8 @@ class UniversalOptions:
 
 @register("depth", "universal", options=UniversalOptions)
 class UniversalDepth(Depth):
+    aux_losses = ("act_ponder",)  # names this entry adds to BackboneOutput.aux_losses
+
     def __init__(self, cfg: Any, options: UniversalOptions, make_block: Callable[[int], Block]) -> None:
         super().__init__(cfg, options, make_block)
         self.block = make_block(0)

@@ -213,6 +213,8 @@ def content_attention(q: Tensor, k: Tensor, v: Tensor, valid: Tensor) -> Tensor:
     capabilities=Capabilities(causal=True, exact=False, streaming="window", noncausal=False),
 )
 class CompressiveMemory(Memory):
+    aux_losses = ("compressive_autoencoding", "compressive_attention_reconstruction")  # to aux_losses
+
     def __init__(self, cfg: Any, options: CompressiveOptions) -> None:
         super().__init__(cfg, options)
         self.compressors = nn.ModuleList(
