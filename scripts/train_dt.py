@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import json
 
-import tyro
-
 from rl_transformers.algos.dt import DTConfig, cleanup_distributed, train
 from rl_transformers.utils.cli import cli_registry  # BackboneConfig flags, *_options as JSON
 from rl_transformers.utils.errors import run_cli
+from rl_transformers.utils.resume import parse_cli  # --resume: flags default to the saved config
 
 
 def main(config: DTConfig) -> None:
@@ -37,4 +36,4 @@ def main(config: DTConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(lambda: main(tyro.cli(DTConfig, registry=cli_registry(), description=__doc__)))
+    run_cli(lambda: main(parse_cli(DTConfig, registry=cli_registry(), description=__doc__)))

@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import sys
 
-import tyro
-
 from rl_transformers.algos.ppo import TrainConfig, train
+from rl_transformers.algos.ppo_config import RESUME_PER_INVOCATION
 from rl_transformers.utils import NonFiniteError
 from rl_transformers.utils.cli import cli_registry
 from rl_transformers.utils.errors import run_cli
+from rl_transformers.utils.resume import parse_cli  # --resume: flags default to the saved config
 
 
 def main() -> int:
-    cfg = tyro.cli(TrainConfig, registry=cli_registry(), description=__doc__)
+    cfg = parse_cli(
+        TrainConfig, per_invocation=RESUME_PER_INVOCATION, registry=cli_registry(), description=__doc__
+    )
     try:
         result = train(cfg)
     except NonFiniteError:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 import torch
 
 torch.set_num_threads(1)
+# checkpoint signing key (rl_transformers.utils.trust) in a throw-away directory, never the user's own
+os.environ["RLT_HOME"] = tempfile.mkdtemp(prefix="rlt_home_")
 
 
 @pytest.fixture(autouse=True)

@@ -25,7 +25,6 @@ rank's RNG states, so a resume continues each rank's stream. Run layout and resu
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import math
@@ -42,7 +41,7 @@ import torch
 from torch import nn
 
 from rl_transformers.algos.distributed import any_rank, gather_objects, setup_distributed
-from rl_transformers.algos.dt_config import DTConfig
+from rl_transformers.algos.dt_config import RESUME_MUTABLE, DTConfig
 from rl_transformers.algos.dt_data import TrajectoryDataset
 from rl_transformers.logging import Logger
 from rl_transformers.policies.decision_transformer import (
@@ -54,7 +53,6 @@ from rl_transformers.utils import (
     GracefulInterrupt,
     capture_rng_state,
     check_finite,
-    from_dict,
     latest_checkpoint,
     linear_warmup,
     load_checkpoint,
@@ -65,6 +63,8 @@ from rl_transformers.utils import (
     set_threads,
     to_jsonable,
 )
+from rl_transformers.utils.errors import UserError
+from rl_transformers.utils.resume import merge_resume, saved_config
 
 BEST_METRIC = "eval/return_mean"
 
@@ -173,9 +173,18 @@ def evaluate(
 
 def load_policy(path: str | Path, device: str | torch.device = "cpu") -> DecisionTransformer:
     """The model of a checkpoint file or run directory (weights + normalisation), in eval mode."""
-    ckpt = load_checkpoint(path, map_location=device)
-    model = DecisionTransformer.from_kwargs(ckpt["model_kwargs"])
-    model.load_state_dict(ckpt["model"])
+    source = latest_checkpoint(path) or Path(path)
+    ckpt = load_checkpoint(source, map_location=device)
+    missing = [k for k in ("model", "model_kwargs") if k not in ckpt]
+    if missing or not isinstance(ckpt.get("model_kwargs"), dict):
+        raise UserError(f"checkpoint {source} lacks {missing or ['model_kwargs']}: not a DT checkpoint")
+    try:
+        model = DecisionTransformer.from_kwargs(ckpt["model_kwargs"])
+        model.load_state_dict(ckpt["model"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        raise UserError(
+            f"checkpoint {source}: its model does not rebuild ({type(err).__name__}: {err})"
+        ) from err
     return model.to(device).eval()
 
 
@@ -187,17 +196,23 @@ def _dataset_name(config: DTConfig, info: Any) -> str:
 
 
 def _resolve_resume(config: DTConfig) -> tuple[DTConfig, dict[str, Any] | None, Path | None]:
+    """The merged config, checkpoint and run directory of ``config.resume`` (rules: ``utils/resume.py``)."""
     if config.resume is None:
         return config, None, None
     path = latest_checkpoint(config.resume)
     if path is None:
-        raise FileNotFoundError(
-            f"--resume {config.resume}: no checkpoint (last.pt / step_<n>.pt) found there"
-        )
+        raise UserError(f"--resume {config.resume}: no checkpoint (last.pt / step_<n>.pt) found there")
     ckpt = load_checkpoint(path)
-    saved = from_dict(DTConfig, ckpt["config"])
-    keep = ("total_steps", "device", "threads", "progress", "log_stdout")
-    merged = dataclasses.replace(saved, resume=config.resume, **{k: getattr(config, k) for k in keep})
+    missing = [k for k in ("model", "optimizer", "scheduler", "step", "rng", "sampler_rng") if k not in ckpt]
+    if missing:
+        raise UserError(f"checkpoint {path} lacks {missing}: not a DT checkpoint of rl_transformers")
+    merged = merge_resume(
+        saved_config(DTConfig, ckpt, path),
+        config,
+        mutable=RESUME_MUTABLE,
+        per_invocation=("resume",),
+        source=config.resume,
+    )
     run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
     return merged, ckpt, run_dir
 
@@ -338,9 +353,18 @@ class DTTrainer:
 
     # -- evaluation -------------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        """Roll out every target (rank 0); eval scalars by tag, episodes written to eval/step_<n>.json."""
+        """Roll out every target (rank 0); eval scalars by tag, episodes written to eval/step_<n>.json.
+
+        The global RNG states are restored afterwards: evaluating never changes the training stream."""
         if not self.eval_envs:
             return {}
+        rng = capture_rng_state()
+        try:
+            return self._evaluate()
+        finally:
+            restore_rng_state(rng)
+
+    def _evaluate(self) -> dict[str, float]:
         config, info = self.config, self.info
         results = evaluate(
             self.model,
@@ -451,22 +475,23 @@ class DTTrainer:
                     final = self.step >= config.total_steps
                     eval_now = final or (config.eval_every > 0 and self.step % config.eval_every == 0)
                     stop_now = any_rank(stop.requested, self.dist)
-                    metric = None
+                    if eval_now or stop_now or self.step % config.save_every == 0:
+                        # saved before evaluating: an evaluation error never loses training
+                        payload = self.checkpoint()  # every rank takes part (RNG gather)
+                        if self.manager is not None and payload is not None:
+                            self.manager.save(payload, self.step)
                     if eval_now and self.dist.is_main:
                         t_eval = time.perf_counter()
                         values = self.evaluate()
                         window.start += time.perf_counter() - t_eval  # throughput counts updates only
                         result.evaluations[self.step] = values
-                        metric = values.get(BEST_METRIC)
+                        if self.manager is not None:
+                            self.manager.update_metric(self.step, values.get(BEST_METRIC))
                         if logger is not None:
                             for key, value in values.items():
                                 logger.record(key, value)
                     if logger is not None and (log_now or eval_now):
                         logger.dump(self.step)
-                    if eval_now or stop_now or self.step % config.save_every == 0:
-                        payload = self.checkpoint()  # every rank takes part (RNG gather)
-                        if self.manager is not None and payload is not None:
-                            self.manager.save(payload, self.step, metric_value=metric)
                     if stop_now:
                         result.interrupted = True
                         break

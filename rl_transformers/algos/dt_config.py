@@ -86,8 +86,9 @@ class DTConfig:
     runs_dir: Path = Path("runs")
     """Root of run directories: <runs_dir>/<algo>/<dataset>/<YYYYmmdd-HHMMSS>-s<seed>/."""
     resume: Path | None = None
-    """Run directory or checkpoint to continue (its saved config is used; total_steps, device, threads,
-    progress and logging flags come from this invocation)."""
+    """Run directory or checkpoint to continue. Flags default to the saved config; of those given, the ones in
+    RESUME_MUTABLE (budget, evaluation, targets, saving, logging, device, threads) apply, any other that
+    differs from the saved value is refused (rl_transformers/utils/resume.py)."""
     progress: bool = True
     """Show a progress bar."""
     log_stdout: bool = False
@@ -124,3 +125,22 @@ class DTConfig:
             raise ValueError(f"max_ep_len must be >= 1 or None, got {self.max_ep_len!r}")
         if not self.backbone.causal:
             raise ValueError("the Decision Transformer needs backbone.causal=True")
+
+
+RESUME_MUTABLE = (
+    "total_steps",
+    "target_returns",
+    "eval_every",
+    "eval_episodes",
+    "eval_envs",
+    "eval_seed",
+    "log_every",
+    "save_every",
+    "keep_checkpoints",
+    "progress",
+    "log_stdout",
+    "device",
+    "threads",
+)
+"""Fields a ``--resume`` may change; any other field that differs from the saved value is refused. The
+learning rate needs no re-anchoring: after the warm-up it is constant, so a larger budget continues it."""

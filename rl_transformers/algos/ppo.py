@@ -12,16 +12,26 @@ One update, read top to bottom in :meth:`PPOTrainer.learn`: collect a rollout (`
 steps, one token per env per step under ``torch.inference_mode``) -> GAE -> ``update_epochs`` x
 ``num_minibatches`` gradient steps -> log (SB3 tags) -> evaluate / checkpoint when due. A run directory
 ``runs/ppo/<env>/<YYYYmmdd-HHMMSS>-s<seed>/`` holds ``config.json``, TensorBoard events, ``progress.jsonl`` and
-``checkpoints/``. Checkpoints hold the model, optimizer, RNG states, the env-step counter, the envs themselves
-(SyncVectorEnv, pickled) and the rollout loop state, so a resumed single-process CPU run continues bit-exactly.
+``checkpoints/``. Checkpoints hold the model, optimizer, RNG states, the env-step counter, the learning-rate
+anchor, and (single process, sync envs) the envs themselves with the rollout loop state as one pickled blob
+signed with this user's key (:mod:`rl_transformers.utils.trust`), so a resumed single-process CPU run of one's
+own continues bit-exactly; a blob that does not verify is never unpickled (fresh episodes, with a warning).
+
+Resume (:mod:`rl_transformers.utils.resume`): flags in ``RESUME_MUTABLE`` apply, other changed flags are
+refused. Learning-rate rule: the rate anneals linearly from an anchor ``(update u0, rate lr0)`` to 0 at the
+last update, ``lr(u) = lr0 * (1 - (u - u0) / (num_updates - u0))``; a fresh run anchors at ``(0,
+learning_rate)``. A resume that changes the budget (hence ``num_updates``) re-anchors at the checkpoint's
+update with the rate the run had reached there, so the rate never jumps: it continues from that value
+down to 0 over the remaining updates. An unchanged budget keeps the anchor (bit-exact continuation).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import pickle
 import sys
 import time
+import warnings
 from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,7 +74,7 @@ from rl_transformers.utils import (
     NonFiniteError,
     available_cores,
     capture_rng_state,
-    from_dict,
+    latest_checkpoint,
     linear_schedule,
     load_checkpoint,
     make_run_dir,
@@ -74,15 +84,12 @@ from rl_transformers.utils import (
     set_threads,
     to_jsonable,
 )
+from rl_transformers.utils.errors import UserError
+from rl_transformers.utils.resume import saved_config
+from rl_transformers.utils.trust import UntrustedBlob, load_signed, sign_blob
 
-
-def _to_bytes_tensor(obj: Any) -> torch.Tensor:
-    """Pickle ``obj`` into a uint8 tensor (checkpoints stay loadable with ``weights_only=True``)."""
-    return torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-
-
-def _from_bytes_tensor(t: torch.Tensor) -> Any:
-    return pickle.loads(t.numpy().tobytes())
+RESUME_BLOB = "resume_state"
+"""Checkpoint key of the signed (envs, loop) blob."""
 
 
 def _move_loop(loop: LoopState, device: torch.device | str) -> LoopState:
@@ -200,6 +207,8 @@ class PPOTrainer:
             )
         self.global_step = 0
         self.update = 0
+        self.lr_anchor: tuple[int, float] = (0, ppo.learning_rate)
+        """(update, rate) the linear anneal starts from (see the module docstring)."""
         self.episode_returns: deque[float] = deque(maxlen=100)
         self.episode_lengths: deque[int] = deque(maxlen=100)
 
@@ -310,7 +319,16 @@ class PPOTrainer:
                 logger.record(name if name.startswith("backbone/") else f"backbone/{name}", value)
 
     def evaluate(self, n_episodes: int, deterministic: bool = True) -> tuple[np.ndarray, np.ndarray]:
-        """Returns and lengths of ``n_episodes`` fresh episodes (seeded from the run seed and the step)."""
+        """Returns and lengths of ``n_episodes`` fresh episodes (seeded from the run seed and the step).
+
+        The global RNG states are restored afterwards, so evaluating never changes the training stream."""
+        rng = capture_rng_state()
+        try:
+            return self._evaluate(n_episodes, deterministic)
+        finally:
+            restore_rng_state(rng)
+
+    def _evaluate(self, n_episodes: int, deterministic: bool) -> tuple[np.ndarray, np.ndarray]:
         return evaluate_policy(
             self.policy,
             self.cfg.env_id,
@@ -323,38 +341,57 @@ class PPOTrainer:
         )
 
     # -- checkpoints ----------------------------------------------------------------------------------------
+    def learning_rate(self, update: int | None = None) -> float:
+        """The rate of ``update`` (default: the current one) under the anchored linear anneal."""
+        ppo = self.cfg.ppo
+        if not ppo.anneal_lr:
+            return ppo.learning_rate
+        u = self.update if update is None else update
+        u0, lr0 = self.lr_anchor
+        return linear_schedule(lr0, 0.0, (u - u0) / max(self.num_updates - u0, 1))
+
     def checkpoint_state(self) -> dict[str, Any]:
-        envs_blob = None
+        blob = None
         if isinstance(self.envs, gym.vector.SyncVectorEnv):
-            envs_blob = _to_bytes_tensor(self.envs.envs)
+            blob = sign_blob((self.envs.envs, _move_loop(self.loop, "cpu")), RESUME_BLOB)
         return {
-            "config": to_jsonable(self.cfg),
+            "config": to_jsonable(dataclasses.replace(self.cfg, resume=None, trust_checkpoint=False)),
             "policy": self.policy.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "global_step": self.global_step,
             "update": self.update,
+            "num_updates": self.num_updates,
+            "lr_anchor": {"update": self.lr_anchor[0], "lr": self.lr_anchor[1]},
+            "spaces": _describe_spaces(self.envs.single_observation_space, self.envs.single_action_space),
             "rng": capture_rng_state(),
             "generator": self.generator.get_state(),
             "episode_returns": list(self.episode_returns),
             "episode_lengths": list(self.episode_lengths),
-            "loop": _to_bytes_tensor(_move_loop(self.loop, "cpu")),
-            "envs": envs_blob,
+            RESUME_BLOB: blob,
         }
 
-    def load_checkpoint_state(self, ckpt: dict[str, Any]) -> None:
-        """Restore everything :meth:`checkpoint_state` saved (envs and loop only on rank 0 with sync envs)."""
-        self.policy.load_state_dict(ckpt["policy"])
+    def load_checkpoint_state(self, ckpt: dict[str, Any], source: str | Path = "checkpoint") -> None:
+        """Restore everything :meth:`checkpoint_state` saved (envs and loop only on rank 0 with sync envs,
+        and only from a blob signed with this user's key unless ``cfg.trust_checkpoint``)."""
+        missing = [k for k in ("policy", "optimizer", "global_step", "update") if k not in ckpt]
+        if missing:
+            raise UserError(f"checkpoint {source} lacks {missing}: not a PPO checkpoint of rl_transformers")
+        load_policy_weights(
+            self.policy,
+            ckpt,
+            source,
+            self.envs.single_observation_space,
+            self.envs.single_action_space,
+            self.cfg.env_id,
+        )
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.global_step = int(ckpt["global_step"])
         self.update = int(ckpt["update"])
-        self.episode_returns.extend(float(r) for r in ckpt["episode_returns"])
-        self.episode_lengths.extend(int(n) for n in ckpt["episode_lengths"])
-        exact = ckpt.get("envs") is not None and self.dist.is_main and hasattr(self.envs, "envs")
+        self.episode_returns.extend(float(r) for r in ckpt.get("episode_returns", []))
+        self.episode_lengths.extend(int(n) for n in ckpt.get("episode_lengths", []))
+        self._restore_schedule(ckpt)
+        exact = self._restore_envs(ckpt, source)
         if exact:
-            for env in self.envs.envs:
-                env.close()
-            self.envs.envs = _from_bytes_tensor(ckpt["envs"])
-            self.loop = _move_loop(_from_bytes_tensor(ckpt["loop"]), self.device)
             restore_rng_state(ckpt["rng"])
             self.generator.set_state(ckpt["generator"])
         else:  # fresh episodes; different seeds than the start so no episode repeats
@@ -362,6 +399,47 @@ class PPOTrainer:
             self.loop = reset_loop(self.envs, self.policy, seed, self.device)
             seed_everything(seed, self.cfg.torch_deterministic)
             self.generator.manual_seed(seed)
+
+    def _restore_schedule(self, ckpt: dict[str, Any]) -> None:
+        anchor = ckpt.get("lr_anchor") or {"update": 0, "lr": self.cfg.ppo.learning_rate}
+        self.lr_anchor = (int(anchor["update"]), float(anchor["lr"]))
+        saved_updates = int(ckpt.get("num_updates", self.num_updates))
+        if saved_updates != self.num_updates:  # budget changed: continue from the rate reached here
+            u0, lr0 = self.lr_anchor
+            reached = linear_schedule(lr0, 0.0, (self.update - u0) / max(saved_updates - u0, 1))
+            self.lr_anchor = (self.update, reached if self.cfg.ppo.anneal_lr else self.cfg.ppo.learning_rate)
+
+    def _restore_envs(self, ckpt: dict[str, Any], source: str | Path) -> bool:
+        """Put back the pickled envs + loop when allowed; False (fresh episodes) otherwise."""
+        if not (self.dist.is_main and isinstance(self.envs, gym.vector.SyncVectorEnv)):
+            return False
+        entry = ckpt.get(RESUME_BLOB)
+        if entry is None and isinstance(ckpt.get("envs"), torch.Tensor) and "loop" in ckpt:
+            entry = "legacy"  # written before blobs were signed: two unsigned pickles
+        if entry is None:
+            return False
+        trust = self.cfg.trust_checkpoint
+        try:
+            if entry == "legacy":
+                if not trust:
+                    raise UntrustedBlob("it was written by an older version, without a signature")
+                envs = load_signed({"data": ckpt["envs"]}, "envs", trust=True)
+                loop = load_signed({"data": ckpt["loop"]}, "loop", trust=True)
+            else:
+                envs, loop = load_signed(entry, RESUME_BLOB, trust=trust)
+        except UntrustedBlob as why:
+            warnings.warn(
+                f"checkpoint {source}: its saved environments are not unpickled ({why}). The run resumes "
+                "with fresh episodes (policy, optimizer and counters restored; not bit-exact). If you trust "
+                "this file, pass --trust-checkpoint to restore them.",
+                stacklevel=3,
+            )
+            return False
+        for env in self.envs.envs:
+            env.close()
+        self.envs.envs = envs
+        self.loop = _move_loop(loop, self.device)
+        return True
 
     # -- the loop -------------------------------------------------------------------------------------------
     def learn(
@@ -389,13 +467,18 @@ class PPOTrainer:
         try:
             with GracefulInterrupt(message=main) as interrupt:
                 while self.update < self.num_updates:
-                    lr = ppo.learning_rate
-                    if ppo.anneal_lr:
-                        lr = linear_schedule(ppo.learning_rate, 0.0, self.update / self.num_updates)
+                    lr = self.learning_rate()
                     for group in self.optimizer.param_groups:
                         group["lr"] = lr
                     self.loop, episodes = collect_rollout(
-                        self.policy, self.envs, self.storage, self.loop, ppo.gamma, ppo.gae_lambda
+                        self.policy,
+                        self.envs,
+                        self.storage,
+                        self.loop,
+                        ppo.gamma,
+                        ppo.gae_lambda,
+                        env_id=cfg.env_id,
+                        global_step=self.global_step,
                     )
                     for ret, length in episodes:
                         self.episode_returns.append(ret)
@@ -408,28 +491,28 @@ class PPOTrainer:
                     fps = (self.global_step - start_step) / max(time.perf_counter() - start_time, 1e-9)
                     if logger is not None:
                         self._record(logger, metrics, lr, fps)
-                    eval_value = None
-                    if (
-                        cfg.eval_every
-                        and _crossed(self.global_step, self.batch_size, cfg.eval_every)
-                        and main
-                    ):
+                    eval_due = bool(cfg.eval_every) and _crossed(
+                        self.global_step, self.batch_size, cfg.eval_every
+                    )
+                    save_due = cfg.save_every and _crossed(self.global_step, self.batch_size, cfg.save_every)
+                    if checkpoints is not None and (save_due or eval_due):
+                        # saved *before* evaluating (an evaluation error loses no training); every evaluation
+                        # saves, so best.pt is the evaluated model (as the DT trainer does)
+                        self._save(checkpoints)
+                        last_saved = self.global_step
+                    if eval_due and main:
                         rets, lens = self.evaluate(cfg.eval_episodes)
                         if logger is not None:
                             logger.record(rlt_logging.EVAL_MEAN_REWARD, float(rets.mean()))
                             logger.record(rlt_logging.EVAL_MEAN_EP_LENGTH, float(lens.mean()))
-                        eval_value = float(rets.mean())
+                        if checkpoints is not None:
+                            checkpoints.update_metric(self.global_step, float(rets.mean()))
                     if logger is not None:
                         logger.dump(self.global_step)
                     if pbar is not None:
                         recent = f"{np.mean(self.episode_returns):.3g}" if self.episode_returns else "n/a"
                         pbar.set_postfix(fps=f"{fps:.0f}", ret=recent, refresh=False)
                         pbar.update(self.batch_size)
-                    save_due = cfg.save_every and _crossed(self.global_step, self.batch_size, cfg.save_every)
-                    if checkpoints is not None and (save_due or eval_value is not None):
-                        # every evaluation saves, so best.pt is the evaluated model (as the DT trainer does)
-                        self._save(checkpoints, eval_value)
-                        last_saved = self.global_step
                     if callback is not None and callback(self) is False:
                         stopped = True
                     if allreduce_max(float(interrupt.requested), self.dist) > 0:
@@ -475,12 +558,11 @@ class PPOTrainer:
             flat[0], flat[1 : 1 + size].view_as(total), flat[1 + size :].view_as(total_sq)
         )
 
-    def _save(self, checkpoints: CheckpointManager, eval_value: float | None = None) -> None:
-        """Checkpoint this step; ``eval_value``: the evaluation of *this* model (selects best.pt)."""
+    def _save(self, checkpoints: CheckpointManager) -> None:
+        """Checkpoint this step (its evaluation, if any, is attached afterwards by ``update_metric``)."""
         if not self.dist.is_main:
             return
-        value = eval_value if checkpoints.metric is not None else None
-        checkpoints.save(self.checkpoint_state(), self.global_step, metric_value=value)
+        checkpoints.save(self.checkpoint_state(), self.global_step)
 
     def close(self) -> None:
         self.envs.close()
@@ -513,17 +595,30 @@ def train(
     run_dir: Path | None = None,
     callback: Callable[[PPOTrainer], bool | None] | None = None,
 ) -> TrainResult:
-    """Build (or resume) a run, train it, close it. Only rank 0 writes the run directory."""
+    """Build (or resume) a run, train it, close it. Only rank 0 writes the run directory.
+
+    With ``cfg.resume`` the saved config is merged with ``cfg`` by :func:`resume_config` (changed frozen
+    fields are refused; see :mod:`rl_transformers.utils.resume`)."""
     ckpt = None
+    source: Path | None = None
     if cfg.resume is not None:
-        ckpt = load_checkpoint(cfg.resume)
-        cfg = resume_config(from_dict(TrainConfig, ckpt["config"]), cfg)
+        source = latest_checkpoint(cfg.resume)
+        if source is None:
+            raise UserError(f"--resume {cfg.resume}: no checkpoint (last.pt / step_<n>.pt) found there")
+        ckpt = load_checkpoint(source)
+        cfg = resume_config(saved_config(TrainConfig, ckpt, source), cfg, source=cfg.resume)
         run_dir = run_dir_of(Path(cfg.resume))
     set_threads(cfg.threads or max(1, available_cores() // launched_context().local_world_size))
     dist, device = setup_distributed(cfg.device)
     trainer = PPOTrainer(cfg, dist, device)
     if ckpt is not None:
-        trainer.load_checkpoint_state(ckpt)
+        trainer.load_checkpoint_state(ckpt, source or "checkpoint")
+        if trainer.update >= trainer.num_updates and dist.is_main:
+            print(
+                f"resume: the run is already at step {trainer.global_step} >= --total-timesteps "
+                f"{cfg.total_timesteps}; nothing to train (raise --total-timesteps to continue)",
+                file=sys.stderr,
+            )
     logger = checkpoints = None
     try:
         if dist.is_main:
@@ -546,16 +641,57 @@ def train(
 
 
 # -- loading and measuring ----------------------------------------------------------------------------------
+def _describe_spaces(obs: gym.Space, act: gym.Space) -> dict[str, str]:
+    return {"observation": str(obs), "action": str(act)}
+
+
+def load_policy_weights(
+    policy: ActorCritic,
+    ckpt: dict[str, Any],
+    source: str | Path,
+    obs_space: gym.Space,
+    act_space: gym.Space,
+    env_id: str,
+) -> None:
+    """``policy.load_state_dict(ckpt["policy"])`` with a clear error when the env's spaces differ from the
+    ones the checkpoint was trained on (instead of a raw state_dict size mismatch)."""
+    here = _describe_spaces(obs_space, act_space)
+    saved = ckpt.get("spaces")
+    mismatch = isinstance(saved, dict) and saved != here
+    if not mismatch:
+        try:
+            policy.load_state_dict(ckpt["policy"])
+            return
+        except (RuntimeError, KeyError, TypeError) as err:
+            if isinstance(saved, dict):
+                raise UserError(f"checkpoint {source}: its policy weights do not load: {err}") from None
+    saved_text = (
+        f"observation space {saved.get('observation')}, action space {saved.get('action')}"
+        if isinstance(saved, dict)
+        else "other spaces (the weight shapes differ)"
+    )
+    raise UserError(
+        f"checkpoint {source} was trained on {saved_text}; env {env_id!r} has observation space "
+        f"{here['observation']}, action space {here['action']}. Evaluate it on the env it was trained on."
+    )
+
+
 def load_policy(path: str | Path, device: str | torch.device = "cpu") -> tuple[ActorCritic, TrainConfig]:
     """The policy of a checkpoint (file or run directory) and the run's config."""
-    ckpt = load_checkpoint(path, map_location=device)
-    cfg = from_dict(TrainConfig, ckpt["config"])
+    source = latest_checkpoint(path) or Path(path)
+    ckpt = load_checkpoint(source, map_location=device)
+    cfg = saved_config(TrainConfig, ckpt, source)
+    if "policy" not in ckpt:
+        raise UserError(
+            f"checkpoint {source} has no 'policy' weights: not a PPO checkpoint of rl_transformers"
+        )
     from rl_transformers.algos.rollout import make_env_thunk
 
     env = make_env_thunk(cfg.env_id, cfg.env_kwargs)()
-    policy = make_policy(cfg.policy, env.observation_space, env.action_space).to(device)
+    obs_space, act_space = env.observation_space, env.action_space
     env.close()
-    policy.load_state_dict(ckpt["policy"])
+    policy = make_policy(cfg.policy, obs_space, act_space).to(device)
+    load_policy_weights(policy, ckpt, source, obs_space, act_space, cfg.env_id)
     return policy, cfg
 
 

@@ -7,7 +7,6 @@ saved ``config.json`` of a run is a :class:`TrainConfig`; :func:`resume_config` 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
@@ -113,8 +112,13 @@ class TrainConfig:
     run_root: str = "runs"
     """Root of run directories: <run_root>/ppo/<env>/<YYYYmmdd-HHMMSS>-s<seed>/."""
     resume: str | None = None
-    """Checkpoint file or run directory to resume. Its saved config is used, except --total-timesteps,
-    --device, --threads, --progress, --verbose, --eval-every and --save-every when given."""
+    """Checkpoint file or run directory to resume. Flags default to the saved config; of those given, the
+    ones in RESUME_MUTABLE (budget, evaluation, saving, logging, device, threads) apply, any other that
+    differs from the saved value is refused (rl_transformers/utils/resume.py)."""
+    trust_checkpoint: bool = False
+    """With --resume: unpickle the saved environments even when they are not signed by this user's key
+    (only for files you trust: unpickling can run code). Without it such a run resumes with fresh episodes.
+    Never read from a saved config (rl_transformers/utils/trust.py)."""
     eval_every: int = 0
     """Evaluate every N env steps (0: never); eval/mean_reward selects best.pt."""
     eval_episodes: int = 16
@@ -139,11 +143,37 @@ class TrainConfig:
             raise ValueError(f"vectorization={self.vectorization!r} is not one of ['async', 'sync']")
 
 
-RESUME_OVERRIDES = ("total_timesteps", "device", "threads", "progress", "verbose", "eval_every", "save_every")
-"""Fields a resumed run takes from the command line (when they differ from the defaults)."""
+RESUME_MUTABLE = (
+    "total_timesteps",
+    "eval_every",
+    "eval_episodes",
+    "save_every",
+    "keep_checkpoints",
+    "progress",
+    "verbose",
+    "ppo.info_every",
+    "device",
+    "threads",
+    "vectorization",
+    "torch_deterministic",
+)
+"""Fields a ``--resume`` may change (the others must equal the saved values, see resume_config)."""
+RESUME_PER_INVOCATION = ("resume", "trust_checkpoint")
+"""Fields always taken from the current invocation, never from a saved config."""
+RESUME_RENAMES = {"policy.kind": "policy", "policy": ""}
+"""Flag names of nested fields (the policy's fields are top-level flags)."""
 
 
-def resume_config(saved: TrainConfig, cli: TrainConfig) -> TrainConfig:
-    defaults = TrainConfig()
-    changes = {k: getattr(cli, k) for k in RESUME_OVERRIDES if getattr(cli, k) != getattr(defaults, k)}
-    return dataclasses.replace(saved, resume=cli.resume, **changes)
+def resume_config(saved: TrainConfig, cli: TrainConfig, source: str | None = None) -> TrainConfig:
+    """``saved`` with the allowed changes of ``cli``; refuses frozen fields that differ (see
+    :func:`rl_transformers.utils.resume.merge_resume`)."""
+    from rl_transformers.utils.resume import merge_resume
+
+    return merge_resume(
+        saved,
+        cli,
+        mutable=RESUME_MUTABLE,
+        per_invocation=RESUME_PER_INVOCATION,
+        source=source or cli.resume or "",
+        renames=RESUME_RENAMES,
+    )

@@ -376,10 +376,14 @@ def collect_rollout(
     loop: LoopState,
     gamma: float,
     gae_lambda: float,
+    env_id: str | None = None,
+    global_step: int = 0,
 ) -> tuple[LoopState, list[tuple[float, int]]]:
     """Fill ``storage`` with ``num_steps`` steps, compute GAE; return the new loop state and finished episodes.
 
-    Acting runs under ``torch.inference_mode`` with one token per env per step and the carried state.
+    Acting runs under ``torch.inference_mode`` with one token per env per step and the carried state. A NaN /
+    infinite observation or reward from the envs raises :class:`NonFiniteError` naming the env (``env_id``),
+    its vector index and the step (``global_step``: the run's step when the rollout started).
     """
     space = envs.single_observation_space
     device = storage.device
@@ -393,6 +397,7 @@ def collect_rollout(
                 storage.store_state(step, state)
             out = policy.act(obs, state, starts)
         next_obs, reward, terminated, truncated, info = envs.step(policy.to_env(out.action))
+        _check_env_output(next_obs, reward, env_id, step, global_step)
         final_value = None
         boot = np.flatnonzero(truncated & ~terminated)
         if boot.size:  # bootstrap time-limit ends from V(final obs) with the pre-reset state
@@ -428,6 +433,43 @@ def collect_rollout(
         last_value = policy.value(obs, state, starts)
     storage.compute_returns(last_value.float(), gamma, gae_lambda)
     return LoopState(obs, starts, state, ep_return, ep_length), episodes
+
+
+def _nonfinite_rows(x: Any) -> np.ndarray | None:
+    """Per-env count of non-finite entries of a batched observation tree (None: no float leaves)."""
+    if isinstance(x, dict):
+        parts = [_nonfinite_rows(v) for v in x.values()]
+    elif isinstance(x, tuple | list):
+        parts = [_nonfinite_rows(v) for v in x]
+    else:
+        a = np.asarray(x)
+        if not np.issubdtype(a.dtype, np.floating):
+            return None
+        return (~np.isfinite(a)).reshape(a.shape[0], -1).sum(axis=1) if a.ndim else None
+    parts = [q for q in parts if q is not None]
+    return np.sum(parts, axis=0) if parts else None
+
+
+def _check_env_output(obs: Any, reward: np.ndarray, env_id: str | None, step: int, global_step: int) -> None:
+    """Blame the environment (not the loss) for NaN / inf observations or rewards."""
+    bad_obs = _nonfinite_rows(obs)
+    bad_rew = ~np.isfinite(np.asarray(reward, dtype=np.float64))
+    if (bad_obs is None or not bad_obs.any()) and not bad_rew.any():
+        return
+    from rl_transformers.utils.training import NonFiniteError
+
+    n = len(bad_rew)
+    where = [i for i in range(n) if bad_rew[i] or (bad_obs is not None and bad_obs[i])]
+    i = where[0]
+    what = "reward " + repr(float(reward[i])) if bad_rew[i] else "observation"
+    name = f"observation/reward from the environment {env_id or '?'}"
+    detail = (
+        f"env index {i} (of {n}; also {where[1:]})" if len(where) > 1 else f"env index {i} (of {n})"
+    ) + (
+        f" returned a non-finite {what} at rollout step {step} of the update that started at global step "
+        f"{global_step}; this is the environment's output, not a training divergence"
+    )
+    raise NonFiniteError(name, global_step + step * n, detail)
 
 
 # -- evaluation -----------------------------------------------------------------------------------------------

@@ -146,7 +146,7 @@ def test_resume_continues_bit_exactly(dataset: Path, tmp_path: Path) -> None:
     for name in ("step_8.pt", "last.pt", "best.pt", "index.json"):
         (copy / "checkpoints" / name).unlink(missing_ok=True)
     resumed = train(
-        tiny_config(dataset, tmp_path / "other", total_steps=8, resume=copy / "checkpoints" / "step_4.pt")
+        tiny_config(dataset, tmp_path / "full", total_steps=8, resume=copy / "checkpoints" / "step_4.pt")
     )
     assert resumed.run_dir == copy and resumed.step == 8
     for (name, pa), pb in zip(full.model.state_dict().items(), resumed.model.state_dict().values()):

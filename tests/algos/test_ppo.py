@@ -87,7 +87,7 @@ def test_resume_continues_bit_exactly(tmp_path: Path) -> None:
     straight = train(tiny(tmp_path / "straight", updates=6))
     first = train(tiny(tmp_path / "split", updates=6), callback=lambda tr: tr.update < 3)  # stop after 3
     assert first.stopped_early and first.global_step == 3 * BATCH
-    resumed = train(dataclasses.replace(tiny(tmp_path / "unused", updates=6), resume=str(first.run_dir)))
+    resumed = train(dataclasses.replace(tiny(tmp_path / "split", updates=6), resume=str(first.run_dir)))
     assert resumed.run_dir == first.run_dir and resumed.global_step == 6 * BATCH
     ps, pr = final_params(straight.run_dir), final_params(resumed.run_dir)
     assert all(torch.equal(ps[k], pr[k]) for k in ps)
@@ -109,7 +109,7 @@ def test_obs_normalisation_statistics_and_resume(tmp_path: Path) -> None:
     assert policy.obs_norm is not None and float(policy.obs_norm.count) == 4 * BATCH
     assert float(policy.obs_norm.var.min()) < 1.0  # TMaze observations are mostly zeros: not the identity
     first = train(cfg(tmp_path / "split"), callback=lambda tr: tr.update < 2)
-    resumed = train(dataclasses.replace(cfg(tmp_path / "unused"), resume=str(first.run_dir)))
+    resumed = train(dataclasses.replace(cfg(tmp_path / "split"), resume=str(first.run_dir)))
     ps, pr = final_params(straight.run_dir), final_params(resumed.run_dir)
     assert "obs_norm.mean" in ps and all(torch.equal(ps[k], pr[k]) for k in ps)
 
