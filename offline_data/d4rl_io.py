@@ -20,10 +20,12 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from offline_data.atomic import atomic_file
+from offline_data.env_check import file_env_spec
 from offline_data.episode import DatasetInfo, Episode, OfflineDataset
+from offline_data.errors import DatasetError, DatasetNotFoundError
 from offline_data.minari_io import (
     _makeable,
-    _spec_from_json,
     check_action_space,
     infer_spaces,
     write_minari_dataset,
@@ -64,36 +66,59 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _stored_space(text: str, where: str) -> gym.spaces.Space:
+    """A space serialized by Minari (JSON; no code is imported)."""
+    from minari.serialization import deserialize_space
+
+    try:
+        return deserialize_space(text)
+    except Exception as err:  # malformed JSON / unknown space type
+        raise DatasetError(f"{where} is not a serialized space: {err}") from None
+
+
 def read_d4rl_hdf5(
-    path: str | os.PathLike[str], *, env_id: str | None = None, action_space: gym.spaces.Space | None = None
+    path: str | os.PathLike[str],
+    *,
+    env_id: str | None = None,
+    action_space: gym.spaces.Space | None = None,
+    allow_env_modules: Sequence[str] = (),
 ) -> OfflineDataset:
     """Episodes and metadata of a D4RL-format HDF5 file.
 
     The env id comes from `env_id`, else the file's `metadata` (`env_id` / `env_spec`). The action space
     comes from `action_space`, else a serialized space in the metadata, else `infer_spaces`. Reference
     scores come from the metadata (`ref_min_score` / `ref_max_score`), else the D4RL table when the env id
-    or file name names a D4RL family. Raises `ValueError` naming the file and key for a missing key, a length
-    mismatch, a non-finite value, a bad flag value or an empty file.
+    or file name names a D4RL family. Raises `DatasetError` (a `ValueError`) naming the file and key for a
+    file that is not HDF5, a missing key, a length mismatch, a non-finite value, a bad flag value or an
+    empty file. Env specs and ids of the file go through `envs.resolve.resolve_env`: one naming code outside
+    the allowed modules (`allow_env_modules`, `--allow-env-modules`) raises `DatasetError` naming the file.
     """
     import h5py
 
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"D4RL file {str(path)!r} does not exist")
-    with h5py.File(path, "r") as file:
+        raise DatasetNotFoundError(f"D4RL file {str(path)!r} does not exist")
+    try:
+        file = h5py.File(path, "r")
+    except OSError as err:
+        raise DatasetError(
+            f"{str(path)!r} is not an HDF5 file ({err}); expected a D4RL-format .hdf5 / .h5 file, a Minari "
+            "dataset directory or a Minari dataset id"
+        ) from None
+    with file:
         missing = [key for key in _REQUIRED if key not in file]
         if missing:
-            raise ValueError(
+            raise DatasetError(
                 f"D4RL file {str(path)!r} lacks required key(s) {missing}; found {sorted(file.keys())}"
             )
         data = {key: np.asarray(file[key][()]) for key in (*D4RL_KEYS, "next_observations") if key in file}
         meta = _read_metadata(file)
     n = len(data["observations"])
     if n == 0:
-        raise ValueError(f"D4RL file {str(path)!r} is empty: 'observations' has 0 rows")
+        raise DatasetError(f"D4RL file {str(path)!r} is empty: 'observations' has 0 rows")
     for key, arr in data.items():
         if arr.ndim == 0 or len(arr) != n:
-            raise ValueError(
+            raise DatasetError(
                 f"D4RL file {str(path)!r}: length mismatch, {key!r} has shape {arr.shape} but "
                 f"'observations' has {n} rows"
             )
@@ -101,17 +126,17 @@ def read_d4rl_hdf5(
             if arr.ndim == 2 and arr.shape[1] == 1:
                 data[key] = arr = arr[:, 0]
             if arr.ndim != 1:
-                raise ValueError(f"D4RL file {str(path)!r}: {key!r} must be 1-D, got shape {arr.shape}")
+                raise DatasetError(f"D4RL file {str(path)!r}: {key!r} must be 1-D, got shape {arr.shape}")
         if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
             index = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
-            raise ValueError(
+            raise DatasetError(
                 f"D4RL file {str(path)!r}: {key!r} holds a non-finite value {arr[index].item()!r} at index {index}"
             )
         if key in ("terminals", "timeouts") and arr.dtype != np.bool_ and not np.isin(arr, (0, 1)).all():
             bad = arr[~np.isin(arr, (0, 1))][0].item()
-            raise ValueError(f"D4RL file {str(path)!r}: {key!r} must hold 0/1 or booleans, found {bad!r}")
+            raise DatasetError(f"D4RL file {str(path)!r}: {key!r} must hold 0/1 or booleans, found {bad!r}")
     if "next_observations" in data and data["next_observations"].shape != data["observations"].shape:
-        raise ValueError(
+        raise DatasetError(
             f"D4RL file {str(path)!r}: 'next_observations' has shape {data['next_observations'].shape}, "
             f"'observations' has {data['observations'].shape}"
         )
@@ -144,28 +169,27 @@ def read_d4rl_hdf5(
                 )
             )
         except ValueError as err:
-            raise ValueError(
+            raise DatasetError(
                 f"D4RL file {str(path)!r} episode {index} (rows {start}:{stop}): {err}"
             ) from None
         start = stop
 
-    env_id = env_id or meta.get("env_id")
-    spec = None
-    if env_id is not None:
-        try:
-            spec = gym.spec(env_id)
-        except gym.error.Error:
-            spec = None
-    spec = _spec_from_json(meta.get("env_spec")) or spec
+    where = f"D4RL file {str(path)!r}"
+    file_spec = file_env_spec(meta.get("env_spec"), f"{where} (metadata env_spec)", allow_env_modules)
+    file_id_spec = file_env_spec(meta.get("env_id"), f"{where} (metadata env_id)", allow_env_modules)
+    spec = file_spec or file_id_spec
+    if env_id is not None:  # given by the caller (--env-id): an unknown id is an error, with close matches
+        from envs.resolve import resolve_env
+
+        spec = resolve_env(env_id, source="--env-id", allow_modules=allow_env_modules)
+        if file_spec is not None and file_spec.id == spec.id:
+            spec = file_spec  # same env: keep the file's time limit / kwargs
+    env_id = spec.id if spec is not None else (env_id or meta.get("env_id"))
     obs_space, inferred_act = infer_spaces(episodes)
     if action_space is None and isinstance(meta.get("action_space"), str):
-        from minari.serialization import deserialize_space
-
-        action_space = deserialize_space(meta["action_space"])
+        action_space = _stored_space(meta["action_space"], f"{where} (metadata action_space)")
     if isinstance(meta.get("observation_space"), str):
-        from minari.serialization import deserialize_space
-
-        obs_space = deserialize_space(meta["observation_space"])
+        obs_space = _stored_space(meta["observation_space"], f"{where} (metadata observation_space)")
     action_space = action_space or inferred_act
     check_action_space(action_space, f"D4RL file {str(path)!r}")
 
@@ -196,6 +220,7 @@ def read_d4rl_hdf5(
         ref_max_score=None if ref_max is None else float(ref_max),
         ref_scores_source=ref_source,
         metadata=meta,
+        allow_env_modules=tuple(allow_env_modules),
     )
     return OfflineDataset(episodes, info)
 
@@ -244,7 +269,7 @@ def write_d4rl_hdf5(
     if next_observations:
         arrays["next_observations"] = np.concatenate([ep.next_observations for ep in episodes])
     path.parent.mkdir(parents=True, exist_ok=True)
-    with h5py.File(path, "w") as file:
+    with atomic_file(path) as temp, h5py.File(temp, "w") as file:
         for key, arr in arrays.items():
             file.create_dataset(key, data=arr, compression=compression)
         group = file.create_group("metadata")
@@ -268,6 +293,7 @@ def d4rl_to_minari(
     ref_max_score: float | None = None,
     root: str | os.PathLike[str] | None = None,
     overwrite: bool = False,
+    allow_env_modules: Sequence[str] = (),
     **write_kwargs: Any,
 ) -> Path:
     """Convert a D4RL-format file to Minari dataset `dataset_id`; returns the dataset directory.
@@ -275,7 +301,7 @@ def d4rl_to_minari(
     References default to those `read_d4rl_hdf5` finds (file metadata, else the D4RL table). The env spec
     (from `env_id` or the file) is stored when known. Other keyword arguments go to `write_minari_dataset`.
     """
-    episodes, info = read_d4rl_hdf5(path, env_id=env_id)
+    episodes, info = read_d4rl_hdf5(path, env_id=env_id, allow_env_modules=allow_env_modules)
     if ref_min_score is None and ref_max_score is None:
         ref_min_score, ref_max_score = info.ref_min_score, info.ref_max_score
     write_kwargs.setdefault("description", f"Converted from the D4RL-format file {Path(path).name}.")
@@ -293,5 +319,6 @@ def d4rl_to_minari(
         extra_metadata={"converted_from": str(Path(path).resolve())},
         root=root,
         overwrite=overwrite,
+        allow_env_modules=allow_env_modules,
         **write_kwargs,
     )

@@ -199,6 +199,8 @@ class DatasetInfo:
     """True when Dict observations were flattened into one Box (keys in the Dict space's order)."""
     metadata: dict[str, Any] = field(default_factory=dict)
     """The raw metadata of the dataset (Minari metadata.json, or the `metadata` group of a D4RL file)."""
+    allow_env_modules: tuple[str, ...] = ()
+    """Modules trusted beyond the defaults when building the env (`envs.resolve`, `--allow-env-modules`)."""
 
     @property
     def env_id(self) -> str | None:
@@ -212,11 +214,18 @@ class DatasetInfo:
         return isinstance(self.action_space, gym.spaces.Discrete)
 
     def make_env(self, **kwargs: Any) -> gym.Env:
-        """`gym.make` the evaluation environment (same max_episode_steps as the data)."""
+        """Build the evaluation environment (same max_episode_steps as the data) through `envs.resolve`.
+
+        The spec is checked again against the allow-list, so a `DatasetInfo` built by hand from a file's
+        spec cannot import code either."""
+        from envs.resolve import make_env
+
         spec = self.eval_env_spec or self.env_spec
         if spec is None:
             raise ValueError(f"dataset {self.source!r} records no environment spec; cannot make its env")
-        return gym.make(spec, **kwargs)
+        return make_env(
+            spec, source=f"dataset {self.source!r}", allow_modules=self.allow_env_modules, **kwargs
+        )
 
     def normalized_score(self, returns: float | np.ndarray) -> float | np.ndarray:
         """D4RL normalized score 100·(R − min)/(max − min) with this dataset's references."""

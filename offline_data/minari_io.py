@@ -26,7 +26,10 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.registration import EnvSpec
 
+from offline_data.atomic import clean_stale, new_temp_dir, replace_dir
+from offline_data.env_check import checked_minari_metadata
 from offline_data.episode import DatasetInfo, Episode, OfflineDataset
+from offline_data.errors import DatasetError, DatasetNotFoundError
 
 __all__ = [
     "dataset_path",
@@ -107,40 +110,67 @@ def check_writable(
 # ----------------------------------------------------------------------------------------------- reading
 
 
-def _resolve_minari(source: Any, root: str | os.PathLike[str] | None) -> tuple[Any, str]:
-    """A `MinariDataset` for an id, a dataset directory, its data/ directory, or a MinariDataset."""
-    import minari
-
-    if isinstance(source, minari.MinariDataset):
-        return source, source.spec.dataset_id
+def _data_dir(source: Any, root: str | os.PathLike[str] | None) -> tuple[Path, str]:
+    """The data/ directory (metadata.json + main_data.hdf5) of an id, a dataset directory or its data/."""
     text = str(source)
     path = Path(text).expanduser()
     if path.exists():
         if path.is_file() and path.name == "main_data.hdf5":
             path = path.parent
         if (path / "metadata.json").is_file():
-            return minari.MinariDataset(path), text
+            return path, text
         if (path / "data" / "metadata.json").is_file():
-            return minari.MinariDataset(path / "data"), text
-        raise ValueError(
-            f"{text!r} is neither a Minari dataset directory (no data/metadata.json) nor its data/"
+            return path / "data", text
+        raise DatasetError(
+            f"{text!r} is not a dataset: expected a Minari dataset directory (with data/metadata.json), its "
+            "data/ directory, a Minari dataset id, or a D4RL-format .hdf5 / .h5 file"
         )
-    validate_dataset_id(text)
+    try:
+        validate_dataset_id(text)
+    except ValueError as err:
+        raise DatasetNotFoundError(
+            f"no file or directory {text!r}, and it is not a Minari dataset id either ({err})"
+        ) from None
     with minari_root(root):
-        try:
-            return minari.load_dataset(text, download=False), text
-        except FileNotFoundError:
-            from minari.storage.datasets_root_dir import get_dataset_path
+        import minari
+        from minari.storage.datasets_root_dir import get_dataset_path
 
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                local = list(minari.list_local_datasets())
-            close = difflib.get_close_matches(text, local, n=3)
-            hint = f" Did you mean {close}?" if close else f" Local datasets: {local or 'none'}."
-            raise FileNotFoundError(
-                f"Minari dataset {text!r} not found under {get_dataset_path()} (set root= or "
-                f"{ROOT_ENV_VAR}; nothing is downloaded).{hint}"
-            ) from None
+        data = get_dataset_path(text) / "data"
+        if (data / "metadata.json").is_file():
+            return data, text
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            local = list(minari.list_local_datasets())
+        close = difflib.get_close_matches(text, local, n=3)
+        hint = f" Did you mean {close}?" if close else f" Local datasets: {local or 'none'}."
+        raise DatasetNotFoundError(
+            f"Minari dataset {text!r} not found under {get_dataset_path()} (set root= or "
+            f"{ROOT_ENV_VAR}; nothing is downloaded).{hint}"
+        )
+
+
+def _resolve_minari(
+    source: Any, root: str | os.PathLike[str] | None, allow_env_modules: Sequence[str] = ()
+) -> tuple[Any, str, tuple[dict[str, Any], EnvSpec | None, EnvSpec | None]]:
+    """(MinariDataset, name, checked metadata) of an id, a dataset directory, its data/, or a MinariDataset.
+
+    The metadata is validated (env specs through the allow-list, spaces present) *before* Minari opens the
+    directory: Minari ``gym.make``s the stored env spec when a space is missing.
+    """
+    import minari
+
+    if isinstance(source, minari.MinariDataset):
+        name = source.spec.dataset_id
+        data = Path(source.spec.data_path)
+    else:
+        data, name = _data_dir(source, root)
+    checked = checked_minari_metadata(data, f"Minari dataset {name!r}", allow_env_modules)
+    if isinstance(source, minari.MinariDataset):
+        return source, name, checked
+    try:
+        return minari.MinariDataset(data), name, checked
+    except (OSError, KeyError, ValueError, AssertionError) as err:
+        raise DatasetError(f"Minari dataset {name!r} ({data}) cannot be opened: {err}") from None
 
 
 def _flatten_observations(obs: Any, space: gym.spaces.Space, where: str) -> np.ndarray:
@@ -151,7 +181,7 @@ def _flatten_observations(obs: Any, space: gym.spaces.Space, where: str) -> np.n
     ):
         parts = [np.asarray(obs[key]) for key in space.spaces]
         return np.concatenate([p.reshape(len(p), -1) for p in parts], axis=1)
-    raise ValueError(
+    raise DatasetError(
         f"{where}: unsupported observation space {space}; supported: Box, or Dict of Box (flattened)"
     )
 
@@ -163,7 +193,7 @@ def _flat_observation_space(space: gym.spaces.Space, where: str) -> tuple[gym.sp
         isinstance(s, gym.spaces.Box) for s in space.spaces.values()
     ):
         return gym.spaces.flatten_space(space), True
-    raise ValueError(
+    raise DatasetError(
         f"{where}: unsupported observation space {space}; supported: Box, or Dict of Box (flattened)"
     )
 
@@ -171,32 +201,24 @@ def _flat_observation_space(space: gym.spaces.Space, where: str) -> tuple[gym.sp
 def check_action_space(space: gym.spaces.Space, where: str) -> None:
     """Raise `ValueError` unless the action space is a Box or a Discrete."""
     if not isinstance(space, gym.spaces.Box | gym.spaces.Discrete):
-        raise ValueError(f"{where}: unsupported action space {space}; supported: Box, Discrete")
+        raise DatasetError(f"{where}: unsupported action space {space}; supported: Box, Discrete")
 
 
-def _spec_from_json(text: Any) -> EnvSpec | None:
-    if not isinstance(text, str):
-        return None
-    try:
-        return EnvSpec.from_json(text)
-    except Exception:  # a spec written by another gymnasium version: the episodes are still usable
-        return None
-
-
-def read_minari(source: Any, *, root: str | os.PathLike[str] | None = None) -> OfflineDataset:
+def read_minari(
+    source: Any, *, root: str | os.PathLike[str] | None = None, allow_env_modules: Sequence[str] = ()
+) -> OfflineDataset:
     """Episodes and metadata of a Minari dataset given by id (under `root`), directory or `MinariDataset`.
 
-    Raises `ValueError` naming the dataset and episode for misaligned lengths, non-finite values or empty
-    episodes, and for observation / action spaces other than Box (or Dict of Box) / Box or Discrete.
+    The stored env specs go through `envs.resolve.resolve_env` (`allow_env_modules`: extra trusted modules);
+    a spec naming code outside the allow-list raises `DatasetError` naming metadata.json. Raises
+    `DatasetError` (a `ValueError`) naming the dataset and episode for misaligned lengths, non-finite values
+    or empty episodes, and for observation / action spaces other than Box (or Dict of Box) / Box or Discrete.
     """
-    from minari.dataset.minari_storage import MinariStorage
-
-    dataset, name = _resolve_minari(source, root)
-    raw_meta = MinariStorage.read_raw_metadata(dataset.spec.data_path)
+    dataset, name, (raw_meta, env_spec, eval_spec) = _resolve_minari(source, root, allow_env_modules)
     obs_space, flattened = _flat_observation_space(dataset.observation_space, f"Minari dataset {name!r}")
     check_action_space(dataset.action_space, f"Minari dataset {name!r}")
     if dataset.total_episodes == 0:
-        raise ValueError(f"Minari dataset {name!r} holds no episodes")
+        raise DatasetError(f"Minari dataset {name!r} holds no episodes")
     episodes: list[Episode] = []
     seeds = [meta.get("seed") for meta in dataset.storage.get_episode_metadata(dataset.episode_indices)]
     for index, (episode, seed) in enumerate(zip(dataset.iterate_episodes(), seeds, strict=True)):
@@ -214,7 +236,7 @@ def read_minari(source: Any, *, root: str | os.PathLike[str] | None = None) -> O
                 )
             )
         except ValueError as err:
-            raise ValueError(f"{where}: {err}") from None
+            raise DatasetError(f"{where}: {err}") from None
     ref_min, ref_max = raw_meta.get("ref_min_score"), raw_meta.get("ref_max_score")
     has_refs = ref_min is not None and ref_max is not None
     info = DatasetInfo(
@@ -223,8 +245,9 @@ def read_minari(source: Any, *, root: str | os.PathLike[str] | None = None) -> O
         observation_space=obs_space,
         action_space=dataset.action_space,
         dataset_id=raw_meta.get("dataset_id"),
-        env_spec=dataset.env_spec,
-        eval_env_spec=_spec_from_json(raw_meta.get("eval_env_spec")),
+        env_spec=env_spec,
+        eval_env_spec=eval_spec,
+        allow_env_modules=tuple(allow_env_modules),
         ref_min_score=float(ref_min) if has_refs else None,
         ref_max_score=float(ref_max) if has_refs else None,
         ref_scores_source="dataset" if has_refs else None,
@@ -265,12 +288,14 @@ def infer_spaces(episodes: Sequence[Episode]) -> tuple[gym.spaces.Box, gym.space
     return obs_space, gym.spaces.Box(low, high, dtype=actions.dtype)
 
 
-def _as_spec(env: str | EnvSpec | gym.Env | None) -> EnvSpec | None:
-    if env is None or isinstance(env, EnvSpec):
-        return env
+def _as_spec(env: str | EnvSpec | gym.Env | None, allow_env_modules: Sequence[str] = ()) -> EnvSpec | None:
+    from envs.resolve import resolve_env
+
     if isinstance(env, gym.Env):
-        return env.spec
-    return gym.spec(env)
+        env = env.spec
+    if env is None:
+        return None
+    return resolve_env(env, source="the env given to write_minari_dataset", allow_modules=allow_env_modules)
 
 
 def _makeable(spec: EnvSpec) -> bool:
@@ -319,13 +344,16 @@ def write_minari_dataset(
     extra_metadata: dict[str, Any] | None = None,
     root: str | os.PathLike[str] | None = None,
     overwrite: bool = False,
+    allow_env_modules: Sequence[str] = (),
 ) -> Path:
     """Write `episodes` as Minari dataset `dataset_id` under `root`; returns its directory.
 
     `env` is the collection env (id, spec or instance; its spec and spaces are stored), `eval_env` the
     evaluation env (defaults to `env`). Spaces default to the env's, else `infer_spaces`. Reference scores
     must be given together; they are verified in metadata.json after writing. An existing id raises
-    `FileExistsError` unless `overwrite`; a failed write removes the half-written directory.
+    `FileExistsError` unless `overwrite`. The dataset is built under a hidden directory of the root and
+    renamed into place when complete (`offline_data.atomic`): an interrupted write leaves nothing Minari
+    lists or `read_minari` loads, and `overwrite` keeps the old dataset until the new one is complete.
     """
     validate_dataset_id(dataset_id)
     if not episodes:
@@ -335,8 +363,8 @@ def write_minari_dataset(
             f"give both reference scores or neither, got ref_min_score={ref_min_score!r}, "
             f"ref_max_score={ref_max_score!r}"
         )
-    env_spec = _as_spec(env)
-    eval_spec = _as_spec(eval_env) or env_spec
+    env_spec = _as_spec(env, allow_env_modules)
+    eval_spec = _as_spec(eval_env, allow_env_modules) or env_spec
     if env_spec is not None and _makeable(env_spec):
         with contextlib.closing(gym.make(env_spec)) as made:
             observation_space = observation_space or made.observation_space
@@ -354,10 +382,13 @@ def write_minari_dataset(
 
     check_writable(dataset_id, root, overwrite)
     path = dataset_path(dataset_id, root)
-    with minari_root(root):
-        if path.exists():
-            shutil.rmtree(path)
-        try:
+    datasets_root = dataset_path("x-v0", root).parent
+    clean_stale(datasets_root)
+    # Build under a hidden directory of the root (Minari lists no hidden directory), then one rename.
+    temp_root = new_temp_dir(datasets_root)
+    try:
+        with minari_root(temp_root):
+            building = dataset_path(dataset_id)
             with warnings.catch_warnings():
                 # the None-valued optional fields are deliberate; Minari warns for each
                 warnings.filterwarnings("ignore", message=r".*is set to None", category=UserWarning)
@@ -392,7 +423,7 @@ def write_minari_dataset(
             for key in ("ref_min_score", "ref_max_score"):
                 if key in wanted and stored.get(key) != wanted[key]:
                     raise RuntimeError(f"{key} did not land in {dataset_id!r} metadata: {stored.get(key)!r}")
-        except BaseException:
-            shutil.rmtree(path, ignore_errors=True)
-            raise
+        replace_dir(building, path)
+    finally:
+        shutil.rmtree(temp_root, ignore_errors=True)
     return path

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from rl_transformers.algos.distributed import any_rank, gather_objects, setup_distributed
-from rl_transformers.algos.dt_config import RESUME_MUTABLE, DTConfig
+from rl_transformers.algos.dt_config import RESUME_MUTABLE, RESUME_PER_INVOCATION, DTConfig
 from rl_transformers.algos.dt_data import TrajectoryDataset
 from rl_transformers.logging import Logger
 from rl_transformers.policies.decision_transformer import (
@@ -210,7 +210,7 @@ def _resolve_resume(config: DTConfig) -> tuple[DTConfig, dict[str, Any] | None, 
         saved_config(DTConfig, ckpt, path),
         config,
         mutable=RESUME_MUTABLE,
-        per_invocation=("resume",),
+        per_invocation=RESUME_PER_INVOCATION,
         source=config.resume,
     )
     run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
@@ -566,8 +566,10 @@ def train(config: DTConfig, run_dir: Path | None = None) -> TrainResult:
 def _env_factory(config: DTConfig, info: Any) -> Callable[[], gym.Env] | None:
     """The evaluation env: ``config.env_id`` if given, else the dataset's eval / collection env, else None."""
     if config.env_id is not None:
-        env_id = config.env_id
-        return lambda: gym.make(env_id)
+        from envs.resolve import make_env, resolve_env
+
+        spec = resolve_env(config.env_id, source="--env-id")  # registered ids only (envs.resolve)
+        return lambda: make_env(spec, source="--env-id")
     if (info.eval_env_spec or info.env_spec) is not None:
         return info.make_env
     return None

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -292,17 +292,28 @@ def register_rlt_envs() -> None:
 
 
 def make_env_thunk(
-    env_id: str, env_kwargs: dict[str, Any] | None = None, render_mode: str | None = None
+    env_id: str,
+    env_kwargs: dict[str, Any] | None = None,
+    render_mode: str | None = None,
+    allow_env_modules: Sequence[str] = (),
+    source: str = "--env-id",
 ) -> Callable[[], gym.Env]:
-    """A picklable constructor for ``gym.make(env_id, **env_kwargs)`` (``rlt/`` ids register ``envs`` first)."""
+    """A picklable constructor for ``gym.make(env_id, **env_kwargs)``.
+
+    The id is resolved now by :func:`envs.resolve.resolve_env` (registered ids only; a ``module:`` prefix
+    only for allowed modules; clear errors with the closest ids) and ``env_kwargs`` are checked against the
+    constructor, so a bad id or keyword fails here, in the calling process, not inside a vector-env worker.
+    """
+    from envs.resolve import check_env_kwargs, make_resolved, resolve_env
+
+    spec = resolve_env(env_id, source=source, allow_modules=allow_env_modules)
     kwargs = dict(env_kwargs or {})
+    check_env_kwargs(spec, kwargs, source=f"the env kwargs of {env_id!r}")
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
 
     def thunk() -> gym.Env:
-        if env_id.startswith("rlt/"):
-            register_rlt_envs()
-        return gym.make(env_id, **kwargs)
+        return make_resolved(spec, source=f"the env kwargs of {env_id!r}", **kwargs)
 
     return thunk
 
@@ -312,9 +323,16 @@ def make_vec_env(
     num_envs: int,
     env_kwargs: dict[str, Any] | None = None,
     vectorization: str = "sync",
+    allow_env_modules: Sequence[str] = (),
 ) -> gym.vector.VectorEnv:
-    """``num_envs`` copies of the env in a Sync/AsyncVectorEnv with ``SAME_STEP`` autoreset."""
-    fns = [make_env_thunk(env_id, env_kwargs) for _ in range(num_envs)]
+    """``num_envs`` copies of the env in a Sync/AsyncVectorEnv with ``SAME_STEP`` autoreset.
+
+    ``env_id`` goes through :func:`envs.resolve.resolve_env` (``allow_env_modules``: the
+    ``--allow-env-modules`` flag); see :func:`make_env_thunk`."""
+    if num_envs < 1:
+        raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+    thunk = make_env_thunk(env_id, env_kwargs, allow_env_modules=allow_env_modules)
+    fns = [thunk] * num_envs
     if vectorization == "sync":
         return gym.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
     if vectorization == "async":
@@ -473,11 +491,13 @@ def _check_env_output(obs: Any, reward: np.ndarray, env_id: str | None, step: in
 
 
 # -- evaluation -----------------------------------------------------------------------------------------------
-def video_unavailable(env_id: str, env_kwargs: dict[str, Any] | None = None) -> str | None:
+def video_unavailable(
+    env_id: str, env_kwargs: dict[str, Any] | None = None, allow_env_modules: Sequence[str] = ()
+) -> str | None:
     """Why episodes of ``env_id`` cannot be recorded as video (None when they can)."""
     if importlib.util.find_spec("moviepy") is None:
         return "moviepy is not installed (pip install moviepy) - gymnasium's RecordVideo needs it"
-    env = make_env_thunk(env_id, env_kwargs)()
+    env = make_env_thunk(env_id, env_kwargs, allow_env_modules=allow_env_modules)()
     modes = list(env.metadata.get("render_modes", []))
     env.close()
     if "rgb_array" not in modes:
@@ -496,16 +516,20 @@ def evaluate_policy(
     device: torch.device | str = "cpu",
     num_envs: int | None = None,
     video_dir: str | None = None,
+    allow_env_modules: Sequence[str] = (),
 ) -> tuple[np.ndarray, np.ndarray]:
     """Undiscounted returns and lengths of ``n_episodes`` episodes (each env runs its share, so short episodes
     are not over-represented). ``seq_len``: the training window (context cores are trimmed on that grid).
     ``video_dir``: record every episode with ``gymnasium.wrappers.RecordVideo`` (one env; see
-    :func:`video_unavailable`)."""
+    :func:`video_unavailable`). The env id is resolved by :func:`envs.resolve.resolve_env`
+    (``allow_env_modules``: the ``--allow-env-modules`` flag)."""
     if video_dir is not None:
-        reason = video_unavailable(env_id, env_kwargs)
+        reason = video_unavailable(env_id, env_kwargs, allow_env_modules)
         if reason is not None:
             raise RuntimeError(f"cannot record video: {reason}")
-        base = make_env_thunk(env_id, env_kwargs, render_mode="rgb_array")
+        base = make_env_thunk(
+            env_id, env_kwargs, render_mode="rgb_array", allow_env_modules=allow_env_modules
+        )
 
         def thunk() -> gym.Env:
             return gym.wrappers.RecordVideo(
@@ -514,7 +538,9 @@ def evaluate_policy(
 
         envs: gym.vector.VectorEnv = gym.vector.SyncVectorEnv([thunk], autoreset_mode=AutoresetMode.SAME_STEP)
     else:
-        envs = make_vec_env(env_id, num_envs or min(n_episodes, 8), env_kwargs)
+        envs = make_vec_env(
+            env_id, num_envs or min(n_episodes, 8), env_kwargs, allow_env_modules=allow_env_modules
+        )
     n = envs.num_envs
     targets = np.array([n_episodes // n + (1 if i < n_episodes % n else 0) for i in range(n)])
     counts = np.zeros(n, dtype=np.int64)

@@ -102,5 +102,5 @@ def test_load_episodes_dispatch_and_reference_fallback(tmp_path: Path, minari_ro
     # a root elsewhere: the id is not found there
     with pytest.raises(FileNotFoundError, match="not found under"):
         load_episodes("rlt/hopper/fake-v0", root=tmp_path / "elsewhere")
-    with pytest.raises(ValueError, match="neither a Minari dataset directory"):
+    with pytest.raises(ValueError, match="is not a dataset: expected a Minari dataset directory"):
         load_episodes(tmp_path)
