@@ -168,6 +168,7 @@ class PPOTrainer:
         self.dist = dist or DistContext()
         self.device = device or resolve_device(cfg.device, self.dist)
         ppo = cfg.ppo
+        cfg.check_aux_weights()
         seed_everything(cfg.seed, cfg.torch_deterministic)  # identical initial parameters on every rank
         self.envs = make_vec_env(cfg.env_id, cfg.num_envs, cfg.env_kwargs, cfg.vectorization)
         check_same_step(self.envs)

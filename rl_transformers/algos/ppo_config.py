@@ -12,8 +12,11 @@ from typing import Annotated, Literal
 
 import tyro
 
+from rl_transformers.backbone.options import check_choice, check_int, check_number, check_positive
 from rl_transformers.policies.gtrxl import PolicyConfig
+from rl_transformers.utils.checks import check_aux_weights, check_device, check_divides, flag
 from rl_transformers.utils.cli import JsonDict
+from rl_transformers.utils.errors import UserError
 
 DEFAULT_ENV = "rlt/TMaze-v0"
 
@@ -63,19 +66,21 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         for name in ("num_steps", "seq_len", "num_minibatches", "update_epochs"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"PPOConfig.{name} must be >= 1, got {getattr(self, name)!r}")
+            check_int(f"PPOConfig.{name} ({flag('ppo.' + name)})", getattr(self, name), 1)
         if self.num_steps % self.seq_len:
-            raise ValueError(
-                f"num_steps={self.num_steps} must be a multiple of seq_len={self.seq_len}; "
+            raise UserError(
+                f"num_steps={self.num_steps} must be a multiple of seq_len={self.seq_len} "
+                f"(--ppo.num-steps, --ppo.seq-len); "
                 f"e.g. num_steps={self.seq_len * max(1, round(self.num_steps / self.seq_len))}"
             )
-        if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.gae_lambda <= 1.0:
-            raise ValueError(f"gamma and gae_lambda must be in [0, 1], got {self.gamma}, {self.gae_lambda}")
-        if self.learning_rate <= 0 or self.clip_coef <= 0 or self.max_grad_norm <= 0:
-            raise ValueError("learning_rate, clip_coef and max_grad_norm must be > 0")
-        if self.target_kl is not None and self.target_kl <= 0:
-            raise ValueError(f"target_kl must be > 0 or None, got {self.target_kl!r}")
+        for name in ("gamma", "gae_lambda"):
+            check_number(f"{name} ({flag('ppo.' + name)})", getattr(self, name), low=0.0, high=1.0)
+        for name in ("learning_rate", "adam_eps", "clip_coef", "max_grad_norm"):
+            check_positive(f"{name} ({flag('ppo.' + name)})", getattr(self, name))
+        for name in ("vf_coef", "aux_coef"):
+            check_number(f"{name} ({flag('ppo.' + name)})", getattr(self, name), low=0.0)
+        check_positive("target_kl (--ppo.target-kl)", self.target_kl, optional=True)
+        check_int("info_every (--ppo.info-every)", self.info_every, 0)
 
     def aux_weight(self, name: str) -> float:
         return self.aux_weights.get(name, self.aux_coef)
@@ -133,14 +138,32 @@ class TrainConfig:
     """Also print the logger's table at every update."""
 
     def __post_init__(self) -> None:
-        if self.num_envs < 1 or self.total_timesteps < 1:
-            raise ValueError(
-                f"num_envs and total_timesteps must be >= 1, got {self.num_envs}, {self.total_timesteps}"
-            )
-        if self.eval_every < 0 or self.save_every < 0 or self.eval_episodes < 1:
-            raise ValueError("eval_every and save_every must be >= 0 and eval_episodes >= 1")
-        if self.vectorization not in ("sync", "async"):
-            raise ValueError(f"vectorization={self.vectorization!r} is not one of ['async', 'sync']")
+        for name in ("num_envs", "total_timesteps", "eval_episodes"):
+            check_int(f"{name} ({flag(name)})", getattr(self, name), 1)
+        for name in ("eval_every", "save_every", "keep_checkpoints"):
+            check_int(f"{name} ({flag(name)})", getattr(self, name), 0)
+        check_int("threads (--threads)", self.threads, 1, optional=True)
+        check_choice("vectorization", self.vectorization, ("sync", "async"))
+        check_device(self.device)
+        ppo = self.ppo
+        n_sequences = self.num_envs * ppo.num_steps // ppo.seq_len
+        check_divides(
+            "num_minibatches",
+            ppo.num_minibatches,
+            n_sequences,
+            f"the {n_sequences} training sequences of a rollout (num_envs={self.num_envs} x "
+            f"num_steps={ppo.num_steps} / seq_len={ppo.seq_len}; a remainder would be dropped)",
+            source="--ppo.num-minibatches",
+        )
+
+    def check_aux_weights(self) -> None:
+        """``ppo.aux_weights`` names only aux losses the chosen policy produces (UserError otherwise).
+
+        Called by the trainer before it builds anything, not in ``__post_init__``, so configs saved before this
+        check existed still load (and can be inspected or evaluated).
+        """
+        produced = self.policy.backbone.aux_loss_names if self.policy.kind == "transformer" else ()
+        check_aux_weights(self.ppo.aux_weights, produced, "--ppo.aux-weights")
 
 
 RESUME_MUTABLE = (

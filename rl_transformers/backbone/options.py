@@ -82,12 +82,17 @@ def check_number(
     if ok and high is not None:
         ok = value < high if high_open else value <= high
     if not ok:
-        lo = "-inf" if low is None else f"{low:g}"
-        hi = "inf" if high is None else f"{high:g}"
-        left = "(" if low_open or low is None else "["
-        right = ")" if high_open or high is None else "]"
         extra = " or None" if optional else ""
-        raise UserError(f"{label} must be in {left}{lo}, {hi}{right}{extra}, got {value!r}")
+        if high is None and low is not None:
+            bound = f"{'>' if low_open else '>='} {low:g}"
+        elif low is None and high is not None:
+            bound = f"{'<' if high_open else '<='} {high:g}"
+        else:
+            left, right = "(" if low_open else "[", ")" if high_open else "]"
+            bound = f"in {left}{low:g}, {high:g}{right}" if low is not None else "finite"
+        raise UserError(
+            f"{label} must be {'a number ' if bound[0] in '<>' else ''}{bound}{extra}, got {value!r}"
+        )
 
 
 def check_positive(label: str, value: Any, *, optional: bool = False) -> None:

@@ -1,0 +1,92 @@
+"""Checks of run-config values shared by the PPO and DT configs: device names, aux-loss weights, sizes.
+
+Every check raises :class:`~rl_transformers.utils.errors.UserError` naming the flag, the value and the valid
+choices (or the closest match). Configs call them in ``__post_init__`` (tyro then reports the message at parse
+time); :func:`check_device_available` runs where the device is resolved, since a saved config may name a
+device of another machine.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from rl_transformers.backbone.options import check_int, check_number
+from rl_transformers.utils.errors import UserError, choice_hint
+
+DEVICE_TYPES = ("auto", "cpu", "cuda", "mps")
+DEVICE_FORMS = "auto, cpu, cuda, cuda:N, mps"
+_DEVICE = re.compile(r"^(cpu|mps|cuda)(:\d+)?$")
+
+
+def flag(name: str) -> str:
+    """``"ppo.num_minibatches"`` -> ``"--ppo.num-minibatches"`` (tyro's spelling of a field's flag)."""
+    return "--" + name.replace("_", "-")
+
+
+def check_device(name: Any, source: str = "--device") -> None:
+    """``name`` is a device string this library runs on: auto, cpu, cuda, cuda:N or mps (not its availability)."""
+    if name == "auto" or (isinstance(name, str) and _DEVICE.match(name)):
+        return
+    raise UserError(
+        f"unknown device {name!r}; valid: {DEVICE_FORMS}{_hint(name)}",
+        source=source,
+    )
+
+
+def _hint(name: Any) -> str:
+    hint = choice_hint(str(name).split(":")[0], DEVICE_TYPES)
+    return hint[hint.index(" (") :] if " (" in hint else ""
+
+
+def check_device_available(device: torch.device | str, source: str = "--device") -> None:
+    """The resolved ``device`` exists on this machine (CUDA built and a GPU with that index, MPS present)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(
+                f"device {str(device)!r} was asked for but CUDA is not available here "
+                "(torch.cuda.is_available() is False); use --device cpu or --device auto",
+                source=source,
+            )
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise UserError(
+                f"device {str(device)!r}: this machine has {count} CUDA device(s); valid: cuda:0..cuda:{count - 1}",
+                source=source,
+            )
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(
+            f"device {str(device)!r} was asked for but MPS is not available here; use --device cpu",
+            source=source,
+        )
+
+
+def check_aux_weights(weights: Mapping[str, Any], produced: Iterable[str], source: str) -> None:
+    """Every name in ``weights`` is an aux loss the model produces; every weight a finite number >= 0."""
+    valid = sorted(set(produced))
+    for name, weight in weights.items():
+        if name not in valid:
+            where = (
+                f"valid for this backbone: {', '.join(valid)}"
+                if valid
+                else "this model produces no aux losses"
+            )
+            close = choice_hint(name, valid) if valid else ""
+            hint = close[close.index(" (") :] if " (" in close else ""
+            raise UserError(f"unknown aux loss {name!r}; {where}{hint}", source=source)
+        check_number(f"{source} {name!r}", weight, low=0.0)
+
+
+def check_divides(name: str, value: int, total: int, what: str, *, source: str | None = None) -> None:
+    """``value`` (an int >= 1) divides ``total``; the message names ``name=value`` (``source``: its flag) and
+    lists the valid values."""
+    label = f"{name}={value}" + (f" ({source})" if source else "")
+    check_int(label, value, 1)
+    if total % value:
+        divisors = [d for d in range(1, total + 1) if total % d == 0]
+        shown = ", ".join(map(str, divisors[:12])) + (", ..." if len(divisors) > 12 else "")
+        raise UserError(f"{label} does not divide {what}; valid: {shown}")
