@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from rl_transformers.utils.checks import check_device, check_device_available
+
 
 @dataclass(frozen=True)
 class DistContext:
@@ -55,7 +57,9 @@ def resolve_device(name: str, ctx: DistContext) -> torch.device:
     """``auto`` -> cuda if available else cpu; a bare ``cuda`` under torchrun -> this rank's local GPU."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
+    check_device(name)  # UserError naming --device, the valid forms and the closest match
     device = torch.device(name)
+    check_device_available(device)
     if device.type == "cuda" and device.index is None and ctx.enabled:
         device = torch.device("cuda", ctx.local_rank)
     return device
