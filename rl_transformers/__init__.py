@@ -1,3 +1,33 @@
-"""rl_transformers: every transformer variant of the literature on one backbone, for memory-based and offline RL."""
+"""rl_transformers: every transformer variant of the literature on one backbone, for memory-based and offline RL.
+
+``rl_transformers.load(run)`` gives a trained agent (PPO: ``predict`` as sb3-contrib's RecurrentPPO; DT:
+``as_stateful_wrapper(target_return)``); ``train_ppo`` / ``train_dt`` train from Python
+(:mod:`rl_transformers.agents`, imported on first use so ``import rl_transformers`` stays light).
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 __version__ = "0.1.0"
+
+_AGENTS = (
+    "DecisionTransformerAgent",
+    "PPOAgent",
+    "RunResult",
+    "StatefulDTWrapper",
+    "load",
+    "train_dt",
+    "train_ppo",
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _AGENTS:
+        from rl_transformers import agents
+
+        return getattr(agents, name)
+    raise AttributeError(f"module 'rl_transformers' has no attribute {name!r}")
+
+
+__all__ = [*_AGENTS, "__version__"]

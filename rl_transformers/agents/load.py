@@ -1,0 +1,129 @@
+"""``rl_transformers.load``: a trained agent from a run directory or a checkpoint file, PPO and DT alike.
+
+Everything is read as data: the checkpoint with torch's safe loader (``weights_only=True``, via
+:func:`~rl_transformers.utils.checkpoint.load_checkpoint`), the run configuration from the checkpoint's JSON
+config (type-checked by :func:`~rl_transformers.utils.runs.from_dict`). Nothing is unpickled or imported from
+the files; pickled env / loop blobs that PPO checkpoints keep for exact resume are ignored.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from rl_transformers.agents.dt_agent import DecisionTransformerAgent, run_dir_of
+from rl_transformers.agents.ppo_agent import PPOAgent
+from rl_transformers.utils.errors import UserError, choice_hint
+
+Which = Literal["last", "best"]
+
+
+def _checkpoint_file(path: Path, which: Which) -> Path:
+    """The checkpoint file a path names: the file itself, or ``<run>/checkpoints/<which>.pt``."""
+    from rl_transformers.utils.checkpoint import latest_checkpoint
+
+    if which not in ("last", "best"):
+        raise UserError(f"checkpoint={which!r}; {choice_hint(which, ['last', 'best'])}")
+    if path.is_file():
+        return path
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such run directory or checkpoint file")
+    directory = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    if (directory / f"{which}.pt").is_file():
+        return directory / f"{which}.pt"
+    if which == "best":
+        raise FileNotFoundError(
+            f"{directory}: no best.pt (the run logged no evaluation); use checkpoint='last'"
+        )
+    found = latest_checkpoint(path)
+    if found is None:
+        raise FileNotFoundError(f"{path}: no checkpoint found (looked for last.pt and step_<n>.pt)")
+    return found
+
+
+def load(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    *,
+    checkpoint: Which = "last",
+    env_id: str | None = None,
+) -> PPOAgent | DecisionTransformerAgent:
+    """The agent of a run directory (its ``checkpoints/last.pt``, or ``best.pt``) or of a checkpoint file.
+
+    Args:
+        path: a run directory (``runs/ppo/<env>/<run>``, ``runs/dt/<dataset>/<run>``) or a ``.pt`` file.
+        device: torch device of the agent.
+        checkpoint: ``"last"`` or ``"best"`` when ``path`` is a run directory.
+        env_id: DT runs only: the evaluation env, when the run's dataset names none.
+
+    Returns:
+        :class:`~rl_transformers.agents.ppo_agent.PPOAgent` (``predict`` as sb3-contrib's RecurrentPPO) for
+        PPO runs, :class:`~rl_transformers.agents.dt_agent.DecisionTransformerAgent`
+        (``as_stateful_wrapper(target_return)``) for DT / BC runs.
+    """
+    from rl_transformers.utils.checkpoint import load_checkpoint
+
+    file = _checkpoint_file(Path(path), checkpoint)
+    ckpt = load_checkpoint(file, map_location=device)
+    if "model_kwargs" in ckpt and "model" in ckpt:
+        return _load_dt(ckpt, file, device, env_id)
+    if "policy" in ckpt and "config" in ckpt:
+        if env_id is not None:
+            raise UserError("env_id= applies to DT runs only; a PPO run evaluates in its own env")
+        return _load_ppo(ckpt, file, device)
+    raise UserError(
+        f"{file}: not a PPO or DT checkpoint of this library (keys: {sorted(ckpt)[:8]}; expected 'policy' + "
+        "'config' or 'model' + 'model_kwargs')"
+    )
+
+
+def _config(cls: type, ckpt: dict[str, Any], file: Path) -> Any:
+    from rl_transformers.utils.runs import from_dict
+
+    try:
+        return from_dict(cls, ckpt["config"])
+    except (TypeError, ValueError, KeyError) as err:
+        raise UserError(f"{file}: its config does not load as {cls.__name__}: {err}") from err
+
+
+def _load_ppo(ckpt: dict[str, Any], file: Path, device: str | torch.device) -> PPOAgent:
+    from rl_transformers.algos.ppo_config import TrainConfig
+    from rl_transformers.algos.rollout import make_env_thunk
+    from rl_transformers.policies.gtrxl import make_policy
+
+    cfg = _config(TrainConfig, ckpt, file)
+    env = make_env_thunk(cfg.env_id, cfg.env_kwargs)()
+    try:
+        policy = make_policy(cfg.policy, env.observation_space, env.action_space).to(device)
+    finally:
+        env.close()
+    try:
+        policy.load_state_dict(ckpt["policy"])
+    except RuntimeError as err:
+        raise UserError(f"{file}: its weights do not fit the policy its config describes: {err}") from err
+    meta = ckpt.get("checkpoint_meta") or {}
+    step = int(ckpt.get("global_step", meta.get("step", 0)))
+    return PPOAgent(policy, cfg, device, checkpoint=file, step=step, update=int(ckpt.get("update", 0)))
+
+
+def _load_dt(
+    ckpt: dict[str, Any], file: Path, device: str | torch.device, env_id: str | None
+) -> DecisionTransformerAgent:
+    from rl_transformers.algos.dt_config import DTConfig
+    from rl_transformers.policies.decision_transformer import DecisionTransformer
+
+    cfg = _config(DTConfig, ckpt, file)
+    model = DecisionTransformer.from_kwargs(ckpt["model_kwargs"])
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as err:
+        raise UserError(f"{file}: its weights do not fit the model its kwargs describe: {err}") from err
+    model = model.to(device).eval()
+    return DecisionTransformerAgent(
+        model, cfg, ckpt.get("dataset") or {}, checkpoint=file, step=int(ckpt.get("step", 0)), env_id=env_id
+    )
+
+
+__all__ = ["load", "run_dir_of"]
