@@ -7,13 +7,21 @@ arXiv 2106.01345); see :mod:`rl_transformers.algos.dt` for the method.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from rl_transformers.backbone import BackboneConfig
+from rl_transformers.backbone.options import (
+    check_choice,
+    check_int,
+    check_number,
+    check_positive,
+    check_probability,
+)
 from rl_transformers.policies.decision_transformer import Padding, dt_backbone_config
+from rl_transformers.utils.checks import check_aux_weights, check_device, flag
+from rl_transformers.utils.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -95,34 +103,34 @@ class DTConfig:
     """Print the logger's table at every log step."""
 
     def __post_init__(self) -> None:
-        positive = (
-            "context_len",
-            "total_steps",
-            "batch_size",
-            "warmup_steps",
-            "log_every",
-            "save_every",
-            "eval_envs",
-        )
+        positive = ("context_len", "total_steps", "batch_size", "log_every", "save_every", "eval_envs")
         for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < (0 if name == "warmup_steps" else 1):
-                raise ValueError(f"DTConfig.{name} must be a positive int, got {value!r}")
-        for name in ("eval_every", "eval_episodes", "keep_checkpoints"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"DTConfig.{name} must be >= 0, got {getattr(self, name)!r}")
-        if self.algo not in ("dt", "bc"):
-            raise ValueError(f"algo={self.algo!r} is not one of ['bc', 'dt']")
-        if not 0.0 < self.bc_top_fraction <= 1.0:
-            raise ValueError(f"bc_top_fraction must be in (0, 1], got {self.bc_top_fraction!r}")
-        if self.padding not in ("right", "left"):
-            raise ValueError(f"padding={self.padding!r} is not one of ['left', 'right']")
-        if self.return_scale is not None and not (math.isfinite(self.return_scale) and self.return_scale > 0):
-            raise ValueError(f"return_scale must be positive, got {self.return_scale!r}")
-        if self.learning_rate <= 0 or self.max_grad_norm <= 0:
-            raise ValueError("learning_rate and max_grad_norm must be positive")
-        if self.max_ep_len is not None and self.max_ep_len < 1:
-            raise ValueError(f"max_ep_len must be >= 1 or None, got {self.max_ep_len!r}")
+            check_int(f"DTConfig.{name} ({flag(name)})", getattr(self, name), 1)
+        for name in ("warmup_steps", "eval_every", "eval_episodes", "keep_checkpoints"):
+            check_int(f"DTConfig.{name} ({flag(name)})", getattr(self, name), 0)
+        check_int("max_ep_len (--max-ep-len)", self.max_ep_len, 1, optional=True)
+        check_int("threads (--threads)", self.threads, 1, optional=True)
+        check_choice("algo", self.algo, ("dt", "bc"))
+        check_choice("padding", self.padding, Padding)
+        check_number(
+            "bc_top_fraction (--bc-top-fraction)", self.bc_top_fraction, low=0.0, high=1.0, low_open=True
+        )
+        check_positive("return_scale (--return-scale)", self.return_scale, optional=True)
+        check_positive("learning_rate (--learning-rate)", self.learning_rate)
+        check_positive("max_grad_norm (--max-grad-norm)", self.max_grad_norm)
+        check_number("weight_decay (--weight-decay)", self.weight_decay, low=0.0)
+        check_probability("embed_dropout (--embed-dropout)", self.embed_dropout, optional=True)
+        if not (isinstance(self.betas, (tuple, list)) and len(self.betas) == 2):
+            raise UserError(f"betas (--betas) must be two numbers in [0, 1), got {self.betas!r}")
+        for beta in self.betas:
+            check_probability("betas (--betas)", beta)
+        if self.target_returns is not None:
+            if not self.target_returns:
+                raise UserError("target_returns (--target-returns) must list at least one return, or be None")
+            for target in self.target_returns:
+                check_number("target_returns (--target-returns)", target)
+        check_device(self.device)
+        check_aux_weights(self.aux_loss_weights, self.backbone.aux_loss_names, "--aux-loss-weights")
         if not self.backbone.causal:
             raise ValueError("the Decision Transformer needs backbone.causal=True")
 
