@@ -14,7 +14,9 @@ import tyro
 
 from rl_transformers.algos.ppo import load_policy
 from rl_transformers.algos.rollout import evaluate_policy, video_unavailable
+from rl_transformers.backbone.options import check_int
 from rl_transformers.utils import set_threads
+from rl_transformers.utils.checks import check_device, check_device_available
 from rl_transformers.utils.errors import run_cli
 
 
@@ -36,6 +38,14 @@ class EvalArgs:
     """torch CPU threads (1 is fastest for small policies; None = all cores)."""
     video_dir: str | None = None
     """Record every episode to this folder (gymnasium RecordVideo)."""
+
+    def __post_init__(self) -> None:
+        check_int("episodes (--episodes)", self.episodes, 1)
+        check_int("num_envs (--num-envs)", self.num_envs, 1)
+        check_int("threads (--threads)", self.threads, 1, optional=True)
+        check_device(self.device)
+        if self.device != "auto":
+            check_device_available(self.device)
 
 
 def main() -> None:
