@@ -21,6 +21,7 @@ from tyro.constructors import (
 )
 
 from rl_transformers.backbone import BackboneConfig
+from rl_transformers.utils.errors import UserError
 
 
 # -- JSON dicts and BackboneConfig options -----------------------------------------------------
@@ -58,6 +59,36 @@ def _field_help(cls: type, name: str) -> str | None:
         return None
 
 
+def _flags_of(changes: dict[str, Any]) -> str:
+    if not changes:
+        return "the default backbone"
+    shown = [
+        f"--backbone.{k.replace('_', '-')} {json.dumps(v) if isinstance(v, dict) else v}"
+        for k, v in changes.items()
+    ]
+    return ", ".join(shown)
+
+
+_SELF_ONLY = {  # attention entries whose options make every token attend only itself
+    "local": lambda o: o["window"] == 0,
+    "longformer": lambda o: o["window"] == 0 and not o["global_tokens"],
+    "etc": lambda o: o["window"] == 0 and o["n_global"] == 0,
+}
+
+
+def check_cli_backbone(cfg: BackboneConfig) -> None:
+    """Refuse settings the backbone accepts (kernel tests use them) but that make no sense for a policy.
+
+    A window of 0 without global tokens lets each token attend only itself: the model has no memory at all.
+    """
+    self_only = _SELF_ONLY.get(cfg.attention)
+    if self_only is not None and self_only(cfg.attention_options):
+        raise UserError(
+            f"attention {cfg.attention!r} with window=0 lets each token attend only itself (no memory); "
+            "use window >= 1"
+        )
+
+
 def cli_registry() -> ConstructorRegistry:
     """tyro rules: ``BackboneConfig`` fields as flags, its ``*_options`` as JSON strings.
 
@@ -85,7 +116,12 @@ def cli_registry() -> ConstructorRegistry:
 
         def instantiate(**kwargs: Any) -> BackboneConfig:
             changes = {k: v for k, v in kwargs.items() if v != getattr(default, k)}
-            return default.replace(**changes) if changes else default
+            try:
+                cfg = default.replace(**changes) if changes else default
+                check_cli_backbone(cfg)
+            except ValueError as err:  # tyro prints it; name the flags the bad value came from
+                raise UserError(f"{err} (from {_flags_of(changes)})") from err
+            return cfg
 
         return StructConstructorSpec(instantiate=instantiate, fields=fields)
 
