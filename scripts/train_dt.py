@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 
 from rl_transformers.algos.dt import DTConfig, cleanup_distributed, train
+from rl_transformers.algos.dt_config import RESUME_PER_INVOCATION
 from rl_transformers.utils.cli import cli_registry  # BackboneConfig flags, *_options as JSON
 from rl_transformers.utils.errors import run_cli
 from rl_transformers.utils.resume import parse_cli  # --resume: flags default to the saved config
@@ -36,4 +37,10 @@ def main(config: DTConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(lambda: main(parse_cli(DTConfig, registry=cli_registry(), description=__doc__)))
+    run_cli(
+        lambda: main(
+            parse_cli(
+                DTConfig, per_invocation=RESUME_PER_INVOCATION, registry=cli_registry(), description=__doc__
+            )
+        )
+    )

@@ -152,3 +152,6 @@ RESUME_MUTABLE = (
 )
 """Fields a ``--resume`` may change; any other field that differs from the saved value is refused. The
 learning rate needs no re-anchoring: after the warm-up it is constant, so a larger budget continues it."""
+RESUME_PER_INVOCATION = ("resume", "allow_env_modules")
+"""Fields always taken from the current invocation, never from a saved config (names that are not fields
+are ignored)."""

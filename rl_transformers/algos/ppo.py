@@ -393,8 +393,11 @@ class PPOTrainer:
         self._restore_schedule(ckpt)
         exact = self._restore_envs(ckpt, source)
         if exact:
-            restore_rng_state(ckpt["rng"])
-            self.generator.set_state(ckpt["generator"])
+            try:
+                restore_rng_state(ckpt["rng"])
+                self.generator.set_state(ckpt["generator"])
+            except (KeyError, TypeError, ValueError, RuntimeError) as err:
+                raise UserError(f"checkpoint {source}: its RNG states do not restore ({err})") from None
         else:  # fresh episodes; different seeds than the start so no episode repeats
             seed = self.cfg.seed + self.dist.rank * self.cfg.num_envs + 7919 * self.update
             self.loop = reset_loop(self.envs, self.policy, seed, self.device)

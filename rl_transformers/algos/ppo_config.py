@@ -181,8 +181,9 @@ RESUME_MUTABLE = (
     "torch_deterministic",
 )
 """Fields a ``--resume`` may change (the others must equal the saved values, see resume_config)."""
-RESUME_PER_INVOCATION = ("resume", "trust_checkpoint")
-"""Fields always taken from the current invocation, never from a saved config."""
+RESUME_PER_INVOCATION = ("resume", "trust_checkpoint", "allow_env_modules")
+"""Fields always taken from the current invocation, never from a saved config (trust and allow-lists must
+not come from the file they would apply to); names that are not fields are ignored."""
 RESUME_RENAMES = {"policy.kind": "policy", "policy": ""}
 """Flag names of nested fields (the policy's fields are top-level flags)."""
 

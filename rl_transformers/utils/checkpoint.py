@@ -141,10 +141,12 @@ class CheckpointWriteError(UserError):
 
 def _short_reason(err: BaseException) -> str:
     text = str(err).strip()
-    marker = "WeightsUnpickler error:"  # torch's own advice (weights_only=False) would run the file's code
-    if marker in text:
-        text = "it holds objects other than tensors and plain data (" + text.split(marker, 1)[1].strip()
-        text = text.split("\n", 1)[0] + ")"
+    if text.startswith("Weights only load failed"):
+        # torch's own advice (retry with weights_only=False) would run the file's code: keep only the cause
+        blocks = [b.strip() for b in text.split("\n\n") if b.strip()]
+        causes = [b for b in blocks[1:] if "weights_only" not in b and not b.startswith("Check the doc")]
+        cause = causes[0].replace("WeightsUnpickler error:", "").strip() if causes else "unsupported content"
+        return f"it holds objects other than tensors and plain data ({cause.splitlines()[0]})"[:300]
     text = text.split("\n", 1)[0]
     if not text:
         text = type(err).__name__ + (" (the file ends early)" if isinstance(err, EOFError) else "")
@@ -261,6 +263,8 @@ class CheckpointManager:
             raise ValueError(f"mode must be one of ['max', 'min'], got {mode!r}")
         self.directory = Path(run_dir) / "checkpoints"
         self.directory.mkdir(parents=True, exist_ok=True)
+        for stale in self.directory.glob(".*.tmp"):  # temp files of a killed save: never loadable
+            stale.unlink(missing_ok=True)
         self.keep_last = keep_last
         self.metric = metric
         self.mode = mode

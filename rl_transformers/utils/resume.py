@@ -161,5 +161,6 @@ def parse_cli(
         raise UserError(f"--resume {resume}: no checkpoint (last.pt / step_<n>.pt) found there")
     saved = saved_config(cls, load_checkpoint(path), path)
     blank = cls()
-    defaults = dataclasses.replace(saved, **{name: getattr(blank, name) for name in per_invocation})
+    fresh = {name: getattr(blank, name) for name in per_invocation if hasattr(blank, name)}
+    defaults = dataclasses.replace(saved, **fresh)
     return tyro.cli(cls, args=args, default=defaults, **tyro_kwargs)
