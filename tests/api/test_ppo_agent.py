@@ -13,6 +13,7 @@ import torch
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 
+import envs  # noqa: F401  (registers the rlt/ ids)
 import rl_transformers as rlt
 from rl_transformers.agents import PolicyState, PPOAgent
 from rl_transformers.utils.errors import UserError
@@ -88,3 +89,44 @@ def test_sb3_evaluate_policy_on_a_single_env_matches_the_trainers_loop(ppo_run) 
         mean, _ = evaluate_policy(agent, env, n_eval_episodes=3, deterministic=True)
     returns, _ = agent.evaluate(3, seed=77, num_envs=1)
     assert mean == pytest.approx(float(returns.mean()), abs=1e-9)
+
+
+def test_stochastic_predict_follows_the_trainers_loop_draw_for_draw(ppo_run) -> None:
+    # Sampled actions make varied episodes; equal torch seeds give equal draws only if predict carries the
+    # memory, resets it at episode starts and samples the same distributions as the trainer's loop.
+    agent = rlt.load(ppo_run.run_dir)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        vec = make_vec_env(PPO_ENV, n_envs=3, seed=11)
+        torch.manual_seed(0)
+        rewards, _ = evaluate_policy(agent, vec, n_eval_episodes=6, deterministic=False,
+                                           return_episode_rewards=True)  # fmt: skip
+    torch.manual_seed(0)
+    returns, _ = agent.evaluate(6, seed=11, deterministic=False, num_envs=3)
+    assert len(set(rewards)) > 2
+    assert sorted(rewards) == sorted(returns.tolist())
+
+
+def test_predict_carries_memory_like_the_trainers_loop() -> None:
+    # A random LSTM policy with large weights: its actions depend strongly on the past, so dropping or
+    # mis-resetting the state would change the sampled episodes.
+    from rl_transformers.algos.ppo_config import TrainConfig
+    from rl_transformers.policies.gtrxl import PolicyConfig, make_policy
+
+    cfg = TrainConfig(env_id=PPO_ENV, policy=PolicyConfig(kind="lstm", hidden_size=16))
+    env = gym.make(PPO_ENV)
+    torch.manual_seed(1)
+    policy = make_policy(cfg.policy, env.observation_space, env.action_space)
+    with torch.no_grad():
+        for p in policy.core.parameters():
+            p.mul_(4.0)
+    agent = PPOAgent(policy, cfg)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        vec = make_vec_env(PPO_ENV, n_envs=2, seed=3)
+        torch.manual_seed(0)
+        rewards, _ = evaluate_policy(agent, vec, n_eval_episodes=6, deterministic=False,
+                                     return_episode_rewards=True)  # fmt: skip
+    torch.manual_seed(0)
+    returns, _ = agent.evaluate(6, seed=3, deterministic=False, num_envs=2)
+    assert sorted(rewards) == sorted(returns.tolist())
