@@ -105,9 +105,11 @@ def _self_rule(allowed: torch.Tensor) -> torch.Tensor:
     ],
     ids=["4b-3r-c3", "2b-1r-c2", "6b-2r-c5-cache6"],
 )
-def test_lsh_equals_reference_with_union_mask(causal: bool, options: dict) -> None:
+@pytest.mark.parametrize("path", ["dense", "chunked"])
+def test_lsh_equals_reference_with_union_mask(causal: bool, options: dict, path: str) -> None:
     torch.manual_seed(1)
     att = _layer(causal=causal, **options)
+    att.dense_chunks = 10**9 if path == "dense" else 0  # force the (T, S) grid or the sorted chunks
     b, h, n, d = 2, 2, 17, 8
     q, v = torch.randn(b, h, n, d, dtype=torch.float64), torch.randn(b, h, n, d, dtype=torch.float64)
     valid = torch.ones(b, n, dtype=torch.bool)
@@ -215,10 +217,12 @@ def test_strictly_causal_and_streaming_with_several_chunks(options: dict) -> Non
 
 
 @pytest.mark.parametrize("position", ["alibi", "shaw", "xl_relative"])
-def test_gathered_positions_match_dense_scheme(position: str) -> None:
+@pytest.mark.parametrize("path", ["dense", "chunked"])
+def test_gathered_positions_match_dense_scheme(position: str, path: str) -> None:
     torch.manual_seed(4)
     opts = dict(n_buckets=4, n_hashes=2, chunk_size=3)
     att = _layer(causal=True, position=position, **opts)
+    att.dense_chunks = 10**9 if path == "dense" else 0
     for p in att.position.parameters():  # make the scheme's terms visible
         p.data.normal_(0, 0.3)
     b, h, n, d = 2, 2, 13, 8
@@ -230,6 +234,27 @@ def test_gathered_positions_match_dense_scheme(position: str) -> None:
     mask = _self_rule(_lsh_mask(kn, valid, att.rotations, opts["chunk_size"], True))
     ref, _ = dense_attention(q, kn, v, mask[:, :, :, :], att.position, pos, pos, 0)
     torch.testing.assert_close(got, ref, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_dense_and_chunked_paths_agree_on_new_queries_over_a_cache(causal: bool) -> None:
+    """T new queries over S > T keys (a streaming step / a training window after a cache) on both paths."""
+    torch.manual_seed(5)
+    att = _layer(causal=causal, position="rope", n_buckets=4, n_hashes=3, chunk_size=3, max_cache=9)
+    b, h, s, t, d = 2, 2, 23, 5, 8
+    k, v = torch.randn(b, h, s, d, dtype=torch.float64), torch.randn(b, h, s, d, dtype=torch.float64)
+    valid = torch.ones(b, s, dtype=torch.bool)
+    valid[0, [2, 7, 20]] = False
+    pos = torch.arange(s).expand(b, s)
+    out = {}
+    for path, chunks in (("dense", 10**9), ("chunked", 0)):
+        att.dense_chunks = chunks
+        out[path] = att.attend(k[:, :, s - t :], k, v, pos[:, s - t :], pos, valid, _ctx(b, t, causal))
+    kn = F.normalize(k, dim=-1)
+    allowed = _lsh_mask(kn, valid, att.rotations, 3, causal, 9) | torch.eye(s, dtype=torch.bool)
+    ref = reference_attention(k, kn, v, mask=_self_rule(allowed))[:, :, s - t :]
+    torch.testing.assert_close(out["dense"], ref, atol=1e-10, rtol=0)
+    torch.testing.assert_close(out["chunked"], ref, atol=1e-10, rtol=0)
 
 
 def test_reformer_preset_runs_reversible_and_merges_overrides() -> None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -209,6 +209,9 @@ class LSHAttention(Attention):
             return torch.randn_like(self.rotations)
         return self.rotations
 
+    dense_chunks: ClassVar[int] = 4
+    """Take the dense path when T <= dense_chunks * chunk_size (streaming steps, short training windows)."""
+
     def attend(
         self,
         q: Tensor,
@@ -219,6 +222,71 @@ class LSHAttention(Attention):
         k_valid: Tensor,
         ctx: ForwardContext,
     ) -> Tensor:
+        if q.shape[2] <= self.dense_chunks * self.options.chunk_size:
+            return self.attend_dense(q, k, v, q_pos, k_pos, k_valid, ctx)
+        return self.attend_chunked(q, k, v, q_pos, k_pos, k_valid, ctx)
+
+    def attend_dense(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        k_valid: Tensor,
+        ctx: ForwardContext,
+    ) -> Tensor:
+        """The same operator on the (T, S) grid of the new queries only: O(R·T·S), no sorting.
+
+        Round r's rank distance between bucket-mates i and j is the number of tokens of their bucket in (j, i]
+        (a difference of cumulative counts); the union of the rounds' key sets is one softmax, which equals the
+        chunked path's log-sum-exp merge.
+        """
+        t, s = q.shape[2], k.shape[2]
+        opts = self.options
+        kn = F.normalize(k, dim=-1)
+        nb = opts.n_buckets
+        buckets = hash_buckets(kn, self.current_rotations())  # (B, H, R, S)
+        buckets = torch.where(k_valid[:, None, None, :], buckets, torch.full_like(buckets, nb))
+        i = torch.arange(t, device=q.device)[:, None] + (s - t)
+        j = torch.arange(s, device=q.device)[None, :]
+        met: Tensor | None = None  # (B, H, T, S): j lies in i's bucket window in some round
+        for b_r in buckets.unbind(2):  # (B, H, S) per round
+            same = b_r[..., s - t :].unsqueeze(-1) == b_r.unsqueeze(-2)  # (B, H, T, S) bucket-mates
+            upto = same.cumsum(-1, dtype=torch.int32)  # tokens of i's bucket among keys 0..j
+            delta = upto[..., s - t :].diagonal(dim1=-2, dim2=-1).unsqueeze(-1) - upto  # rank_i - rank_j
+            near = delta <= opts.chunk_size if self.causal else delta.abs() <= opts.chunk_size
+            met = same & near if met is None else met | (same & near)
+        assert met is not None
+        allowed = met & k_valid[:, None, None, :]
+        if self.causal:  # bucket-mates after i have delta < 0 and are excluded here
+            allowed = allowed & (j <= i)
+        if opts.max_cache is not None:
+            allowed = allowed & (i - j <= opts.max_cache)
+        own = j == i
+        logits = per_head_logits(self, q, kn, q_pos, k_pos).masked_fill(own, SELF_LOGIT)
+        probs = torch.softmax(logits.masked_fill(~(allowed | own), float("-inf")), dim=-1)
+        dropped = self.attn_dropout(probs) if self.training else probs
+        out = torch.matmul(dropped, v)
+        extra = per_head_value_term(self, dropped, q_pos, k_pos)
+        if ctx.collect_info:
+            ctx.add_info(
+                f"backbone/lsh_keys_per_query/layer{self.layer}",
+                (allowed | own).sum(-1).to(q.dtype).mean().detach(),
+            )
+        return out if extra is None else out + extra
+
+    def attend_chunked(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        k_valid: Tensor,
+        ctx: ForwardContext,
+    ) -> Tensor:
+        """Sorted chunks of every token of the sequence (Kitaev 2020): O(R·S·chunk_size)."""
         b, h, t, d = q.shape
         s = k.shape[2]
         opts = self.options
