@@ -66,6 +66,19 @@ def top_fraction_episodes(lengths: np.ndarray, returns: np.ndarray, fraction: fl
     return np.sort(np.asarray(kept, dtype=np.int64))
 
 
+def _check_integral_actions(episodes: Sequence[EpisodeLike], indices: np.ndarray) -> None:
+    """Refuse float actions that are not whole numbers (casting them to int64 would silently truncate)."""
+    for index, ep in zip(indices, episodes):
+        actions = np.asarray(ep.actions)
+        if np.issubdtype(actions.dtype, np.floating):
+            bad = np.flatnonzero((actions != np.round(actions)).reshape(len(actions), -1).any(axis=1))
+            if len(bad):
+                values = [(int(s), actions[s].tolist()) for s in bad[:5]]
+                raise ValueError(
+                    f"discrete actions must be whole numbers; episode {int(index)} holds (step, value) {values}"
+                )
+
+
 @dataclass
 class DTBatch:
     """A batch of padded K-step windows (shapes in the module docstring)."""
@@ -120,6 +133,8 @@ class TrajectoryDataset:
         obs_dtype = np.int64 if discrete_observations else np.float32
         act_dtype = np.int64 if discrete_actions else np.float32
         self.observations = np.concatenate([np.asarray(ep.observations, dtype=obs_dtype) for ep in kept])
+        if discrete_actions:
+            _check_integral_actions(kept, keep)
         actions = [np.asarray(ep.actions, dtype=act_dtype) for ep in kept]
         if not discrete_actions:
             actions = [a.reshape(len(a), -1) for a in actions]
