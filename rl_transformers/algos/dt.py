@@ -20,7 +20,7 @@ target, which selects ``best.pt``; ``last.pt`` is the latest save (labels in ``c
 Distributed: under ``torchrun --nproc_per_node N`` (``WORLD_SIZE`` > 1) the model is wrapped in
 DistributedDataParallel (gloo on CPU, nccl on GPU); ``batch_size`` is the global batch, each rank samples
 ``batch_size / N`` windows from its own generator. Rank 0 logs, evaluates and writes checkpoints holding every
-rank's RNG states, so a resume continues each rank's stream. Run layout and resume: see ``design.md``.
+rank's RNG states, so a resume continues each rank's stream. Run layout and resume: see ``docs/design.md``.
 """
 
 from __future__ import annotations

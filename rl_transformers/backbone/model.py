@@ -38,7 +38,7 @@ class BackboneOutput:
 
 
 class Backbone(nn.Module):
-    """The shared encoder stack. See the module docstring and design.md."""
+    """The shared encoder stack. See the module docstring and docs/design.md."""
 
     def __init__(self, cfg: BackboneConfig) -> None:
         super().__init__()

@@ -32,7 +32,7 @@ _MODULES = ("blocks",)
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a registry entry can do (see design.md)."""
+    """What a registry entry can do (see docs/design.md)."""
 
     causal: bool = True
     """Supports causal (autoregressive) masking."""

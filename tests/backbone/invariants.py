@@ -1,4 +1,4 @@
-"""Reusable checks of the design.md invariants, used by the generic registry test and by the family tests.
+"""Reusable checks of the docs/design.md invariants, used by the generic registry test and by the family tests.
 
 Every helper builds a tiny backbone in float64 (so tolerances are tight) and compares two ways of computing
 the same thing: chunked vs full run, reset vs fresh state, perturbed vs original input.

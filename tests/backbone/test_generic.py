@@ -1,4 +1,4 @@
-"""Every registry entry through the design.md invariants (reference, causality, streaming, reset, gradients).
+"""Every registry entry through the docs/design.md invariants (reference, causality, streaming, reset, gradients).
 
 The cases are drawn from ``available()`` at collection time, so a new variant is tested as soon as it registers.
 Each attention runs with a position scheme it supports; each position / block / memory / depth runs with
@@ -155,7 +155,7 @@ def test_reset_row_equals_fresh(case: dict) -> None:
 
 
 def test_available_lists_design_names() -> None:
-    """The registry names fixed in design.md, exactly."""
+    """The registry names fixed in docs/design.md, exactly."""
     names = available()
     assert set(names) == {"attention", "position", "memory", "block", "depth"}
     assert set(names["position"]) == {
