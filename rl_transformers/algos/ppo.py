@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import pickle
 import sys
 import time
 import warnings
@@ -353,8 +354,16 @@ class PPOTrainer:
 
     def checkpoint_state(self) -> dict[str, Any]:
         blob = None
-        if isinstance(self.envs, gym.vector.SyncVectorEnv):
-            blob = sign_blob((self.envs.envs, _move_loop(self.loop, "cpu")), RESUME_BLOB)
+        if isinstance(self.envs, gym.vector.SyncVectorEnv) and not getattr(self, "_unpicklable", False):
+            try:
+                blob = sign_blob((self.envs.envs, _move_loop(self.loop, "cpu")), RESUME_BLOB)
+            except (pickle.PicklingError, AttributeError, TypeError) as err:
+                self._unpicklable = True
+                warnings.warn(
+                    f"the envs of {self.cfg.env_id!r} cannot be pickled ({err}); checkpoints hold no env "
+                    "state, a resume starts fresh episodes",
+                    stacklevel=2,
+                )
         return {
             "config": to_jsonable(dataclasses.replace(self.cfg, resume=None, trust_checkpoint=False)),
             "policy": self.policy.state_dict(),
