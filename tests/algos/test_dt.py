@@ -259,3 +259,27 @@ def test_continuous_actions_train_and_evaluate(tmp_path: Path) -> None:
     assert losses[-1] < losses[0]
     assert result.model.squash and float(result.model.action_high) == 2.0
     assert np.isfinite(result.evaluations[40]["eval/return_mean"])
+
+
+class _EvalBoom(gym.Wrapper):
+    """CartPole whose evaluation resets (seeds >= DTConfig.eval_seed) raise."""
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None and seed >= 1_000_000:
+            raise RuntimeError("evaluation env broke")
+        return self.env.reset(seed=seed, options=options)
+
+
+def _make_eval_boom(**kwargs) -> gym.Env:
+    return _EvalBoom(gym.make("CartPole-v1", max_episode_steps=100, **kwargs))
+
+
+def test_saves_before_an_evaluation_error(dataset: Path, tmp_path: Path) -> None:
+    """An evaluation that raises loses no training: the checkpoint of that step is already written."""
+    env_id = "rlt_test/CartPoleEvalBoom-v0"
+    if env_id not in gym.registry:
+        gym.register(env_id, entry_point=_make_eval_boom)
+    with pytest.raises(RuntimeError, match="evaluation env broke"):
+        train(tiny_config(dataset, tmp_path, env_id=env_id, total_steps=8, eval_every=4))
+    last = next(tmp_path.glob("runs/dt/*/*/checkpoints/last.pt"))
+    assert torch.load(last, weights_only=True)["step"] == 4
