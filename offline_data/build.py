@@ -18,11 +18,20 @@ references for hopper / halfcheetah / walker2d / ant, else measured here (mean r
 policy and of the sampled expert over `num_ref_episodes` episodes), or given. Seeds are explicit: the
 policy trains with `seed`; episode i of a dataset resets with `seed + offset(kind) + i` (offsets in
 `SEED_OFFSETS`, 10M apart), so datasets never share a start state sequence.
+
+Interrupted builds (SIGKILL, power loss) leave nothing half-written: each dataset is built under a hidden
+directory and renamed into place when complete (`offline_data.atomic`; leftovers are removed by the next
+build), and the behaviour policy's training state is saved every `checkpoint_freq` steps to
+`<policy_dir>/train_state.pt` (`offline_data.sb3_state`, no pickle). Running the same command again resumes:
+training continues from the last checkpoint (a finished training is reused), datasets this same build
+already completed are kept, and the rest are written. `overwrite` starts over instead. The env id goes
+through `envs.resolve` (registered ids; `allow_env_modules` for modules you trust).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 import json
 import time
@@ -35,8 +44,19 @@ import gymnasium as gym
 import numpy as np
 from tqdm.auto import tqdm
 
+from offline_data.atomic import atomic_file, clean_stale
 from offline_data.episode import Episode, episode_returns
-from offline_data.minari_io import check_writable, validate_dataset_id, write_minari_dataset
+from offline_data.minari_io import check_writable, dataset_path, validate_dataset_id, write_minari_dataset
+from offline_data.sb3_state import (
+    fingerprint,
+    load_episodes_file,
+    load_policy_weights,
+    load_train_state,
+    restore_train_state,
+    save_episodes_file,
+    save_model_zip,
+    save_train_state,
+)
 from offline_data.scores import D4RL_REF_SCORES, env_family
 from rl_transformers.utils.training import set_threads
 
@@ -70,7 +90,13 @@ Actor = Callable[[np.ndarray], Any]
 
 @dataclass(frozen=True)
 class BuildConfig:
-    """Settings of `build_datasets` (and of `scripts/make_dataset.py`, one flag per field)."""
+    """Settings of `build_datasets` (and of `scripts/make_dataset.py`, one flag per field).
+
+    A killed build resumes: run the same command again. Training continues from
+    <policy_dir>/train_state.pt (saved every --checkpoint-freq steps), finished datasets of that build are
+    kept, and nothing half-written is ever visible (datasets are renamed into place when complete).
+    --overwrite starts over.
+    """
 
     env_id: str = "Hopper-v5"
     """Gymnasium task (MuJoCo tasks need the `rl-transformers[mujoco]` extra)."""
@@ -135,6 +161,12 @@ class BuildConfig:
     """Link to the code version that built the data."""
     progress: bool = True
     """Show tqdm progress bars."""
+    checkpoint_freq: int = 50_000
+    """Training steps between resumable checkpoints of the behaviour policy (<policy_dir>/train_state.pt;
+    rerun the same command to resume a killed build; 0: no checkpoints)."""
+    allow_env_modules: tuple[str, ...] = ()
+    """Modules (beyond gymnasium, envs, popgym, minigrid) whose envs a 'module:Env-v0' id may import; only
+    modules you trust (see envs.resolve)."""
 
     def __post_init__(self) -> None:
         for kind in self.kinds:
@@ -149,6 +181,11 @@ class BuildConfig:
         for name in ("total_timesteps", "eval_freq", "n_eval_episodes", "num_steps", "num_ref_episodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.checkpoint_freq < 0:
+            raise ValueError(f"checkpoint_freq must be >= 0, got {self.checkpoint_freq}")
+        from envs.resolve import resolve_env
+
+        resolve_env(self.env_id, source="--env-id", allow_modules=self.allow_env_modules)
         for name in ("num_episodes", "max_episode_steps"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -255,9 +292,11 @@ def sb3_actor(model: Any, deterministic: bool = False) -> Actor:
     return lambda obs: model.predict(obs, deterministic=deterministic)[0]
 
 
-def _make_env(env_id: str, max_episode_steps: int | None) -> gym.Env:
-    kwargs = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
-    return gym.make(env_id, **kwargs)
+def _make_env(config: BuildConfig) -> gym.Env:
+    from envs.resolve import make_env
+
+    kwargs = {} if config.max_episode_steps is None else {"max_episode_steps": config.max_episode_steps}
+    return make_env(config.env_id, source="--env-id", allow_modules=config.allow_env_modules, **kwargs)
 
 
 def collect_episodes(
@@ -374,21 +413,112 @@ def _algo_class(config: BuildConfig, action_space: gym.spaces.Space) -> Any:
     return SAC if algo == "sac" else PPO
 
 
-def _train(config: BuildConfig, algo_cls: Any, policy_dir: Path, stop_at_medium: bool = False) -> _Training:
+def _algo_kwargs(config: BuildConfig, algo_cls: Any, inference: bool = False) -> dict[str, Any]:
     from stable_baselines3 import SAC
+
+    if algo_cls is SAC:
+        buffer = 1 if inference else config.sac_buffer_size  # a policy only acts: no replay memory
+        return {"learning_starts": config.sac_learning_starts, "buffer_size": buffer}
+    return {"n_steps": config.ppo_n_steps, "batch_size": config.ppo_batch_size}
+
+
+def _training_fingerprint(config: BuildConfig, algo_cls: Any, stop_at_medium: bool) -> str:
+    """What a resumed training must share with the killed one."""
+    keep = (
+        "env_id", "seed", "total_timesteps", "eval_freq", "n_eval_episodes", "max_episode_steps",
+        "ppo_n_steps", "ppo_batch_size", "sac_learning_starts", "sac_buffer_size",
+    )  # fmt: skip
+    settings = {name: getattr(config, name) for name in keep}
+    settings |= {
+        "algo": algo_cls.__name__,
+        "medium_level": config.medium_level,
+        "needs_medium": config.needs_medium,
+    }
+    return fingerprint(settings | {"stop_at_medium": stop_at_medium})
+
+
+def _finished_training(policy_dir: Path, fp: str, stop_at_medium: bool) -> _Training | None:
+    """The result of a finished training with the same fingerprint (policies and replay on disk), else None."""
+    summary_path = policy_dir / "training.json"
+    if not summary_path.is_file():
+        return None
+    summary = json.loads(summary_path.read_text())
+    if summary.get("fingerprint") != fp or not summary.get("complete"):
+        return None
+    result = _Training(
+        medium_step=summary.get("medium_step"),
+        medium_eval_return=summary.get("medium_eval_return"),
+        history=[tuple(h) for h in summary.get("eval_history", [])],  # type: ignore[misc]
+    )
+    if (policy_dir / "medium.zip").is_file() and summary.get("medium_step") is not None:
+        result.medium_path = policy_dir / "medium.zip"
+    if not summary.get("stopped_at_medium"):
+        result.expert_path = policy_dir / "expert.zip"
+        if not result.expert_path.is_file():
+            return None
+    if (policy_dir / "replay.pt").is_file():
+        result.replay = load_episodes_file(policy_dir / "replay.pt")
+    return result
+
+
+def _train(config: BuildConfig, algo_cls: Any, policy_dir: Path, stop_at_medium: bool = False) -> _Training:
     from stable_baselines3.common.callbacks import BaseCallback
 
+    fp = _training_fingerprint(config, algo_cls, stop_at_medium)
+    finished = _finished_training(policy_dir, fp, stop_at_medium)
+    if finished is not None:
+        if config.progress:
+            tqdm.write(f"reusing the finished behaviour-policy training in {policy_dir}")
+        return finished
     result = _Training()
     level = config.medium_level
-    train_env = _EpisodeRecorder(_make_env(config.env_id, config.max_episode_steps))
-    eval_env = _make_env(config.env_id, config.max_episode_steps)
-    kwargs: dict[str, Any]
-    if algo_cls is SAC:
-        kwargs = {"learning_starts": config.sac_learning_starts, "buffer_size": config.sac_buffer_size}
-    else:
-        kwargs = {"n_steps": config.ppo_n_steps, "batch_size": config.ppo_batch_size}
-    model = algo_cls("MlpPolicy", train_env, seed=config.seed, device=config.device, verbose=0, **kwargs)
-    bar = tqdm(total=config.total_timesteps, desc="train " + algo_cls.__name__, disable=not config.progress)
+    train_env = _EpisodeRecorder(_make_env(config))
+    eval_env = _make_env(config)
+    model = algo_cls(
+        "MlpPolicy",
+        train_env,
+        seed=config.seed,
+        device=config.device,
+        verbose=0,
+        **_algo_kwargs(config, algo_cls),
+    )
+    state_path = policy_dir / "train_state.pt"
+    if state_path.is_file():
+        state = load_train_state(state_path)
+        if state["fingerprint"] != fp:
+            raise FileExistsError(
+                f"{state_path} holds a training with other settings; pass --overwrite to start over, or another "
+                "--policy-dir"
+            )
+        info, recorded = restore_train_state(model, state)
+        result.history = [tuple(h) for h in info["history"]]  # type: ignore[misc]
+        if info.get("medium_step") is not None:
+            result.medium_path = policy_dir / "medium.zip"
+            result.medium_step, result.medium_eval_return = info["medium_step"], info["medium_eval_return"]
+            result.replay = load_episodes_file(policy_dir / "replay.pt")
+            train_env.active = False
+        else:
+            train_env.episodes = recorded
+        model.set_random_seed(config.seed + model.num_timesteps)  # new episodes, not the first ones again
+        if config.progress:
+            tqdm.write(
+                f"resuming the behaviour-policy training from step {model.num_timesteps} ({state_path})"
+            )
+    resumed_from = int(model.num_timesteps)
+    bar = tqdm(
+        total=config.total_timesteps,
+        initial=resumed_from,
+        desc="train " + algo_cls.__name__,
+        disable=not config.progress,
+    )
+
+    def checkpoint(current: Any) -> None:
+        info = {
+            "history": result.history,
+            "medium_step": result.medium_step,
+            "medium_eval_return": result.medium_eval_return,
+        }
+        save_train_state(state_path, current, fp, info, train_env.episodes if train_env.active else [])
 
     class Monitor(BaseCallback):
         def _on_step(self) -> bool:
@@ -403,24 +533,29 @@ def _train(config: BuildConfig, algo_cls: Any, policy_dir: Path, stop_at_medium:
                 result.history.append((self.num_timesteps, ret))
                 bar.set_postfix(eval_return=f"{ret:.1f}")
                 if config.needs_medium and result.medium_path is None and level is not None and ret >= level:
-                    result.medium_path = policy_dir / "medium.zip"
-                    self.model.save(result.medium_path)
-                    result.medium_step, result.medium_eval_return = self.num_timesteps, ret
                     result.replay = list(train_env.episodes)
+                    save_episodes_file(policy_dir / "replay.pt", result.replay)
+                    result.medium_path = save_model_zip(self.model, policy_dir / "medium.zip")
+                    result.medium_step, result.medium_eval_return = self.num_timesteps, ret
                     train_env.active = False
                     train_env.episodes = []
+                    checkpoint(self.model)
                     if stop_at_medium:
                         bar.set_description("medium reached; no expert needed, stopping")
                         return False
+            if config.checkpoint_freq and self.num_timesteps % config.checkpoint_freq == 0:
+                checkpoint(self.model)
             return True
 
+    remaining = config.total_timesteps - resumed_from
+    done_early = stop_at_medium and result.medium_path is not None
     with bar:
-        model.learn(total_timesteps=config.total_timesteps, callback=Monitor())
+        if remaining > 0 and not done_early:
+            model.learn(total_timesteps=remaining, callback=Monitor(), reset_num_timesteps=resumed_from == 0)
     if stop_at_medium and result.medium_path is not None:
-        model.save(policy_dir / "last.zip")  # stopped at the medium step: not an expert
+        save_model_zip(model, policy_dir / "last.zip")  # stopped at the medium step: not an expert
     else:
-        result.expert_path = policy_dir / "expert.zip"
-        model.save(result.expert_path)
+        result.expert_path = save_model_zip(model, policy_dir / "expert.zip")
     summary = {
         "env_id": config.env_id,
         "algo": algo_cls.__name__,
@@ -431,8 +566,13 @@ def _train(config: BuildConfig, algo_cls: Any, policy_dir: Path, stop_at_medium:
         "medium_eval_return": result.medium_eval_return,
         "stopped_at_medium": stop_at_medium and result.medium_path is not None,
         "eval_history": result.history,
+        "resumed_from_step": resumed_from or None,
+        "fingerprint": fp,
+        "complete": True,
     }
-    (policy_dir / "training.json").write_text(json.dumps(summary, indent=2))
+    with atomic_file(policy_dir / "training.json") as temp:
+        temp.write_text(json.dumps(summary, indent=2))
+    state_path.unlink(missing_ok=True)
     train_env.close()
     eval_env.close()
     return result
@@ -474,10 +614,55 @@ def _describe(kind: str, config: BuildConfig, algo: str, training: _Training, re
     return f"{kind} dataset for {config.env_id}. {body} Reference scores: {refs}. Built by rl_transformers (offline_data.build), seed {config.seed}."
 
 
-def _preflight(config: BuildConfig, train: bool, policy_dir: Path) -> None:
+_NOT_DATA = {
+    "overwrite",
+    "progress",
+    "root",
+    "device",
+    "threads",
+    "policy_dir",
+    "allow_env_modules",
+    "checkpoint_freq",
+}
+
+
+def build_fingerprint(config: BuildConfig) -> str:
+    """Identifies the data a config produces (stored as ``rlt_build.fingerprint`` in each dataset)."""
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in _NOT_DATA}
+    return fingerprint(fields)
+
+
+def _journal(config: BuildConfig, build_fp: str) -> Path:
+    """Marks a build in progress (hidden: Minari lists no hidden directory); removed when it completes."""
+    return dataset_path("x-v0", config.root).parent / ".rlt-journal" / f"{build_fp}.json"
+
+
+def _stored_fingerprint(path: Path) -> str | None:
+    try:
+        meta = json.loads((path / "data" / "metadata.json").read_text())
+        return meta.get("rlt_build", {}).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _preflight(config: BuildConfig, train: bool, policy_dir: Path, build_fp: str) -> set[str]:
+    """Refuse existing targets (unless overwrite); returns the kinds an interrupted run of this build wrote."""
+    done: set[str] = set()
+    in_progress = _journal(config, build_fp).is_file()
     for kind in config.kinds:
+        path = dataset_path(config.dataset_id(kind), config.root)
+        if not path.exists() or config.overwrite:
+            continue
+        if in_progress and _stored_fingerprint(path) == build_fp:
+            done.add(kind)  # written by the killed run of this same build: kept
+            continue
         check_writable(config.dataset_id(kind), config.root, config.overwrite)
-    if train and not config.overwrite:
+    if train and config.overwrite:
+        for name in ("train_state.pt", "training.json", "replay.pt"):
+            (policy_dir / name).unlink(missing_ok=True)
+    elif (
+        train and not (policy_dir / "training.json").exists() and not (policy_dir / "train_state.pt").exists()
+    ):
         for name in ("medium.zip", "expert.zip"):
             if (policy_dir / name).exists():
                 raise FileExistsError(
@@ -487,6 +672,21 @@ def _preflight(config: BuildConfig, train: bool, policy_dir: Path) -> None:
     for path in (config.medium_policy, config.expert_policy):
         if path is not None and not Path(path).is_file():
             raise FileNotFoundError(f"policy zip {path} does not exist")
+    return done
+
+
+def _load_policy(config: BuildConfig, algo_cls: Any, env: gym.Env, path: Path) -> Any:
+    """A fresh SB3 model with the weights of ``path`` (``policy.pth`` only; never SB3's pickle-based load)."""
+    model = algo_cls(
+        "MlpPolicy",
+        env,
+        seed=config.seed,
+        device=config.device,
+        verbose=0,
+        **_algo_kwargs(config, algo_cls, True),
+    )
+    load_policy_weights(model, path)
+    return model
 
 
 def _reference_plan(config: BuildConfig) -> tuple[str, tuple[float, float] | None]:
@@ -561,12 +761,14 @@ def build_datasets(config: BuildConfig) -> BuildResult:
     """Train (or load) the behaviour policy, record the requested kinds and write them as Minari datasets.
 
     Every target id (and policy file) is checked before any training, so an existing dataset stops the
-    build at once unless `config.overwrite`.
+    build at once unless `config.overwrite` -- except datasets an interrupted run of this same build
+    (same settings, `build_fingerprint`) already wrote, which are kept. Training resumes from
+    `<policy_dir>/train_state.pt` (see the module docstring).
     """
     started = time.perf_counter()
     if config.threads is not None:
         set_threads(config.threads)
-    env = _make_env(config.env_id, config.max_episode_steps)
+    env = _make_env(config)
     env_spec, action_space = env.spec, env.action_space
     algo_cls = _algo_class(config, action_space)
     kinds = set(config.kinds)
@@ -576,11 +778,16 @@ def build_datasets(config: BuildConfig) -> BuildResult:
     train = "medium-replay" in kinds or (need_medium and config.medium_policy is None)
     train = train or (need_expert and config.expert_policy is None)
     policy_dir = config.policy_path
-    _preflight(config, train, policy_dir)
+    build_fp = build_fingerprint(config)
+    done = _preflight(config, train, policy_dir, build_fp)
+    journal = _journal(config, build_fp)
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    journal.write_text(json.dumps({"kinds": list(config.kinds), "policy_dir": str(policy_dir)}))
 
     training = _Training()
     if train:
         policy_dir.mkdir(parents=True, exist_ok=True)
+        clean_stale(policy_dir)
         training = _train(config, algo_cls, policy_dir, stop_at_medium=need_medium and not need_expert)
         if need_medium and config.medium_policy is None and training.medium_path is None:
             best = max((r for _, r in training.history), default=float("nan"))
@@ -602,7 +809,7 @@ def build_datasets(config: BuildConfig) -> BuildResult:
     }
     needed = {"medium": need_medium, "expert": need_expert}
     models = {
-        role: algo_cls.load(path, device=config.device)
+        role: _load_policy(config, algo_cls, env, path)
         for role, path in policies.items()
         if path is not None and needed[role]
     }
@@ -614,7 +821,15 @@ def build_datasets(config: BuildConfig) -> BuildResult:
     algo = algo_cls.__name__
     paths: dict[str, Path] = {}
     for kind in config.kinds:
-        build_info: dict[str, Any] = {"kind": kind, "seed": config.seed, "algo": f"sb3/{algo}"}
+        if kind in done:
+            paths[kind] = dataset_path(config.dataset_id(kind), config.root)
+            continue
+        build_info: dict[str, Any] = {
+            "kind": kind,
+            "seed": config.seed,
+            "algo": f"sb3/{algo}",
+            "fingerprint": build_fp,
+        }
         if kind in ("medium", "medium-replay", "medium-expert"):
             build_info.update(
                 medium_step=training.medium_step, medium_eval_return=training.medium_eval_return
@@ -639,7 +854,9 @@ def build_datasets(config: BuildConfig) -> BuildResult:
             extra_metadata=extra,
             root=config.root,
             overwrite=config.overwrite,
+            allow_env_modules=config.allow_env_modules,
         )
+    journal.unlink(missing_ok=True)
     if config.progress:
         tqdm.write(f"built {len(paths)} dataset(s) in {time.perf_counter() - started:.1f} s")
     return BuildResult(
