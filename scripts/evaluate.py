@@ -1,19 +1,25 @@
-"""Evaluate a PPO checkpoint: mean ± std return over N episodes, optionally recording videos.
+"""Evaluate a finished PPO or DT run: mean ± std return over N episodes, per-episode JSON, optional video.
 
-python scripts/evaluate.py runs/ppo/rlt-TMaze-v0/<run>/            # last.pt of a run
-python scripts/evaluate.py runs/ppo/.../checkpoints/best.pt --episodes 100 --stochastic
-python scripts/evaluate.py <run> --video-dir videos/               # needs rgb_array rendering + moviepy
+python scripts/evaluate.py runs/ppo/rlt-TMaze-v0/<run>/             # last.pt; the trainer's eval seeds
+python scripts/evaluate.py runs/ppo/.../<run> --checkpoint best --episodes 100 --stochastic
+python scripts/evaluate.py runs/dt/<dataset>/<run> --target-return 3600 1800
+python scripts/evaluate.py <run> --video videos/                    # needs rgb_array frames + moviepy
+
+Defaults repeat the trainer's own evaluation of that checkpoint (same seeds, episodes, envs, targets), so the
+result matches what the run logged. Per-episode returns go to <run>/eval/evaluate-<checkpoint>.json
+(--output to choose), written atomically.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
 
-import numpy as np
 import tyro
 
-from rl_transformers.algos.ppo import load_policy
-from rl_transformers.algos.rollout import evaluate_policy, video_unavailable
+from rl_transformers.agents import load
+from rl_transformers.agents.evaluate import default_output, evaluate_agent, write_json_atomic
 from rl_transformers.backbone.options import check_int
 from rl_transformers.utils import set_threads
 from rl_transformers.utils.checks import check_device, check_device_available
@@ -22,26 +28,34 @@ from rl_transformers.utils.errors import run_cli
 
 @dataclass(frozen=True)
 class EvalArgs:
-    checkpoint: tyro.conf.Positional[str]
-    """Checkpoint file, or a run directory (its checkpoints/last.pt)."""
-    episodes: int = 20
-    """Number of evaluation episodes."""
+    run: tyro.conf.Positional[str]
+    """Run directory (its checkpoints/last.pt, or best.pt with --checkpoint best) or a checkpoint file."""
+    checkpoint: Literal["last", "best"] = "last"
+    """Which checkpoint of a run directory."""
+    episodes: int | None = None
+    """Episodes (per target for DT). Default: the run's --eval-episodes."""
+    seed: int | None = None
+    """Seed of episode 0. Default: the trainer's evaluation seed for this checkpoint."""
+    num_envs: int | None = None
+    """Envs stepped together. Default: the trainer's (PPO min(episodes, 8), DT --eval-envs)."""
     stochastic: bool = False
-    """Sample actions instead of taking the most likely one."""
-    seed: int = 12345
-    """Seed of the evaluation envs."""
-    num_envs: int = 8
-    """Parallel evaluation envs (1 when recording video)."""
+    """PPO: sample actions instead of taking the most likely one."""
+    target_return: tuple[float, ...] = ()
+    """DT: target returns (several allowed). Default: the run's targets."""
+    env_id: str | None = None
+    """DT: evaluation env when the run's dataset names none."""
+    video: Annotated[str | None, tyro.conf.arg(aliases=("--video-dir",))] = None
+    """Record every episode into this folder (gymnasium RecordVideo; rgb_array env + moviepy)."""
+    output: str | None = None
+    """Per-episode JSON. Default: <run>/eval/evaluate-<checkpoint>.json."""
     device: str = "cpu"
     """torch device."""
     threads: int | None = 1
     """torch CPU threads (1 is fastest for small policies; None = all cores)."""
-    video_dir: str | None = None
-    """Record every episode to this folder (gymnasium RecordVideo)."""
 
     def __post_init__(self) -> None:
-        check_int("episodes (--episodes)", self.episodes, 1)
-        check_int("num_envs (--num-envs)", self.num_envs, 1)
+        check_int("episodes (--episodes)", self.episodes, 1, optional=True)
+        check_int("num_envs (--num-envs)", self.num_envs, 1, optional=True)
         check_int("threads (--threads)", self.threads, 1, optional=True)
         check_device(self.device)
         if self.device != "auto":
@@ -51,29 +65,22 @@ class EvalArgs:
 def main() -> None:
     args = tyro.cli(EvalArgs, description=__doc__)
     set_threads(args.threads)
-    policy, cfg = load_policy(args.checkpoint, args.device)
-    video_dir = args.video_dir
-    if video_dir is not None and (reason := video_unavailable(cfg.env_id, cfg.env_kwargs)) is not None:
-        print(f"not recording video: {reason}")
-        video_dir = None
-    returns, lengths = evaluate_policy(
-        policy,
-        cfg.env_id,
-        cfg.env_kwargs,
-        args.episodes,
+    agent = load(args.run, args.device, checkpoint=args.checkpoint, env_id=args.env_id)
+    report = evaluate_agent(
+        agent,
+        episodes=args.episodes,
         seed=args.seed,
-        seq_len=cfg.ppo.seq_len,
+        num_envs=args.num_envs,
         deterministic=not args.stochastic,
-        device=args.device,
-        num_envs=min(args.num_envs, args.episodes),
-        video_dir=video_dir,
+        targets=args.target_return,
+        video_dir=args.video,
     )
-    print(
-        f"{cfg.env_id}: return {returns.mean():.3f} ± {returns.std():.3f} over {len(returns)} episodes "
-        f"(length {np.mean(lengths):.1f}; {'stochastic' if args.stochastic else 'greedy'} actions)"
-    )
-    if video_dir is not None:
-        print(f"videos in {video_dir}")
+    for line in report.lines():
+        print(line)
+    path = Path(args.output) if args.output else default_output(agent.checkpoint)
+    print(f"episodes written to {write_json_atomic(report.to_json(), path)}")
+    if args.video is not None:
+        print(f"videos in {args.video}")
 
 
 if __name__ == "__main__":

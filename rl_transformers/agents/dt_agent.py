@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -157,14 +158,12 @@ class DecisionTransformerAgent:
         raise UserError("this run records no target returns: give one (--target-return 500)")
 
     def make_env_factory(self) -> Any:
-        """A constructor of the evaluation env, as the trainer built it when possible.
+        """A constructor ``make_env(**kwargs)`` of the evaluation env, as the trainer built it when possible.
 
         The run's ``env_id`` when given; else the dataset's own env spec when the dataset is still readable
         (same time limit as the data); else the env id the checkpoint records."""
-        from rl_transformers.algos.rollout import make_env_thunk
-
         if self._env_id or self.config.env_id:
-            return make_env_thunk(str(self.env_id))
+            return _by_id(str(self.env_id))
         try:
             from offline_data import load_episodes
 
@@ -179,7 +178,7 @@ class DecisionTransformerAgent:
             raise UserError(
                 "this run's dataset records no environment and is not readable here: give one (--env-id)"
             )
-        return make_env_thunk(self.env_id)
+        return _by_id(self.env_id)
 
     def evaluate(
         self,
@@ -205,6 +204,16 @@ class DecisionTransformerAgent:
         return (
             f"DecisionTransformerAgent(algo={self.config.algo!r}, env_id={self.env_id!r}, step={self.step})"
         )
+
+
+def _by_id(env_id: str) -> Any:
+    """``make_env(render_mode=None)`` for a registered id (``rlt/`` ids included), through the safe resolver."""
+    from rl_transformers.algos.rollout import make_env_thunk
+
+    def make_env(render_mode: str | None = None) -> gym.Env:
+        return make_env_thunk(env_id, None, render_mode=render_mode)()
+
+    return make_env
 
 
 def _step_of(path: Path) -> int:
