@@ -27,19 +27,15 @@ down to 0 over the remaining updates. An unchanged budget keeps the anchor (bit-
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import pickle
 import sys
 import time
-import warnings
 from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 
@@ -55,9 +51,15 @@ from rl_transformers.algos.distributed import (
     setup_distributed,
     shutdown,
 )
+from rl_transformers.algos.ppo_checkpoint import (  # RESUME_BLOB, load_policy: re-exported
+    RESUME_BLOB,  # noqa: F401
+    checkpoint_state,
+    load_policy,  # noqa: F401
+    restore_checkpoint,
+    run_dir_of,
+)
 from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig, resume_config
 from rl_transformers.algos.rollout import (
-    LoopState,
     RolloutStorage,
     SequenceBatch,
     check_same_step,
@@ -67,7 +69,6 @@ from rl_transformers.algos.rollout import (
     reset_loop,
 )
 from rl_transformers.logging import Logger
-from rl_transformers.policies.encoders import tree_map
 from rl_transformers.policies.gtrxl import ActorCritic, ContextCore, make_policy
 from rl_transformers.utils import (
     CheckpointManager,
@@ -83,25 +84,9 @@ from rl_transformers.utils import (
     save_config,
     seed_everything,
     set_threads,
-    to_jsonable,
 )
 from rl_transformers.utils.errors import UserError
 from rl_transformers.utils.resume import saved_config
-from rl_transformers.utils.trust import UntrustedBlob, load_signed, sign_blob
-
-RESUME_BLOB = "resume_state"
-"""Checkpoint key of the signed (envs, loop) blob."""
-
-
-def _move_loop(loop: LoopState, device: torch.device | str) -> LoopState:
-    state = loop.policy_state
-    return LoopState(
-        obs=tree_map(lambda x: x.to(device), loop.obs),
-        episode_start=loop.episode_start.to(device),
-        policy_state=state.map(lambda t: t.to(device)) if hasattr(state, "map") else state,
-        ep_return=loop.ep_return.copy(),
-        ep_length=loop.ep_length.copy(),
-    )
 
 
 @dataclass
@@ -353,106 +338,12 @@ class PPOTrainer:
         return linear_schedule(lr0, 0.0, (u - u0) / max(self.num_updates - u0, 1))
 
     def checkpoint_state(self) -> dict[str, Any]:
-        blob = None
-        if isinstance(self.envs, gym.vector.SyncVectorEnv) and not getattr(self, "_unpicklable", False):
-            try:
-                blob = sign_blob((self.envs.envs, _move_loop(self.loop, "cpu")), RESUME_BLOB)
-            except (pickle.PicklingError, AttributeError, TypeError) as err:
-                self._unpicklable = True
-                warnings.warn(
-                    f"the envs of {self.cfg.env_id!r} cannot be pickled ({err}); checkpoints hold no env "
-                    "state, a resume starts fresh episodes",
-                    stacklevel=2,
-                )
-        return {
-            "config": to_jsonable(dataclasses.replace(self.cfg, resume=None, trust_checkpoint=False)),
-            "policy": self.policy.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "global_step": self.global_step,
-            "update": self.update,
-            "num_updates": self.num_updates,
-            "lr_anchor": {"update": self.lr_anchor[0], "lr": self.lr_anchor[1]},
-            "spaces": _describe_spaces(self.envs.single_observation_space, self.envs.single_action_space),
-            "rng": capture_rng_state(),
-            "generator": self.generator.get_state(),
-            "episode_returns": list(self.episode_returns),
-            "episode_lengths": list(self.episode_lengths),
-            RESUME_BLOB: blob,
-        }
+        """Everything a resume needs (see :mod:`rl_transformers.algos.ppo_checkpoint`)."""
+        return checkpoint_state(self)
 
     def load_checkpoint_state(self, ckpt: dict[str, Any], source: str | Path = "checkpoint") -> None:
-        """Restore everything :meth:`checkpoint_state` saved (envs and loop only on rank 0 with sync envs,
-        and only from a blob signed with this user's key unless ``cfg.trust_checkpoint``)."""
-        missing = [k for k in ("policy", "optimizer", "global_step", "update") if k not in ckpt]
-        if missing:
-            raise UserError(f"checkpoint {source} lacks {missing}: not a PPO checkpoint of rl_transformers")
-        load_policy_weights(
-            self.policy,
-            ckpt,
-            source,
-            self.envs.single_observation_space,
-            self.envs.single_action_space,
-            self.cfg.env_id,
-        )
-        self.optimizer.load_state_dict(ckpt["optimizer"])
-        self.global_step = int(ckpt["global_step"])
-        self.update = int(ckpt["update"])
-        self.episode_returns.extend(float(r) for r in ckpt.get("episode_returns", []))
-        self.episode_lengths.extend(int(n) for n in ckpt.get("episode_lengths", []))
-        self._restore_schedule(ckpt)
-        exact = self._restore_envs(ckpt, source)
-        if exact:
-            try:
-                restore_rng_state(ckpt["rng"])
-                self.generator.set_state(ckpt["generator"])
-            except (KeyError, TypeError, ValueError, RuntimeError) as err:
-                raise UserError(f"checkpoint {source}: its RNG states do not restore ({err})") from None
-        else:  # fresh episodes; different seeds than the start so no episode repeats
-            seed = self.cfg.seed + self.dist.rank * self.cfg.num_envs + 7919 * self.update
-            self.loop = reset_loop(self.envs, self.policy, seed, self.device)
-            seed_everything(seed, self.cfg.torch_deterministic)
-            self.generator.manual_seed(seed)
-
-    def _restore_schedule(self, ckpt: dict[str, Any]) -> None:
-        anchor = ckpt.get("lr_anchor") or {"update": 0, "lr": self.cfg.ppo.learning_rate}
-        self.lr_anchor = (int(anchor["update"]), float(anchor["lr"]))
-        saved_updates = int(ckpt.get("num_updates", self.num_updates))
-        if saved_updates != self.num_updates:  # budget changed: continue from the rate reached here
-            u0, lr0 = self.lr_anchor
-            reached = linear_schedule(lr0, 0.0, (self.update - u0) / max(saved_updates - u0, 1))
-            self.lr_anchor = (self.update, reached if self.cfg.ppo.anneal_lr else self.cfg.ppo.learning_rate)
-
-    def _restore_envs(self, ckpt: dict[str, Any], source: str | Path) -> bool:
-        """Put back the pickled envs + loop when allowed; False (fresh episodes) otherwise."""
-        if not (self.dist.is_main and isinstance(self.envs, gym.vector.SyncVectorEnv)):
-            return False
-        entry = ckpt.get(RESUME_BLOB)
-        if entry is None and isinstance(ckpt.get("envs"), torch.Tensor) and "loop" in ckpt:
-            entry = "legacy"  # written before blobs were signed: two unsigned pickles
-        if entry is None:
-            return False
-        trust = self.cfg.trust_checkpoint
-        try:
-            if entry == "legacy":
-                if not trust:
-                    raise UntrustedBlob("it was written by an older version, without a signature")
-                envs = load_signed({"data": ckpt["envs"]}, "envs", trust=True)
-                loop = load_signed({"data": ckpt["loop"]}, "loop", trust=True)
-            else:
-                envs, loop = load_signed(entry, RESUME_BLOB, trust=trust)
-        except UntrustedBlob as why:
-            warnings.warn(
-                f"checkpoint {source}: its saved environments are not unpickled ({why}). The run resumes "
-                "with fresh episodes (policy, optimizer and counters restored; not bit-exact). If you trust "
-                "this file, pass --trust-checkpoint to restore them.",
-                stacklevel=3,
-            )
-            return False
-        for env in self.envs.envs:
-            env.close()
-        self.envs.envs = envs
-        self.loop = _move_loop(loop, self.device)
-        return True
+        """Restore what :meth:`checkpoint_state` saved (see :func:`restore_checkpoint`)."""
+        restore_checkpoint(self, ckpt, source)
 
     # -- the loop -------------------------------------------------------------------------------------------
     def learn(
@@ -596,13 +487,6 @@ def _crossed(step: int, batch: int, every: int) -> bool:
 
 
 # -- entry point --------------------------------------------------------------------------------------------
-def run_dir_of(checkpoint: Path) -> Path:
-    """The run directory a checkpoint file (``<run>/checkpoints/x.pt``) or run directory belongs to."""
-    if checkpoint.is_file():
-        return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
-    return checkpoint.parent if checkpoint.name == "checkpoints" else checkpoint
-
-
 def train(
     cfg: TrainConfig,
     run_dir: Path | None = None,
@@ -654,60 +538,6 @@ def train(
 
 
 # -- loading and measuring ----------------------------------------------------------------------------------
-def _describe_spaces(obs: gym.Space, act: gym.Space) -> dict[str, str]:
-    return {"observation": str(obs), "action": str(act)}
-
-
-def load_policy_weights(
-    policy: ActorCritic,
-    ckpt: dict[str, Any],
-    source: str | Path,
-    obs_space: gym.Space,
-    act_space: gym.Space,
-    env_id: str,
-) -> None:
-    """``policy.load_state_dict(ckpt["policy"])`` with a clear error when the env's spaces differ from the
-    ones the checkpoint was trained on (instead of a raw state_dict size mismatch)."""
-    here = _describe_spaces(obs_space, act_space)
-    saved = ckpt.get("spaces")
-    mismatch = isinstance(saved, dict) and saved != here
-    if not mismatch:
-        try:
-            policy.load_state_dict(ckpt["policy"])
-            return
-        except (RuntimeError, KeyError, TypeError) as err:
-            if isinstance(saved, dict):
-                raise UserError(f"checkpoint {source}: its policy weights do not load: {err}") from None
-    saved_text = (
-        f"observation space {saved.get('observation')}, action space {saved.get('action')}"
-        if isinstance(saved, dict)
-        else "other spaces (the weight shapes differ)"
-    )
-    raise UserError(
-        f"checkpoint {source} was trained on {saved_text}; env {env_id!r} has observation space "
-        f"{here['observation']}, action space {here['action']}. Evaluate it on the env it was trained on."
-    )
-
-
-def load_policy(path: str | Path, device: str | torch.device = "cpu") -> tuple[ActorCritic, TrainConfig]:
-    """The policy of a checkpoint (file or run directory) and the run's config."""
-    source = latest_checkpoint(path) or Path(path)
-    ckpt = load_checkpoint(source, map_location=device)
-    cfg = saved_config(TrainConfig, ckpt, source)
-    if "policy" not in ckpt:
-        raise UserError(
-            f"checkpoint {source} has no 'policy' weights: not a PPO checkpoint of rl_transformers"
-        )
-    from rl_transformers.algos.rollout import make_env_thunk
-
-    env = make_env_thunk(cfg.env_id, cfg.env_kwargs)()
-    obs_space, act_space = env.observation_space, env.action_space
-    env.close()
-    policy = make_policy(cfg.policy, obs_space, act_space).to(device)
-    load_policy_weights(policy, ckpt, source, obs_space, act_space, cfg.env_id)
-    return policy, cfg
-
-
 def measure_throughput(cfg: TrainConfig, updates: int = 5, warmup: int = 1) -> dict[str, float]:
     """Env steps per second of rollouts alone and of whole PPO updates (rollout + training), after warm-up."""
     set_threads(cfg.threads or available_cores())
