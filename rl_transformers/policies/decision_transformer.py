@@ -42,6 +42,7 @@ from torch import Tensor, nn
 
 from rl_transformers.backbone import Backbone, BackboneConfig, capabilities
 from rl_transformers.backbone.state import BackboneState
+from rl_transformers.policies.dt_fast import fast_path_reason, fused_forward
 
 Padding = Literal["right", "left"]
 PADDINGS: tuple[str, ...] = ("right", "left")
@@ -140,8 +141,8 @@ class DTOutput:
     """(B, K, A) predicted actions (Box) or (B, K, n_actions) logits (Discrete), one per step."""
     hidden: Tensor
     """(B, K, d) backbone outputs at the state tokens."""
-    state: BackboneState
-    """Backbone state after these tokens (streaming)."""
+    state: BackboneState | None
+    """Backbone state after these tokens (streaming); None when the fused forward ran (no state asked)."""
     aux_losses: dict[str, Tensor] = field(default_factory=dict)
     """Backbone auxiliary losses (unweighted)."""
     info: dict[str, Any] = field(default_factory=dict)
@@ -241,6 +242,8 @@ class DecisionTransformer(nn.Module):
         self.embed_norm = nn.LayerNorm(d)
         self.embed_dropout = nn.Dropout(backbone.dropout if embed_dropout is None else embed_dropout)
         self.backbone = Backbone(backbone)
+        self.fused = True
+        """Use the fused training forward when the configuration allows it (:func:`fast_path_reason`)."""
         self._init_embeddings()
 
     def _init_embeddings(self) -> None:
@@ -355,9 +358,18 @@ class DecisionTransformer(nn.Module):
         timesteps: Tensor,
         mask: Tensor | None = None,
         state: BackboneState | None = None,
+        return_state: bool = False,
     ) -> DTOutput:
-        """Action predictions for every step of (B, K) windows (shapes in the module docstring)."""
+        """Action predictions for every step of (B, K) windows (shapes in the module docstring).
+
+        Without an incoming ``state`` and with ``return_state`` False, the plain GPT-2 configuration runs the
+        fused forward of :mod:`~rl_transformers.policies.dt_fast` (equal at every real step; ``state`` of the
+        output is then None). ``return_state=True`` or ``model.fused = False`` forces the generic path.
+        """
         steps = self.embed_steps(returns_to_go, observations, actions, timesteps)
+        if state is None and not return_state and self.fused and fast_path_reason(self) is None:
+            hidden = fused_forward(self, steps)  # same function at the real steps (see dt_fast.py)
+            return DTOutput(self.head(hidden), hidden, None)
         b, k, n, d = steps.shape
         kpm = None if mask is None else mask.to(torch.bool).repeat_interleave(n, dim=1)
         out = self.run_tokens(steps.reshape(b, k * n, d), key_padding_mask=kpm, state=state)

@@ -54,6 +54,7 @@ def test_default_backbone_is_the_papers() -> None:
 def test_tokens_interleave_return_state_action_with_timestep(padding: str) -> None:
     """Backbone input = LN(embedding + timestep embedding) in the order R̂_0, s_0, a_0, R̂_1, ...; padding mask x3."""
     model = make_model(k=3, padding=padding).eval()
+    model.fused = False  # the generic path hands the tokens to the backbone (the fused one is tested below)
     captured = {}
 
     def fake_backbone(x, state=None, reset=None, key_padding_mask=None):
@@ -305,3 +306,94 @@ def test_dt_runs_on_backbone(overrides: dict) -> None:
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
     agent = run_episodes(model, 2, 6, {(1, 0)}, "auto")
     assert (agent.calls["stream"] > 0) == model.streams_exactly
+
+
+# --- the fused training forward (dt_fast.py) equals the generic backbone path -----------------------------------
+
+
+def _padded_batch(k: int, b: int = 5, seed: int = 3, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([k, 1, k - 1, 2, k])[:b]
+    mask = torch.arange(k)[None] < lengths[:, None]
+    batch = {
+        "returns_to_go": torch.rand(b, k, generator=g, dtype=dtype) * 30,
+        "observations": torch.randn(b, k, 3, generator=g, dtype=dtype),
+        "actions": torch.rand(b, k, 2, generator=g, dtype=dtype) * 2 - 1,
+        "timesteps": torch.randint(0, 50, (b, k), generator=g),
+        "mask": mask,
+    }
+    return {
+        n: v * mask.view(*mask.shape, *([1] * (v.dim() - 2))) if n != "mask" else v for n, v in batch.items()
+    }
+
+
+@pytest.mark.parametrize(
+    "overrides, kwargs",
+    [
+        ({}, {}),
+        ({"n_layers": 1}, {}),
+        ({"n_layers": 3, "n_heads": 4, "activation": "gelu"}, {}),
+        ({"n_layers": 2, "ffn_dropout": 0.2}, {"condition_on_return": False}),
+    ],
+)
+@pytest.mark.parametrize("train", [False, True])
+def test_fused_forward_equals_generic_path(overrides: dict, kwargs: dict, train: bool) -> None:
+    """Same weights, float64, dropout 0: predictions at real steps and all parameter gradients agree."""
+    from rl_transformers.policies.dt_fast import fast_path_reason
+
+    backbone = tiny(dropout=0.0, **overrides)
+    if "ffn_dropout" in overrides:  # dropout layers present but compared in eval mode only
+        backbone = tiny(**overrides)
+    model = make_model(k=4, backbone=backbone, **kwargs).double()
+    assert fast_path_reason(model) is None
+    model.train(train and "ffn_dropout" not in overrides)
+    batch = _padded_batch(4)
+    fused = model(**batch)
+    assert fused.state is None  # the fused path ran
+    model.zero_grad()
+    model.action_loss(fused.predictions, batch["actions"], batch["mask"]).backward()
+    grads_fused = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    model.fused = False
+    generic = model(**batch)
+    assert generic.state is not None
+    model.action_loss(generic.predictions, batch["actions"], batch["mask"]).backward()
+    real = batch["mask"]
+    torch.testing.assert_close(fused.predictions[real], generic.predictions[real], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(fused.hidden[real], generic.hidden[real], rtol=1e-10, atol=1e-12)
+    grads_generic = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert grads_fused.keys() == grads_generic.keys()
+    for name, g in grads_generic.items():
+        torch.testing.assert_close(grads_fused[name], g, rtol=1e-9, atol=1e-12, msg=name)
+
+
+def test_fused_path_is_refused_where_it_would_change_the_maths() -> None:
+    from rl_transformers.policies.dt_fast import fast_path_reason
+
+    assert "padding" in fast_path_reason(make_model(padding="left"))
+    assert "position" in fast_path_reason(make_model(backbone=tiny(position="rope")))
+    assert "block" in fast_path_reason(make_model(backbone=tiny(block="gtrxl")))
+    assert "max_cache" in fast_path_reason(make_model(backbone=tiny(attention_options={"max_cache": 2})))
+    model = make_model(backbone=tiny(dropout=0.0)).eval()
+    batch = _padded_batch(4, dtype=torch.float32)
+    assert model(**batch, return_state=True).state is not None  # asking for the state forces the generic path
+
+
+def test_fast_dropout_keeps_with_probability_one_minus_p_and_rescales() -> None:
+    from rl_transformers.policies.dt_fast import fast_dropout, residual_dropout
+
+    torch.manual_seed(0)
+    x = torch.full((400_000,), 2.0)
+    for p in (0.1, 0.5):
+        y = fast_dropout(x, p, training=True)
+        kept = y != 0
+        assert torch.all(y[kept] == 2.0 / (1 - p))
+        n = x.numel()
+        assert abs(kept.double().mean().item() - (1 - p)) < 5 * (p * (1 - p) / n) ** 0.5
+        base = torch.randn(n)
+        z = residual_dropout(base, x, p, training=True) - base
+        zk = z.abs() > 1e-3
+        torch.testing.assert_close(z[zk], torch.full_like(z[zk], 2.0 / (1 - p)))
+        assert abs(zk.double().mean().item() - (1 - p)) < 5 * (p * (1 - p) / n) ** 0.5
+    assert torch.equal(fast_dropout(x, 0.3, training=False), x)
+    assert torch.equal(fast_dropout(x, 1.0, training=True), torch.zeros_like(x))
