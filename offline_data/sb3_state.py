@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import warnings
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -76,7 +77,9 @@ def load_policy_weights(model: Any, path: Path) -> None:
             )
         raw = archive.read("policy.pth")
     try:
-        state = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # SB3 writes pickle protocol 4; the weights-only reader handles it
+            warnings.filterwarnings("ignore", message=r"Detected pickle protocol", category=UserWarning)
+            state = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
         model.policy.load_state_dict(state)
     except (RuntimeError, ValueError, TypeError, KeyError) as err:
         raise DatasetError(
