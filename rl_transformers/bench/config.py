@@ -110,8 +110,8 @@ class BenchConfig:
     measure_memory: bool = True
     """Peak memory: fresh process per config on CPU, ``torch.cuda.max_memory_allocated`` on GPU."""
     check_max_len: int | None = None
-    """Correctness gate at lengths up to this; longer sizes reuse the gate of the longest checked length
-    (default: 1024 on CPU, 4096 on GPU)."""
+    """Correctness gate at lengths up to this; a longer size is gated at the longest checked length of its
+    series, or by a check run at this length when none was (its row says so) (default: 1024 CPU, 4096 GPU)."""
     ref_max_len: int = 2048
     """Error vs the dense float64 reference only up to this length (it materialises L x L)."""
     probe_len: int = 96

@@ -9,10 +9,11 @@ For each (position, target, mode, shape) group, in order of increasing L:
 2. **Memory** (CPU: a fresh process per config, budget-capped and time-limited, which doubles as a guard: a size
    too big or too slow dies there and is reported ``skipped (memory|time)``, or ``unsupported`` when the entry
    rejects the configuration).
-3. **Correctness gate** (``correctness.py``) at L <= ``check_max_len``: numerical error vs float64, the softmax
-   probe for exact entries, error vs dense attention over the full mask. Failing entries are reported as
-   ``failed`` and not timed. Longer sizes reuse the gate of the longest checked size (``checked_at``); the
-   backward mode shares the forward gate.
+3. **Correctness gate** (``gate.py``, checks in ``correctness.py``): numerical error vs float64, the softmax
+   probe for exact entries, error vs dense attention over the full mask. Every timed row is gated: at its own
+   length up to ``check_max_len``, above it at the longest checked length of its series or, when none was, by a
+   check run at ``check_max_len`` (the row notes "checked at L = ..."). Failing entries are reported as
+   ``failed`` and not timed; the backward mode shares the forward gate.
 4. **Timing**: warm-up, round-robin repeats over the group's implementations, median and IQR (``timing.py``);
    on GPU the CUDA memory statistics are read around one call first.
 5. Derived: tokens/s = B·T / t (T = L, or 1 for a step); dense-equivalent TFLOP/s (formula in :func:`flops`);
@@ -24,14 +25,9 @@ are compared with SDPA non-causal measured in the same group.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import os
-import platform
-import socket
-import subprocess
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -39,106 +35,18 @@ import torch
 
 from rl_transformers.backbone import registry
 from rl_transformers.bench import correctness as corr
-from rl_transformers.bench.config import BenchConfig, ResolvedConfig, Shape, cpu_count
+from rl_transformers.bench.config import BenchConfig, ResolvedConfig, Shape
+from rl_transformers.bench.gate import GateError, Gatekeeper
 from rl_transformers.bench.memory import Extrapolator, MemoryJob, measure_cpu, measure_gpu
+from rl_transformers.bench.meta import machine_info
 from rl_transformers.bench.ops import Impl, Op, build_op, cheap_step_state, compile_op, registry_impls
+from rl_transformers.bench.rows import base_row, flops, skip  # noqa: F401 - flops re-exported
 from rl_transformers.bench.timing import RepeatPolicy, clock_for, time_interleaved
 
 SCHEMA_VERSION = 1
 MIB = 2**20
-
-KNOWN_FULL_MASK = {
-    "sdpa": lambda options, length: True,
-    "full": lambda options, length: options.get("max_cache") is None or options["max_cache"] >= length,
-    "local": lambda options, length: options.get("window", 64) >= length,
-}
-"""Exact entries whose mask is the full one at a given length: their ``ref_err`` must be numerical (gated)."""
 BASELINE_TIME_FACTOR = 4.0
 """The SDPA baseline may take this many times ``max_call_s`` per call, so ratios exist where variants run."""
-KNOWN_MASK_TOLERANCE = 1e-6
-"""Gate on ``ref_err`` (float64 vs float64) for :data:`KNOWN_FULL_MASK` entries and exact peers."""
-
-
-def flops(target: str, mode: str, shape: Shape, causal: bool, n_layers: int) -> float:
-    """Dense-equivalent FLOPs of one call (stated in the README; the same formula for every variant).
-
-    Attention: 4·B·H·L²·D forward (QKᵀ and PV, 2 FLOPs per multiply-add), halved when causal; a step attends
-    L + 1 keys: 4·B·H·(L+1)·D. Backward = 2.5 x forward (fwd+bwd = 3.5 x fwd, the FlashAttention convention).
-    Layer adds the four d x d projections, 8·B·T·d²; a model block adds the FFN (width 4d), 16·B·T·d², per
-    layer; backward of these matmuls = 2 x forward (fwd+bwd = 3 x fwd).
-    """
-    b, h, d, length = shape.batch, shape.heads, shape.d_head, shape.length
-    if mode == "step":
-        attn, tokens = 4.0 * b * h * (length + 1) * d, 1
-    else:
-        attn, tokens = 4.0 * b * h * length * length * d * (0.5 if causal else 1.0), length
-    width = shape.width
-    dense = 0.0
-    if target in ("layer", "model"):
-        dense += 8.0 * b * tokens * width**2
-    if target == "model":
-        dense += 16.0 * b * tokens * width**2
-    layers = n_layers if target == "model" else 1
-    if mode == "backward":
-        return layers * (3.5 * attn + 3.0 * dense)
-    return layers * (attn + dense)
-
-
-def git_sha() -> str | None:
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
-        )
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=30)
-        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
-
-
-def machine_meta(rc: ResolvedConfig) -> dict[str, Any]:
-    return {
-        "torch_version": torch.__version__,
-        "cuda_version": torch.version.cuda,
-        "python_version": platform.python_version(),
-        "platform": platform.platform(),
-        "hostname": socket.gethostname(),
-        "device": str(rc.device),
-        "device_name": device_name(rc.device),
-        "dtype": rc.dtype_name,
-        "git_sha": git_sha(),
-        "threads": rc.threads,
-        "cores": cpu_count(),
-        "loadavg_start": list(os.getloadavg()),
-        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "registry": registry.available(),
-    }
-
-
-@dataclasses.dataclass
-class _Gate:
-    """Outcome of the correctness gate of one (implementation, target, size)."""
-
-    status: str
-    reason: str = ""
-    num_err: float | None = None
-    num_tol: float | None = None
-    ref_err: float | None = None
-    ref_tol: float | None = None
-    probe: dict[str, Any] | None = None
-    checked_at: int | None = None
 
 
 class Runner:
@@ -152,8 +60,7 @@ class Runner:
         self.rows: list[dict[str, Any]] = []
         self.mem_model = Extrapolator(floor=1.0 * MIB)
         self.time_model = Extrapolator()
-        self.probes: dict[tuple[str, str, bool, int, int], corr.ProbeResult] = {}
-        self.gates: dict[tuple[Any, ...], _Gate] = {}
+        self.gatekeeper = Gatekeeper(rc, self._build)
         self.policy = RepeatPolicy(
             warmup=self.cfg.warmup,
             repeats=rc.repeats,
@@ -185,7 +92,7 @@ class Runner:
             label = (
                 impl.name if causal == self.cfg.causal or impl.kind != "sdpa" else f"{impl.name} (non-causal)"
             )
-            row = self._base_row(impl, label, position, target, mode, shape, causal, load)
+            row = base_row(self.rc, impl, label, position, target, mode, shape, causal, load)
             rows[label] = row
             op = self._prepare(impl, row, position, target, mode, shape, causal)
             if op is not None:
@@ -206,76 +113,6 @@ class Runner:
     def positions(self) -> tuple[str, ...]:
         return self.cfg.positions
 
-    def _base_row(
-        self,
-        impl: Impl,
-        label: str,
-        position: str,
-        target: str,
-        mode: str,
-        shape: Shape,
-        causal: bool,
-        load: float,
-    ) -> dict[str, Any]:
-        note = ""
-        if impl.kind != "sdpa" and causal != self.cfg.causal:
-            note = (
-                "non-causal only: run non-causal, compared with SDPA non-causal"
-                if self.cfg.causal
-                else "causal only: run causal, compared with SDPA causal"
-            )
-        if impl.kind == "ours" and target == "kernel" and position != "none":
-            kind = registry.get("position", position).cls.kind
-            if kind in ("input", "qk"):
-                note = (
-                    note + "; " if note else ""
-                ) + f"position {position!r} ({kind}) is applied outside the kernel"
-        return {
-            "variant": label,
-            "kind": impl.kind,
-            "attention": impl.attention if impl.kind != "peer" else None,
-            "options": corr_options(impl, shape.length),
-            "exact": impl.exact,
-            "streaming": impl.streaming,
-            "position": position if impl.kind != "peer" else "none",
-            "target": target,
-            "mode": mode,
-            "causal": causal,
-            "causal_requested": self.cfg.causal,
-            "batch": shape.batch,
-            "heads": shape.heads,
-            "d_head": shape.d_head,
-            "length": shape.length,
-            "dtype": self.rc.dtype_name,
-            "device": str(self.rc.device),
-            "compiled": False,
-            "status": "pending",
-            "reason": "",
-            "note": note,
-            "time_ms": None,
-            "time_ms_q1": None,
-            "time_ms_q3": None,
-            "time_ms_iqr": None,
-            "repeats": 0,
-            "loops": None,
-            "early_stop": False,
-            "first_call_ms": None,
-            "tokens_per_s": None,
-            "flops": flops(target, mode, shape, causal, self.cfg.n_layers),
-            "tflops": None,
-            "peak_mem_bytes": None,
-            "mem_method": None,
-            "mem_estimate_bytes": None,
-            "ratio_sdpa": None,
-            "num_err": None,
-            "num_tol": None,
-            "ref_err": None,
-            "ref_tol": None,
-            "probe": None,
-            "checked_at": None,
-            "loadavg": load,
-        }
-
     def _series(self, impl: Impl, position: str, target: str, mode: str, causal: bool, shape: Shape) -> tuple:
         return (impl.name, position, target, mode, causal, shape.heads, shape.d_head)
 
@@ -291,25 +128,25 @@ class Runner:
     ) -> Op | None:
         """Skips, gate and memory for one implementation; the op to time, or None."""
         if mode == "step" and impl.streaming == "none":
-            return _skip(row, "streaming='none': the caller recomputes its window, no streaming step")
+            return skip(row, "streaming='none': the caller recomputes its window, no streaming step")
         if mode == "step" and not causal:
-            return _skip(row, "non-causal only: no streaming step")
+            return skip(row, "non-causal only: no streaming step")
         series = self._series(impl, position, target, mode, causal, shape)
         budget = self.rc.memory_budget
         mem_est = self.mem_model.predict(series, shape)
         row["mem_estimate_bytes"] = mem_est
         if mem_est is not None and mem_est > budget:
-            return _skip(
+            return skip(
                 row, f"skipped (memory): estimated {mem_est / MIB:.0f} MiB > budget {budget / MIB:.0f} MiB"
             )
         limit = self.cfg.max_call_s * (BASELINE_TIME_FACTOR if impl.kind == "sdpa" else 1.0)
         time_est = self.time_model.predict(series, shape)
         if time_est is not None and time_est > limit:
-            return _skip(row, f"skipped (time): estimated {time_est:.1f} s per call > {limit:g} s")
+            return skip(row, f"skipped (time): estimated {time_est:.1f} s per call > {limit:g} s")
         if mode == "step" and not cheap_step_state(impl, target):  # state built by forwards over the past
             build_est = self._forward_time(impl, position, target, causal, shape)
             if build_est is not None and build_est > limit:
-                return _skip(row, f"skipped (time): building the state needs ~{build_est:.1f} s of forward")
+                return skip(row, f"skipped (time): building the state needs ~{build_est:.1f} s of forward")
         if self.cfg.measure_memory and self.rc.device.type == "cpu":
             # First, in a fresh process: peak memory, and a guard against sizes too big or too slow to time here.
             job = MemoryJob(
@@ -320,7 +157,7 @@ class Runner:
             if "error" in result:
                 kind, detail = result["error"], result.get("detail", "")
                 if kind in ("memory", "time", "unsupported"):
-                    return _skip(
+                    return skip(
                         row,
                         f"skipped ({kind}): {detail}" if kind != "unsupported" else f"unsupported: {detail}",
                     )
@@ -330,10 +167,16 @@ class Runner:
             self.mem_model.add(series, shape, result["peak_bytes"])
             if result["call_s"] > limit:
                 self.time_model.add(series, shape, result["call_s"])
-                return _skip(row, f"skipped (time): one call took {result['call_s']:.1f} s > {limit:g} s")
-        gate = self._gate(impl, row, position, target, mode, shape, causal, mem_est)
-        if gate is None:
-            return None
+                return skip(row, f"skipped (time): one call took {result['call_s']:.1f} s > {limit:g} s")
+        try:
+            gate = self.gatekeeper.gate(impl, position, target, mode, shape, causal, mem_est)
+        except GateError as err:
+            if err.kind == "memory":
+                _free_device(self.rc.device)
+            if err.kind == "error":
+                row["status"], row["reason"] = "error", err.detail
+                return None
+            return skip(row, err.detail)
         for key in ("num_err", "num_tol", "ref_err", "ref_tol", "probe", "checked_at"):
             row[key] = getattr(gate, key)
         if gate.status == "failed":
@@ -345,7 +188,7 @@ class Runner:
             op = self._build(impl, target, mode, shape, causal, position)
         except torch.OutOfMemoryError as err:
             _free_device(self.rc.device)
-            return _skip(row, f"skipped (memory): {err}"[:300])
+            return skip(row, f"skipped (memory): {err}"[:300])
         except Exception as err:
             row["status"], row["reason"] = "error", f"{type(err).__name__}: {err}"
             return None
@@ -354,7 +197,7 @@ class Runner:
                 result = measure_gpu(op.call, self.rc.device)
             except torch.OutOfMemoryError as err:
                 _free_device(self.rc.device)
-                return _skip(row, f"skipped (memory): {err}"[:300])
+                return skip(row, f"skipped (memory): {err}"[:300])
             row["peak_mem_bytes"], row["mem_method"] = result["peak_bytes"], result["method"]
             self.mem_model.add(series, shape, result["peak_bytes"])
         row["status"] = "ok" if impl.exact else "approx"
@@ -375,89 +218,6 @@ class Runner:
             impl, target, mode, shape, causal=causal, position=position, n_layers=self.cfg.n_layers,
             dtype=self.rc.dtype, device=self.rc.device, seed=self.cfg.seed,
         )  # fmt: skip
-
-    # -- correctness ----------------------------------------------------------------------------------------
-    def _gate(
-        self,
-        impl: Impl,
-        row: dict[str, Any],
-        position: str,
-        target: str,
-        mode: str,
-        shape: Shape,
-        causal: bool,
-        mem_est: float | None,
-    ) -> _Gate | None:
-        kind = "step" if mode == "step" else "forward"
-        series = (impl.name, position, target, kind, causal, shape.heads, shape.d_head)
-        key = (*series, shape.batch, shape.length)
-        if key in self.gates:
-            return self.gates[key]
-        too_big = mem_est is not None and 2 * mem_est > self.rc.memory_budget
-        if shape.length > self.rc.check_max_len or too_big:
-            previous = [g for k, g in self.gates.items() if k[: len(series)] == series and g.checked_at]
-            if previous:
-                return max(previous, key=lambda g: g.checked_at or 0)
-            return _Gate(status="ok", reason="not checked (size above check_max_len)")
-        try:
-            gate = self._check(impl, position, target, kind, shape, causal)
-        except ValueError as err:
-            _skip(row, f"unsupported: {err}")
-            return None
-        except torch.OutOfMemoryError as err:
-            _free_device(self.rc.device)
-            _skip(row, f"skipped (memory): correctness check: {err}"[:300])
-            return None
-        except Exception as err:
-            row["status"], row["reason"] = "error", f"{type(err).__name__}: {err}"
-            return None
-        self.gates[key] = gate
-        return gate
-
-    def _check(self, impl: Impl, position: str, target: str, kind: str, shape: Shape, causal: bool) -> _Gate:
-        op = self._build(impl, target, kind, shape, causal, position)
-        op.module.eval()
-        name = impl.attention or impl.name
-        gate = _Gate(status="ok", checked_at=shape.length)
-        gate.num_tol = corr.numeric_tolerance(name, self.rc.dtype)
-        gate.num_err = corr.numerical_error(op)
-        failures = []
-        if not gate.num_err <= gate.num_tol:
-            failures.append(
-                f"numerical error {gate.num_err:.3g} > {gate.num_tol:g} (vs float64 run of the same op)"
-            )
-        if kind == "forward" and shape.length <= self.cfg.ref_max_len:
-            gate.ref_err = corr.reference_error(op, position, self.cfg.n_layers)
-            gate.ref_tol = self._ref_tolerance(impl, target, shape)
-            if gate.ref_tol is not None and not (gate.ref_err is not None and gate.ref_err <= gate.ref_tol):
-                failures.append(f"error vs dense reference {gate.ref_err:.3g} > {gate.ref_tol:g}")
-        if impl.kind == "ours" and impl.exact:
-            probe = self._probe(impl, position, causal, shape)
-            gate.probe = {**probe.to_dict(), "length": self.cfg.probe_len}
-            if not probe.ok:
-                failures.append(f"softmax probe: {probe.reason}")
-        if failures:
-            gate.status, gate.reason = "failed", "; ".join(failures)
-        return gate
-
-    def _ref_tolerance(self, impl: Impl, target: str, shape: Shape) -> float | None:
-        if impl.kind == "peer":
-            return KNOWN_MASK_TOLERANCE if impl.peer.reference_mask is not None else None
-        name = (impl.attention or impl.name) if impl.kind == "ours" else "sdpa"
-        if impl.exact:
-            rule = KNOWN_FULL_MASK.get(name)
-            full = rule is not None and rule(corr_options(impl, shape.length), shape.length)
-            return KNOWN_MASK_TOLERANCE if full else None
-        if target != "kernel":
-            return None
-        return corr.APPROX_REF_TOLERANCE.get(name)
-
-    def _probe(self, impl: Impl, position: str, causal: bool, shape: Shape) -> corr.ProbeResult:
-        key = (impl.name, position, causal, shape.heads, shape.d_head)
-        if key not in self.probes:
-            small = Shape(1, shape.heads, shape.d_head, self.cfg.probe_len)
-            self.probes[key] = corr.probe_softmax_structure(impl, position, causal, small, self.cfg.seed)
-        return self.probes[key]
 
     # -- timing -------------------------------------------------------------------------------------------
     def _time(self, ops: dict[str, Op], rows: dict[str, dict[str, Any]]) -> None:
@@ -494,7 +254,7 @@ class Runner:
             row = rows[label]
             if timing.error is not None:
                 if timing.error.startswith("OutOfMemoryError"):
-                    _skip(row, f"skipped (memory): {timing.error}"[:300])
+                    skip(row, f"skipped (memory): {timing.error}"[:300])
                 else:
                     row["status"], row["reason"] = "error", timing.error
                 continue
@@ -547,12 +307,6 @@ class Runner:
                     op.call()
 
 
-def corr_options(impl: Impl, length: int) -> dict[str, Any]:
-    from rl_transformers.bench.ops import resolved_options
-
-    return resolved_options(impl, length)
-
-
 def _free_device(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
@@ -565,13 +319,6 @@ def _print_flush(line: str) -> None:
 
 def _safe(label: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
-
-
-def _skip(row: dict[str, Any], reason: str) -> Op | None:
-    """Mark ``row`` skipped with ``reason``; returns None (no op to time)."""
-    row["status"] = "skipped"
-    row["reason"] = reason if reason.startswith("skipped") else f"skipped ({reason})"
-    return None
 
 
 def select_impls(cfg: BenchConfig) -> tuple[list[Impl], list[str]]:
@@ -598,7 +345,9 @@ def run_benchmark(cfg: BenchConfig, impls: list[Impl] | None = None, write: bool
     notes: list[str] = []
     if impls is None:
         impls, notes = select_impls(cfg)
-    meta = machine_meta(rc)
+    meta = machine_info(rc.device, rc.threads)
+    meta["dtype"] = rc.dtype_name
+    meta["registry"] = registry.available()
     meta["config"] = rc.to_dict()
     start = time.perf_counter()
     runner = Runner(rc, impls)

@@ -220,3 +220,26 @@ def test_gpu_run_uses_bf16_and_cuda_memory() -> None:
     row = by_variant(results)["full"]
     assert row["dtype"] == "bfloat16" and row["mem_method"] == "cuda_max_memory_allocated"
     assert results["meta"]["device"].startswith("cuda")
+
+
+def test_gate_runs_when_every_timed_length_is_above_check_max_len(broken_variants: list[str]) -> None:
+    """Only L = 2048 requested (> the CPU check_max_len 1024): broken entries still fail, checked at 1024."""
+    cfg = BenchConfig(
+        **{
+            **TINY,
+            "attentions": ("full", *broken_variants),
+            "lengths": (2048,),
+            "heads": 1,
+            "ref_max_len": 1024,
+        }
+    )
+    rows = by_variant(run_benchmark(cfg, write=False))
+    for name in broken_variants:
+        assert rows[name]["status"] == "failed" and rows[name]["time_ms"] is None, rows[name]
+        assert rows[name]["checked_at"] == 1024
+    assert "numerical error" in rows["test_broken_noise"]["reason"]
+    assert "softmax probe" in rows["test_broken_scale"]["reason"]
+    full = rows["full"]
+    assert full["status"] == "ok" and full["checked_at"] == 1024 and full["time_ms"] is not None
+    assert "checked at L = 1024 (timed length above check_max_len)" in full["note"]
+    assert full["ref_err"] < 1e-12  # the dense-reference comparison ran at the checked length

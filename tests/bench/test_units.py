@@ -149,3 +149,37 @@ def test_config_defaults_and_validation() -> None:
         BenchConfig(modes=("backwards",))
     with pytest.raises(ValueError, match="attention_options"):
         BenchConfig(attention_options='["local"]')
+
+
+def test_git_sha_comes_from_the_package_checkout_not_the_cwd(tmp_path, monkeypatch) -> None:
+    import subprocess
+
+    from rl_transformers.bench.meta import PACKAGE_DIR, git_sha
+
+    expected = subprocess.run(
+        ["git", "-C", str(PACKAGE_DIR), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    monkeypatch.chdir(tmp_path)  # not a git checkout
+    sha = git_sha()
+    if expected:
+        assert sha is not None and sha.removesuffix("-dirty") == expected
+    assert git_sha(tmp_path) is None
+
+
+def test_peers_computing_another_operator_are_labelled() -> None:
+    from rl_transformers.bench.config import BenchConfig
+    from rl_transformers.bench.ops import Impl
+    from rl_transformers.bench.peers import PEERS
+    from rl_transformers.bench.rows import base_row
+
+    rc = BenchConfig(lengths=(256,), measure_memory=False, progress=False).resolve()
+    shape = Shape(1, 2, 8, 256)
+    labelled = {}
+    for peer in PEERS:
+        impl = Impl(f"peer:{peer.name}", "peer", exact=peer.exact, streaming="none", peer=peer)
+        for causal in (True, False):
+            row = base_row(rc, impl, impl.name, "none", "kernel", "forward", shape, causal, 0.0)
+            labelled[peer.name, causal] = "different operator" in row["note"]
+    assert labelled["linear-attention-transformer", True]  # bucketed causal path: first bucket outputs 0
+    assert not labelled["linear-attention-transformer", False]
+    assert not any(v for (name, _), v in labelled.items() if name != "linear-attention-transformer")
