@@ -67,6 +67,7 @@ def bigbird_pattern(
 
 
 # ----------------------------------------------------------------------------------------------- longformer
+@pytest.mark.usefixtures("kernel_path")
 @CAUSAL
 @pytest.mark.parametrize("length", LENGTHS)
 def test_longformer_matches_explicit_mask(causal: bool, length: int) -> None:
@@ -89,6 +90,7 @@ def test_longformer_globals_are_symmetric_and_dilation_skips_keys() -> None:
     assert sup[1, 10].nonzero().flatten().tolist() == [6, 8, 10]  # dilation 2: offsets 0, 2, 4
 
 
+@pytest.mark.usefixtures("kernel_path")
 @CAUSAL
 def test_longformer_window_at_least_length_equals_full(causal: bool) -> None:
     x = torch.randn(2, 11, 16, dtype=torch.float64)
@@ -116,6 +118,7 @@ def test_longformer_streams_with_bounded_window_and_global_store() -> None:
 
 
 # ------------------------------------------------------------------------------------------------------- etc
+@pytest.mark.usefixtures("kernel_path")
 @CAUSAL
 @pytest.mark.parametrize("length", LENGTHS)
 def test_etc_matches_explicit_mask(causal: bool, length: int) -> None:
@@ -138,6 +141,7 @@ def test_etc_streams_with_bounded_state() -> None:
 
 
 # --------------------------------------------------------------------------------------------------- bigbird
+@pytest.mark.usefixtures("kernel_path")
 @CAUSAL
 @pytest.mark.parametrize("length", LENGTHS)
 def test_bigbird_matches_explicit_mask(causal: bool, length: int) -> None:
@@ -166,11 +170,13 @@ def test_bigbird_random_blocks_are_seeded_past_and_outside_the_window() -> None:
     assert torch.equal(a[0], a[1])  # random blocks are shared by the heads
 
 
+@pytest.mark.usefixtures("kernel_path")
 def test_bigbird_streams_exactly_with_full_cache() -> None:
     check_streaming_bounded("bigbird", length=23, block=3, n_random=1, global_tokens=(1,))
 
 
 # ------------------------------------------------------------------------------------------------ all three
+@pytest.mark.usefixtures("kernel_path")
 @CAUSAL
 def test_scores_position_scheme(causal: bool) -> None:
     check_against_mask(
@@ -185,6 +191,7 @@ def test_scores_position_scheme(causal: bool) -> None:
     )
 
 
+@pytest.mark.usefixtures("kernel_path")
 def test_gradcheck_with_globals_and_random_blocks() -> None:
     q, k, v, q_pos, k_pos, k_valid = make_inputs(1, 2, 8, 8, d=2)
     for x in (q, k, v):

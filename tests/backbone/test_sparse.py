@@ -49,6 +49,7 @@ def combined(a1: Pattern, a2: Pattern, combine: str, layer: int, n_heads: int) -
 
 
 # ------------------------------------------------------------------------------------------ strided / fixed
+@pytest.mark.usefixtures("kernel_path")
 @CAUSAL
 @pytest.mark.parametrize("length", LENGTHS)
 @pytest.mark.parametrize("combine", COMBINES)
@@ -60,6 +61,7 @@ def test_strided_matches_explicit_mask(causal: bool, length: int, combine: str) 
         check_against_mask("strided", pattern, causal, length + 8, 5, **opts)
 
 
+@pytest.mark.usefixtures("kernel_path")
 @CAUSAL
 @pytest.mark.parametrize("length", LENGTHS)
 @pytest.mark.parametrize("combine", COMBINES)
@@ -72,6 +74,7 @@ def test_fixed_matches_explicit_mask(causal: bool, length: int, combine: str) ->
             check_against_mask("fixed", pattern, causal, length + 8, 5, **opts)
 
 
+@pytest.mark.usefixtures("kernel_path")
 @CAUSAL
 @pytest.mark.parametrize("name", ["strided", "fixed"])
 def test_combine_modes_give_the_documented_unions(causal: bool, name: str) -> None:
@@ -95,6 +98,7 @@ def test_causal_factorisation_reaches_every_past_position_in_two_hops() -> None:
         assert torch.equal(reach, torch.ones(25, 25).tril().bool()), name
 
 
+@pytest.mark.usefixtures("kernel_path")
 @pytest.mark.parametrize("name", ["strided", "fixed"])
 def test_scores_position_scheme_on_strided_parts(name: str) -> None:
     for causal in (True, False):
@@ -105,6 +109,7 @@ def test_scores_position_scheme_on_strided_parts(name: str) -> None:
         check_against_mask(name, pattern, causal, 23, 6, scores=True, **opts)
 
 
+@pytest.mark.usefixtures("kernel_path")
 def test_strided_and_fixed_stream_exactly() -> None:
     check_streaming_bounded("strided", stride=3)  # A(2) looks back without bound: full cache
     check_streaming_bounded("fixed", stride=4, summary=2)

@@ -41,12 +41,14 @@ from rl_transformers.backbone.attention._banded import (
     Part,
     band_part,
     columns_part,
+    dense_pattern,
     explicit_keys,
     gather_keys,
     gathered_part,
     global_rows,
     merge_parts,
     position_index,
+    prefer_dense,
     query_blocks,
 )
 from rl_transformers.backbone.attention.base import Attention
@@ -153,6 +155,14 @@ class _GlobalLocal(Attention):
         """Further disjoint parts (bigbird's random blocks)."""
         return []
 
+    def extra_allow(self, q_pos: Tensor, k_pos: Tensor) -> Any:
+        """The pairs of :meth:`extra_parts` as an ``allow`` function for the dense form (None: no pairs)."""
+        return None
+
+    def keys_per_query(self, s: int) -> int:
+        """Keys a query of the blocked form gathers (decides the dense form, see ``prefer_dense``)."""
+        return 2 * self.reach() + 1 + len(self.global_positions())
+
     def kernel(
         self,
         q: Tensor,
@@ -172,6 +182,14 @@ class _GlobalLocal(Attention):
             return (p.unsqueeze(-1) == gpos).any(dim=-1)
 
         reach = self.reach()
+        if stored is None and prefer_dense(s, self.keys_per_query(s)):
+            extra = self.extra_allow(q_pos, k_pos)
+
+            def union(qp: Tensor, kp: Tensor) -> Tensor:
+                allowed = self.window_allow(qp, kp) | is_global(kp) | is_global(qp)
+                return allowed if extra is None else allowed | extra(qp, kp)
+
+            return dense_pattern(self, q, k, v, q_pos, k_pos, k_valid, union)
         windows = [(-reach, 0 if self.causal else reach)]
         parts = [
             band_part(
@@ -343,6 +361,31 @@ class BigBirdAttention(_GlobalLocal):
         return (
             qp.div(b, rounding_mode="floor") - kp.div(b, rounding_mode="floor")
         ).abs() <= self.options.window_blocks
+
+    def keys_per_query(self, s: int) -> int:
+        return super().keys_per_query(s) + self.options.n_random * self.options.block
+
+    def extra_allow(self, q_pos: Tensor, k_pos: Tensor) -> Any:
+        o = self.options
+        if o.n_random == 0:
+            return None
+        b = o.block
+        m_min, m_max = max(0, int(q_pos.min()) // b), max(0, int(q_pos.max()) // b)
+        n_total = int(k_pos.max()) // b + 1
+        # picked[m - m_min, j]: key block j is a random block of query block m
+        picked = torch.zeros(m_max - m_min + 1, max(n_total, m_max + 1), dtype=torch.bool)
+        for m in range(m_min, m_max + 1):
+            for j in random_blocks(o.seed, m, o.window_blocks, o.n_random, self.causal, n_total):
+                picked[m - m_min, j] = True
+        picked = picked.to(q_pos.device)
+        last = picked.shape[1] - 1
+
+        def allow(qp: Tensor, kp: Tensor) -> Tensor:
+            mq = qp.div(b, rounding_mode="floor").clamp(m_min, m_max) - m_min
+            mk = kp.div(b, rounding_mode="floor").clamp(0, last)
+            return picked[mq, mk] & (kp >= 0) & (qp >= 0)
+
+        return allow
 
     def extra_parts(
         self, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor, k_valid: Tensor, is_global: Any

@@ -37,9 +37,11 @@ from rl_transformers.backbone.attention._banded import (
     Part,
     band_part,
     columns_part,
+    dense_pattern,
     gather_keys,
     merge_parts,
     position_index,
+    prefer_dense,
     residue_part,
 )
 from rl_transformers.backbone.attention.base import Attention
@@ -133,6 +135,12 @@ class StridedAttention(_Factorised):
             return local & ((qp - kp).abs() <= l)
 
         reach = l if self.uses_local else 0
+        if prefer_dense(k.shape[2], 2 * reach + 1 + (k.shape[2] // l if self.uses_global else 0)):
+
+            def union(qp: Tensor, kp: Tensor) -> Tensor:
+                return in_band(qp, kp) | (strided & ((qp - kp).remainder(l) == 0))
+
+            return dense_pattern(self, q, k, v, q_pos, k_pos, k_valid, union)
         parts = [
             band_part(self, q, k, v, q_pos, k_pos, k_valid, [(-reach, 0 if self.causal else reach)], in_band)
         ]
@@ -193,6 +201,12 @@ class FixedAttention(_Factorised):
             return local & (qp.div(l, rounding_mode="floor") == kp.div(l, rounding_mode="floor"))
 
         reach = l - 1 if self.uses_local else 0
+        if prefer_dense(k.shape[2], 2 * reach + 1 + (c * (k.shape[2] // l + 1) if self.uses_global else 0)):
+
+            def union(qp: Tensor, kp: Tensor) -> Tensor:
+                return same_block(qp, kp) | (summary & (kp.remainder(l) >= l - c))
+
+            return dense_pattern(self, q, k, v, q_pos, k_pos, k_valid, union)
         parts: list[Part] = [
             band_part(
                 self, q, k, v, q_pos, k_pos, k_valid, [(-reach, 0 if self.causal else reach)], same_block
