@@ -3,20 +3,31 @@
     python scripts/measure_throughput.py                         # default GTrXL config, 1 thread
     python scripts/measure_throughput.py --threads 2 --num-envs 32
     python scripts/measure_throughput.py --policy lstm
-Takes every training flag of train_gtrxl.py (--backbone.*, --ppo.*, --env-id ...). Prints one JSON line.
+    python scripts/measure_throughput.py --all-attentions --backbone.memory None --backbone.position rope
+Takes every training flag of train_gtrxl.py (--backbone.*, --ppo.*, --env-id ...). Prints one JSON line with the
+policy's parameter count.
+
+``--all-attentions`` (or ``--attentions a b ...``) measures every registered attention with the same flags
+(only the attention changes; one fresh process each, one at a time; rl_transformers/bench/ppo_throughput.py) and
+writes <out>/results.json and results.md: env steps/s, ratio to ``full``, parameters, command, git SHA, machine.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated
 
 import tyro
 
 from rl_transformers.algos.ppo import TrainConfig, measure_throughput
 from rl_transformers.utils.cli import cli_registry
-from rl_transformers.utils.errors import run_cli
+from rl_transformers.utils.errors import UserError, closest
+
+DEFAULT_OUT = Path("benchmarks/results/ppo_throughput")
 
 
 @dataclass(frozen=True)
@@ -27,15 +38,49 @@ class Args:
     """Measured PPO updates."""
     warmup: int = 1
     """Unmeasured updates first (memory warm-up, allocator)."""
+    all_attentions: bool = False
+    """Measure every registered attention (same flags otherwise) and write the table to --out."""
+    attentions: tuple[str, ...] = ()
+    """Measure only these attentions (implies the table; ``full`` is always measured for the ratio)."""
+    rounds: int = 1
+    """With a table: measure the whole list this many times (rotated order) and keep medians."""
+    out: Path = DEFAULT_OUT
+    """Directory of the table (results.json, results.md)."""
+
+
+def table(args: Args) -> None:
+    from rl_transformers.backbone import available
+    from rl_transformers.bench import ppo_throughput
+
+    registered = list(available()["attention"])
+    names = list(args.attentions) or registered
+    for name in names:
+        if name not in registered:
+            hint = closest(name, registered)
+            raise UserError(
+                f"unknown attention {name!r}{f' (did you mean {hint!r}?)' if hint else ''}; "
+                f"registered: {registered}",
+                source="--attentions",
+            )
+    if args.config.policy.kind != "transformer":
+        raise UserError(f"--all-attentions needs --policy transformer, got {args.config.policy.kind!r}")
+    result = ppo_throughput.run(args.config, names, args.updates, args.warmup, args.rounds)
+    command = shlex.join(["python", "scripts/measure_throughput.py", *sys.argv[1:]])
+    report = ppo_throughput.build_report(result, args.config, command, args.updates, args.warmup, args.rounds)
+    ppo_throughput.write(report, args.out)
+    print(f"{len(report['rows'])} attentions -> {args.out}/results.json, results.md")
 
 
 def main() -> None:
     args = tyro.cli(
         Args, registry=cli_registry(), default=Args(TrainConfig(progress=False)), description=__doc__
     )
+    if args.all_attentions or args.attentions:
+        table(args)
+        return
     result = measure_throughput(args.config, args.updates, args.warmup)
     print(json.dumps({"env_id": args.config.env_id, **{k: round(v, 1) for k, v in result.items()}}))
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    main()
