@@ -200,6 +200,7 @@ def local_pattern(w: int) -> Pattern:
     return lambda i, j, h: abs(i - j) <= w
 
 
+@pytest.mark.usefixtures("kernel_path")
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("length", LENGTHS)
 @pytest.mark.parametrize("window", [0, 1, 3])
@@ -209,6 +210,7 @@ def test_local_matches_explicit_mask(causal: bool, length: int, window: int) -> 
     check_against_mask("local", local_pattern(window), causal, length, length, window=window, block=2)
 
 
+@pytest.mark.usefixtures("kernel_path")
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize(("s", "t"), [(20, 5), (33, 1), (13, 4)])
 def test_local_with_cached_keys(causal: bool, s: int, t: int) -> None:
@@ -223,6 +225,7 @@ def test_local_window_convention_is_w_keys_plus_self() -> None:
     assert causal[0, 1].nonzero().flatten().tolist() == [0, 1]
 
 
+@pytest.mark.usefixtures("kernel_path")
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 def test_local_window_at_least_length_equals_full(causal: bool) -> None:
     x = torch.randn(2, 11, 16, dtype=torch.float64)
@@ -235,6 +238,7 @@ def test_local_window_at_least_length_equals_full(causal: bool) -> None:
         assert not torch.allclose(narrow(x).y, full(x).y)
 
 
+@pytest.mark.usefixtures("kernel_path")
 def test_local_streaming_keeps_w_keys() -> None:
     check_streaming_bounded("local", window=3, bound=3)
 
@@ -248,6 +252,7 @@ def block_local_pattern(block: int, flange: int) -> Pattern:
     return allowed
 
 
+@pytest.mark.usefixtures("kernel_path")
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("length", LENGTHS)
 @pytest.mark.parametrize(("block", "flange"), [(4, 3), (5, 0), (1, 2)])
@@ -263,6 +268,7 @@ def test_block_local_blocks_follow_absolute_positions() -> None:
     assert sup[8].nonzero().flatten().tolist() == [6, 7, 8]
 
 
+@pytest.mark.usefixtures("kernel_path")
 def test_block_local_streaming_is_exact_with_bounded_cache() -> None:
     check_streaming_bounded("block_local", block=4, flange=3, bound=6)
 
@@ -285,6 +291,7 @@ def block_2d_pattern(image: tuple[int, int], query: tuple[int, int], flange: tup
 SHAPES_2D = [((3, 5), (2, 2), (1, 1)), ((4, 4), (2, 3), (0, 1)), ((2, 7), (1, 2), (1, 3))]
 
 
+@pytest.mark.usefixtures("kernel_path")
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("length", LENGTHS)
 @pytest.mark.parametrize("shapes", SHAPES_2D, ids=["3x5", "4x4", "2x7"])
@@ -296,6 +303,7 @@ def test_block_local_2d_matches_direct_coordinate_check(causal: bool, length: in
     check_against_mask("block_local_2d", pattern, causal, length + 6, 4, **opts)
 
 
+@pytest.mark.usefixtures("kernel_path")
 def test_block_local_2d_infers_the_width_without_streaming() -> None:
     inferred = make_layer("block_local_2d", False, image_shape=None)
     fixed = make_layer("block_local_2d", False, image_shape=(4, 4))
@@ -307,12 +315,14 @@ def test_block_local_2d_infers_the_width_without_streaming() -> None:
         bb(torch.randn(1, 2, 16, dtype=torch.float64), state=state)
 
 
+@pytest.mark.usefixtures("kernel_path")
 def test_block_local_2d_streaming_is_exact_with_bounded_cache() -> None:
     opts = dict(image_shape=(3, 5), query_shape=(2, 2), flange=(1, 1))
     check_streaming_bounded("block_local_2d", bound=2 * 5 + 2, **opts)
 
 
 # ------------------------------------------------------------------------------------- all three, shared paths
+@pytest.mark.usefixtures("kernel_path")
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 def test_scores_position_scheme_on_blocks(causal: bool) -> None:
     check_against_mask("local", local_pattern(3), causal, 13, 13, scores=True, window=3)
@@ -325,6 +335,7 @@ def test_scores_position_scheme_on_blocks(causal: bool) -> None:
     check_against_mask("block_local_2d", block_2d_pattern(*shapes), causal, 33, 33, scores=True, **opts)
 
 
+@pytest.mark.usefixtures("kernel_path")
 def test_gradcheck_banded_kernel() -> None:
     att = make_layer("local", True, scores=True, window=2, block=2)
     q, k, v, q_pos, k_pos, k_valid = make_inputs(2, 2, 7, 5)

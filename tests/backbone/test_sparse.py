@@ -148,6 +148,7 @@ def blockwise_pattern(n: int, size: int, perms: list[list[int]], causal: bool) -
     return allowed
 
 
+@pytest.mark.usefixtures("kernel_path")
 @CAUSAL
 @pytest.mark.parametrize("length", LENGTHS)
 @pytest.mark.parametrize(("n", "size"), [(3, 2), (2, 4)])
@@ -163,6 +164,7 @@ def test_blockwise_matches_explicit_mask(causal: bool, length: int, n: int, size
     )
 
 
+@pytest.mark.usefixtures("kernel_path")
 @CAUSAL
 @pytest.mark.parametrize("length", [7, 13])
 def test_blockwise_whole_sequence_form(causal: bool, length: int) -> None:
@@ -182,6 +184,7 @@ def test_blockwise_whole_sequence_form(causal: bool, length: int) -> None:
         bb(torch.randn(1, 2, 16, dtype=torch.float64), state=state)
 
 
+@pytest.mark.usefixtures("kernel_path")
 @CAUSAL
 def test_blockwise_identity_and_one_block_equals_full(causal: bool) -> None:
     x = torch.randn(2, 13, 16, dtype=torch.float64)
@@ -207,6 +210,7 @@ def test_blockwise_causal_fallback_is_documented_behaviour() -> None:
         BackboneConfig(attention="blockwise", attention_options={"permutations": ((0, 1), (1, 0))})
 
 
+@pytest.mark.usefixtures("kernel_path")
 def test_blockwise_streams_with_bounded_cache() -> None:
     check_streaming_bounded("blockwise", n_blocks=3, block_size=2, bound=5)
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from rl_transformers.backbone.attention._banded import band_part, block_size
+from rl_transformers.backbone.attention._banded import band_part, block_size, dense_pattern, prefer_dense
 from rl_transformers.backbone.attention.base import Attention
 from rl_transformers.backbone.context import ForwardContext
 from rl_transformers.backbone.options import check_int, check_pair
@@ -73,6 +73,8 @@ class LocalAttention(Attention):
         ctx: ForwardContext,
     ) -> Tensor:
         w = self.options.window
+        if prefer_dense(k.shape[2], 2 * w + 1):
+            return dense_pattern(self, q, k, v, q_pos, k_pos, k_valid, lambda qp, kp: (qp - kp).abs() <= w)
         windows = [(-w, 0 if self.causal else w)]
         part = band_part(
             self,
@@ -130,6 +132,8 @@ class BlockLocalAttention(Attention):
             start = qp.div(lq, rounding_mode="floor") * lq
             return (kp >= start - lm) & (kp <= start + lq - 1 + lm)
 
+        if prefer_dense(k.shape[2], 2 * span + 1):
+            return dense_pattern(self, q, k, v, q_pos, k_pos, k_valid, allow)
         windows = [(-span, 0 if self.causal else span)]
         return band_part(self, q, k, v, q_pos, k_pos, k_valid, windows, allow, block_size(q.shape[2], lq)).out
 
@@ -219,6 +223,8 @@ class BlockLocal2DAttention(Attention):
                 & (kc <= c0 + qw - 1 + fw)
             )
 
+        if prefer_dense(s, (2 * rows + 1) * (2 * cols + 1)):
+            return dense_pattern(self, q, k, v, q_pos, k_pos, k_valid, allow)
         # One band per row offset: key j = i + dr·W + dc with |dr| <= rows, |dc| <= cols (merged if overlapping).
         last = 0 if self.causal else rows
         windows = [

@@ -329,5 +329,7 @@ class BlockwiseAttention(Attention):
             return same_super & (kb.remainder(n) == target[heads, qb.remainder(n)])
 
         reach = n * bs - 1
+        if prefer_dense(s, 2 * reach + 1):
+            return dense_pattern(self, q, k, v, q_pos, k_pos, k_valid, allow)
         windows = [(-reach, 0 if self.causal else reach)]
         return band_part(self, q, k, v, q_pos, k_pos, k_valid, windows, allow, bs).out
