@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from rl_transformers.backbone.attention._banded import prefer_dense
 from rl_transformers.backbone.attention.base import Attention
 from rl_transformers.backbone.attention.lsh import per_head_logits, per_head_value_term
 from rl_transformers.backbone.context import ForwardContext
@@ -146,7 +147,8 @@ def cluster_attention(
     count_q = F.one_hot(cq, n_clusters).sum(2)  # (B, h, k)
     count_k = F.one_hot(kc, n_clusters + 1)[..., :n_clusters].sum(2)
     mq, mk = int(count_q.max()), max(int(count_k.max()), 1)
-    if path == "dense" or (path == "auto" and n_clusters * mq * (mk + 1) >= t * s):
+    short = prefer_dense(s, 0)  # streaming steps and RL training windows: the blocks' fixed cost dominates
+    if path == "dense" or (path == "auto" and (short or n_clusters * mq * (mk + 1) >= t * s)):
         qi = torch.arange(t, device=q.device)[:, None] + off
         kj = torch.arange(s, device=q.device)[None, :]
         allowed = cq.unsqueeze(-1) == kc.unsqueeze(-2)
@@ -155,6 +157,11 @@ def cluster_attention(
         if max_cache is not None:
             allowed = allowed & (qi - kj <= max_cache)
         allowed = allowed | (kj == qi)
+        if not att.position.modifies_scores:  # fused kernel: masking, softmax and its backward in one op
+            p = att.attn_dropout.p if att.training else 0.0
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=allowed, dropout_p=p, scale=att.position.scale
+            )
         probs = _masked_softmax(per_head_logits(att, q, k, q_pos, k_pos, heads), allowed)
         probs = att.attn_dropout(probs) if att.training else probs
         out = torch.matmul(probs, v)
