@@ -1,5 +1,5 @@
-"""Benchmarks: the attention harness (``scripts/benchmark_backbones.py``) and the encoder sweep
-(``scripts/sweep_encoders.py``).
+"""Benchmarks: the attention harness (``scripts/benchmark_backbones.py``); the encoder study (RL runs per
+variant, ``scripts/encoder_study.py``) lives in :mod:`rl_transformers.study`.
 
 - :mod:`~rl_transformers.bench.config` - :class:`BenchConfig` (CPU / GPU defaults)
 - :mod:`~rl_transformers.bench.ops` - implementations (SDPA, registry entries, peers) and timed operations
@@ -7,7 +7,7 @@
 - :mod:`~rl_transformers.bench.timing` - round-robin repeats, median / IQR, CPU and CUDA clocks
 - :mod:`~rl_transformers.bench.memory` - peak memory (fresh process on CPU, CUDA statistics on GPU), estimates
 - :mod:`~rl_transformers.bench.harness` - the run; :mod:`~rl_transformers.bench.report` - JSON, Markdown, plots
-- :mod:`~rl_transformers.bench.peers` - optional third-party rows; :mod:`~rl_transformers.bench.sweep` - sweep
+- :mod:`~rl_transformers.bench.peers` - optional third-party rows
 """
 
 from __future__ import annotations

@@ -1,0 +1,215 @@
+"""Planning and running the study's jobs: a local process pool (default) or Ray.
+
+A job is one (algo, task, encoder, seed) of a preset; it owns ``<out>/<preset>/<algo>/<task>/<encoder>/s<seed>/``
+holding ``job.json`` (everything the worker needs), ``stdout.log`` / ``stderr.log``, the trainer's run
+directory ``run/`` and, at the end, ``result.json`` (done) or ``failed.json`` (failed). Resume: a job whose
+``result.json`` exists with the same job key (a hash of the job) is skipped; failed, unfinished and changed
+jobs run again. ``invalidate`` moves the results of named encoders aside (``result.stale.json``) so they run
+again, e.g. after an attention was made faster.
+
+Each job is a subprocess ``python -m rl_transformers.study.worker job.json`` with one torch thread
+(``OMP_NUM_THREADS=1``). The local launcher runs ``workers`` of them at once from a thread pool; the Ray
+launcher (``ray.init(address=...)``, or a local instance) runs the same function as a Ray task with
+``num_cpus=1`` each. Both return the records, which the driver writes to ``result.json`` / ``failed.json``,
+so the results are the same files whichever launcher ran them (and a cluster without a shared file system
+still gathers them on the driver).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rl_transformers.study.encoders import Encoder, label
+from rl_transformers.study.suite import DATASET_ROOT, DT_ARGS, Task
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Job:
+    spec: dict[str, Any]
+    """The job.json contents."""
+    dir: Path
+
+    @property
+    def name(self) -> str:
+        s = self.spec
+        return f"{s['algo']}/{s['task']}/{s['encoder_name']}/s{s['seed']}"
+
+
+def make_job(task: Task, encoder: Encoder, seed: int, preset: str, out: Path, **overrides: Any) -> Job:
+    """The job of one (task, encoder, seed); ``overrides`` replace budget fields (tests use tiny ones)."""
+    spec: dict[str, Any] = {
+        "algo": task.algo,
+        "task": task.name,
+        "encoder": encoder.spec,
+        "encoder_name": encoder.name,
+        "seed": seed,
+        "preset": preset,
+        "budget": task.budget[preset],
+        "eval_every": task.eval_every[preset],
+    }
+    if task.algo == "ppo":
+        spec.update(env_id=task.env_id, env_kwargs=dict(task.env_kwargs))
+    else:
+        spec.update(
+            dataset=task.dataset, dataset_root=str(ROOT / DATASET_ROOT), target=task.target, dt=DT_ARGS
+        )
+    spec.update(overrides)
+    spec["key"] = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    directory = out / preset / task.algo / task.name / label(encoder.name) / f"s{seed}"
+    return Job(spec, directory)
+
+
+def status(job: Job) -> str:
+    """done (result.json with this job's key), failed, or pending."""
+    result = job.dir / "result.json"
+    if result.exists():
+        try:
+            if json.loads(result.read_text()).get("key") == job.spec["key"]:
+                return "done"
+        except (OSError, ValueError):
+            pass
+    return "failed" if (job.dir / "failed.json").exists() else "pending"
+
+
+def pending(jobs: Iterable[Job]) -> list[Job]:
+    """The jobs that are not done (pending or failed): what an invocation runs."""
+    return [job for job in jobs if status(job) != "done"]
+
+
+def invalidate(jobs: Iterable[Job], encoder_names: Iterable[str]) -> int:
+    """Move aside the results of these encoders' jobs so they run again; returns how many."""
+    names = set(encoder_names)
+    n = 0
+    for job in jobs:
+        result = job.dir / "result.json"
+        if job.spec["encoder_name"] in names and result.exists():
+            os.replace(result, job.dir / "result.stale.json")
+            n += 1
+    return n
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def execute(spec: dict[str, Any], directory: str, timeout_s: float | None = None) -> dict[str, Any]:
+    """Run one job in a worker subprocess; returns its record or a failure dict (``"status"`` says which).
+
+    Module-level and argument-only, so Ray can ship it to another process or node.
+    """
+    run_dir = Path(directory)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "result.json").unlink(missing_ok=True)
+    _write_json(run_dir / "job.json", spec)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    cmd = [sys.executable, "-m", "rl_transformers.study.worker", str(run_dir / "job.json")]
+    start = time.perf_counter()
+    with open(run_dir / "stdout.log", "w") as out, open(run_dir / "stderr.log", "w") as err:
+        try:
+            code: int | str = subprocess.run(
+                cmd, cwd=ROOT, env=env, stdout=out, stderr=err, timeout=timeout_s, check=False
+            ).returncode
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+    wall = time.perf_counter() - start
+    result = run_dir / "result.json"
+    if code == 0 and result.exists():
+        return {**json.loads(result.read_text()), "status": "done"}
+    tail = (run_dir / "stderr.log").read_text()[-3000:]
+    return {"status": "failed", "returncode": code, "wall_s": wall, "stderr_tail": tail, "key": spec["key"]}
+
+
+def record_outcome(job: Job, outcome: dict[str, Any]) -> None:
+    """Write result.json (done) or failed.json (with the attempt count) for a job's outcome."""
+    outcome = {k: v for k, v in outcome.items() if k != "status"}
+    if "score" in outcome:
+        _write_json(job.dir / "result.json", outcome)
+        (job.dir / "failed.json").unlink(missing_ok=True)
+        return
+    previous = job.dir / "failed.json"
+    attempts = 1
+    if previous.exists():
+        with contextlib.suppress(OSError, ValueError):
+            attempts += int(json.loads(previous.read_text()).get("attempts", 1))
+    _write_json(previous, {**outcome, "job": job.name, "attempts": attempts})
+
+
+def run_local(
+    jobs: list[Job], workers: int, timeout_s: float | None = None, log: Callable[[str], None] = print
+) -> list[dict[str, Any]]:
+    """Run the jobs on a pool of ``workers`` subprocesses; records in completion order."""
+    outcomes = []
+    with cf.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        futures = {pool.submit(execute, job.spec, str(job.dir), timeout_s): job for job in jobs}
+        for fut in cf.as_completed(futures):
+            job, outcome = futures[fut], fut.result()
+            record_outcome(job, outcome)
+            _log_outcome(log, job, outcome)
+            outcomes.append(outcome)
+    return outcomes
+
+
+def run_ray(
+    jobs: list[Job],
+    address: str | None = None,
+    workers: int | None = None,
+    timeout_s: float | None = None,
+    log: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
+    """Run the jobs as Ray tasks with 1 CPU each (``address`` None: a local instance of ``workers`` CPUs)."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError("--launcher ray needs Ray: pip install 'rl-transformers[study]'") from exc
+    started = False
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        else:
+            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+        started = True
+    remote = ray.remote(num_cpus=1, max_retries=0)(execute)
+    try:
+        refs = {remote.remote(job.spec, str(job.dir), timeout_s): job for job in jobs}
+        outcomes = []
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                job = refs[ref]
+                try:
+                    outcome = ray.get(ref)
+                except Exception as exc:  # a worker node died: record it as a failure, retried next time
+                    outcome = {"status": "failed", "returncode": "ray", "stderr_tail": str(exc)[-3000:]}
+                record_outcome(job, outcome)
+                _log_outcome(log, job, outcome)
+                outcomes.append(outcome)
+        return outcomes
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _log_outcome(log: Callable[[str], None], job: Job, outcome: dict[str, Any]) -> None:
+    if outcome["status"] == "done":
+        rate = outcome.get("steps_per_s") or outcome.get("updates_per_s") or 0.0
+        log(f"  done {job.name}: score {outcome['score']}, {outcome['wall_s']:.0f} s, {rate:.0f}/s")
+    else:
+        log(f"  FAILED {job.name}: {outcome.get('returncode')} (see {job.dir}/stderr.log)")

@@ -1,0 +1,295 @@
+"""The study's results from its run directories: encoders.json, encoders_aggregate.json, encoders.md, plots.
+
+:func:`collect` reads every ``result.json`` under ``<out>/<preset>``; :func:`write_report` writes
+``encoders.json`` (one record per run: algo, task, encoder (the override string), seed, score, final_return,
+env_steps, steps_per_s, parameters, plus encoder_name, wall_s, preset and the evaluation curve),
+``encoders_aggregate.json`` (per suite and encoder: IQM, CI low / high, probability of improvement over the
+reference) and ``encoders.md`` (method, budget, machine, per-task and aggregate tables, plots under
+``plots/``: performance profile, IQM with CIs, learning curves per task, score vs steps/s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rl_transformers.study.aggregate import REPS, aggregate, performance_profiles, score_matrices
+
+RECORD_FIELDS = ("algo", "task", "encoder", "seed", "score", "final_return", "env_steps", "steps_per_s",
+                 "parameters")  # fmt: skip
+AGGREGATE_FIELDS = ("iqm", "ci_low", "ci_high", "prob_improvement")
+REFERENCE = {"ppo": "gru", "dt": "full"}
+SCALE = {"ppo": 1.0, "dt": 100.0}
+
+
+def collect(out: Path, preset: str) -> list[dict[str, Any]]:
+    """Every finished run's record under ``<out>/<preset>``, sorted."""
+    records = []
+    for path in sorted((Path(out) / preset).rglob("result.json")):
+        records.append(json.loads(path.read_text()))
+    return sorted(records, key=lambda r: (r["algo"], r["task"], r["encoder_name"], r["seed"]))
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def build_aggregates(
+    records: Sequence[dict[str, Any]], tasks: dict[str, list[str]], reps: int | None = None
+) -> dict[str, Any]:
+    """{"online": ..., "offline": ...} aggregates (see :func:`~rl_transformers.study.aggregate.aggregate`)."""
+    out = {}
+    for algo, suite in (("ppo", "online"), ("dt", "offline")):
+        rows = [r for r in records if r["algo"] == algo]
+        if rows and tasks.get(algo):
+            out[suite] = aggregate(rows, tasks[algo], REFERENCE[algo], SCALE[algo], reps or REPS)
+    return out
+
+
+def _cell(values: list[float]) -> str:
+    if not values:
+        return "–"
+    mean = statistics.fmean(values)
+    if len(values) == 1:
+        return f"{mean:.2f} (n=1)"
+    return f"{mean:.2f} ± {statistics.stdev(values):.2f}"
+
+
+def task_table(records: Sequence[dict[str, Any]], algo: str, tasks: list[str], encoders: list[str]) -> str:
+    """Encoder x task: mean ± std over seeds of the score (n = finished seeds), then steps/s and parameters."""
+    by: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        if r["algo"] == algo:
+            by[(r["encoder_name"], r["task"])].append(r)
+    rate = "steps/s" if algo == "ppo" else "updates/s"
+    head = f"| encoder | {' | '.join(tasks)} | {rate} | parameters |"
+    lines = [head, "|---" * (len(tasks) + 3) + "|"]
+    for enc in encoders:
+        runs = [r for t in tasks for r in by.get((enc, t), [])]
+        if not runs:
+            continue
+        cells = [_cell([r["score"] for r in by.get((enc, t), []) if r["score"] is not None]) for t in tasks]
+        rates = [r.get("steps_per_s") or r.get("updates_per_s") for r in runs]
+        rates = [x for x in rates if x]
+        params = sorted({int(r["parameters"]) for r in runs})
+        ptext = f"{params[0]:,}" if len(params) == 1 else f"{params[0]:,}–{params[-1]:,}"
+        lines.append(f"| {enc} | {' | '.join(cells)} | {statistics.fmean(rates):.0f} | {ptext} |")
+    return "\n".join(lines) + "\n"
+
+
+def aggregate_table(agg: dict[str, Any]) -> str:
+    ref = agg["reference"]
+    lines = [f"| encoder | IQM | 95 % CI | P(improvement over {ref}) | 95 % CI | seeds × tasks |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    rows = sorted(agg["encoders"].items(), key=lambda kv: -kv[1]["iqm"])
+    for name, r in rows:
+        p = "–" if r["prob_improvement"] is None else f"{r['prob_improvement']:.2f}"
+        pci = "–" if r["prob_ci_low"] is None else f"[{r['prob_ci_low']:.2f}, {r['prob_ci_high']:.2f}]"
+        lines.append(f"| {name} | {r['iqm']:.3f} | [{r['ci_low']:.3f}, {r['ci_high']:.3f}] | {p} | {pci} | "
+                     f"{r['n_seeds']} × {r['n_tasks']} |")  # fmt: skip
+    for name, why in sorted(agg["incomplete"].items()):
+        lines.append(f"| {name} | – | – | – | – | incomplete: {why} |")
+    return "\n".join(lines) + "\n"
+
+
+def machine() -> str:
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{cpu}, {cores} cores, Python {platform.python_version()}, torch {torch.__version__}, 1 thread per run"
+
+
+# -- plots ----------------------------------------------------------------------------------------------------
+def plot_all(records: Sequence[dict[str, Any]], aggs: dict[str, Any], tasks: dict[str, list[str]],
+             plots: Path) -> list[str]:  # fmt: skip
+    """Write the plots; returns their file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plots.mkdir(parents=True, exist_ok=True)
+    made = []
+    for algo, suite in (("ppo", "online"), ("dt", "offline")):
+        if suite not in aggs or not aggs[suite]["encoders"]:
+            continue
+        rows = [r for r in records if r["algo"] == algo]
+        scores, _ = score_matrices(rows, tasks[algo], SCALE[algo])
+        agg = aggs[suite]["encoders"]
+        order = sorted(agg, key=lambda k: agg[k]["iqm"])
+        fig, ax = plt.subplots(figsize=(7, 0.28 * len(order) + 1.2))
+        ys = np.arange(len(order))
+        iqm = np.array([agg[k]["iqm"] for k in order])
+        err = np.array(
+            [
+                [agg[k]["iqm"] - agg[k]["ci_low"] for k in order],
+                [agg[k]["ci_high"] - agg[k]["iqm"] for k in order],
+            ]
+        )
+        ax.errorbar(iqm, ys, xerr=err, fmt="o", ms=4, capsize=3)
+        ax.set_yticks(ys, order, fontsize=8)
+        ax.set_xlabel("IQM of the score (95 % stratified bootstrap CI, rliable)")
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        name = f"iqm_{suite}.png"
+        fig.savefig(plots / name, dpi=110)
+        plt.close(fig)
+        made.append(name)
+
+        lo = min(float(m.min()) for m in scores.values())
+        hi = max(float(m.max()) for m in scores.values())
+        taus = np.linspace(min(lo, -1.0 if algo == "ppo" else 0.0), max(hi, 1.0), 81)
+        prof, prof_ci = performance_profiles(scores, taus, reps=min(REPS, 200))
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for k in sorted(prof, key=lambda k: -agg[k]["iqm"]):
+            style = "-" if k in (REFERENCE[algo], "gtrxl") else "--"
+            (line,) = ax.plot(taus, prof[k], style, lw=1.2, label=k)
+            ax.fill_between(taus, prof_ci[k][0], prof_ci[k][1], color=line.get_color(), alpha=0.1)
+        ax.set_xlabel("score τ" + (" (normalized / 100)" if algo == "dt" else ""))
+        ax.set_ylabel("fraction of runs with score > τ")
+        ax.legend(fontsize=6, ncol=2)
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        name = f"profile_{suite}.png"
+        fig.savefig(plots / name, dpi=110)
+        plt.close(fig)
+        made.append(name)
+
+        fig, ax = plt.subplots(figsize=(7, 5))
+        for k in agg:
+            rates = [r.get("steps_per_s") or r.get("updates_per_s") for r in rows if r["encoder_name"] == k]
+            rates = [x for x in rates if x]
+            if rates:
+                ax.scatter(statistics.fmean(rates), agg[k]["iqm"], s=14)
+                ax.annotate(k, (statistics.fmean(rates), agg[k]["iqm"]), fontsize=6)
+        ax.set_xscale("log")
+        ax.set_xlabel("env steps / s" if algo == "ppo" else "updates / s")
+        ax.set_ylabel("IQM score")
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        name = f"score_vs_speed_{suite}.png"
+        fig.savefig(plots / name, dpi=110)
+        plt.close(fig)
+        made.append(name)
+
+    for task in sorted({r["task"] for r in records}):
+        fig, ax = plt.subplots(figsize=(8, 5))
+        by: dict[str, list[list[list[float]]]] = defaultdict(list)
+        for r in records:
+            if r["task"] == task and r.get("curve"):
+                by[r["encoder_name"]].append(r["curve"])
+        for k, curves in sorted(by.items()):
+            steps = sorted({c[0] for curve in curves for c in curve})
+            mean = [
+                statistics.fmean(v for s2, v in (p for curve in curves for p in curve) if s2 == s)
+                for s in steps
+            ]
+            style = "-" if k in ("gru", "gtrxl", "full") else "--"
+            ax.plot(steps, mean, style, lw=1.1, label=f"{k} (n={len(curves)})")
+        ax.set_xlabel(
+            "env steps" if any(r["algo"] == "ppo" and r["task"] == task for r in records) else "updates"
+        )
+        ax.set_ylabel("greedy evaluation (mean over seeds)")
+        ax.set_title(task)
+        ax.legend(fontsize=6, ncol=2)
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        name = f"curves_{task}.png"
+        fig.savefig(plots / name, dpi=100)
+        plt.close(fig)
+        made.append(name)
+    return made
+
+
+# -- the documents ------------------------------------------------------------------------------------------
+def write_report(
+    records: Sequence[dict[str, Any]],
+    docs: Path,
+    context: dict[str, Any],
+) -> dict[str, Any]:
+    """encoders.json, encoders_aggregate.json, encoders.md and plots/ under ``docs``.
+
+    ``context``: ``tasks`` {algo: [task names]}, ``task_notes`` {task: (tag, budget text, score text)},
+    ``encoders`` {algo: [(name, spec, family, note)]}, ``excluded`` {algo: [(name, reason)]},
+    ``expected`` {algo: number of runs planned}, ``command`` (the rebuild command), ``preset``.
+    """
+    docs = Path(docs)
+    tasks = context["tasks"]
+    public = [{**{k: r.get(k) for k in RECORD_FIELDS}, **{k: v for k, v in r.items() if k not in RECORD_FIELDS}}
+              for r in records]  # fmt: skip
+    _write(docs / "encoders.json", json.dumps(public, indent=1) + "\n")
+    aggs = build_aggregates(records, tasks, context.get("reps"))
+    _write(docs / "encoders_aggregate.json", json.dumps(aggs, indent=1) + "\n")
+    plots = plot_all(records, aggs, tasks, docs / "plots") if records else []
+    _write(docs / "encoders.md", markdown(records, aggs, context, plots))
+    return aggs
+
+
+def markdown(
+    records: Sequence[dict[str, Any]], aggs: dict[str, Any], ctx: dict[str, Any], plots: list[str]
+) -> str:
+    n_done = {a: sum(1 for r in records if r["algo"] == a) for a in ("ppo", "dt")}
+    partial = any(n_done[a] < ctx["expected"].get(a, 0) for a in ("ppo", "dt"))
+    lines = ["# Encoder study: attention variants as policy encoders (PPO online, DT offline)", ""]
+    status = "PARTIAL RESULTS" if partial else "Complete"
+    lines += [f"> **{status}** (preset `{ctx['preset']}`): online {n_done['ppo']} / {ctx['expected'].get('ppo', 0)} "
+              f"runs, offline {n_done['dt']} / {ctx['expected'].get('dt', 0)} runs finished. "
+              "Rows with fewer seeds or tasks than planned are labelled by their n; the aggregate covers only "
+              "encoders with a finished run on every task of the suite.", ""]  # fmt: skip
+    lines += ["Rebuild these files from the run directories (resumes the study first unless `--report-only`):", "",
+              "```bash", ctx["command"], "```", ""]  # fmt: skip
+    lines += ["## Method", "", ctx.get("method", ""), "", f"Machine: {machine()}.", ""]
+    lines += ["## Suite and budget", "", "| task | algo | tag | budget | score |", "|---|---|---|---|---|"]
+    for algo in ("ppo", "dt"):
+        for t in tasks_of(ctx, algo):
+            tag, budget, score = ctx["task_notes"][t]
+            lines.append(f"| {t} | {algo} | {tag} | {budget} | {score} |")
+    lines.append("")
+    for algo, suite in (("ppo", "online"), ("dt", "offline")):
+        encs = [e[0] for e in ctx["encoders"].get(algo, [])]
+        if not encs:
+            continue
+        lines += [f"## {suite.capitalize()} ({algo.upper()})", "", "### Encoders", "",
+                  "| encoder | override string | family | note |", "|---|---|---|---|"]  # fmt: skip
+        for name, spec, family, note in ctx["encoders"][algo]:
+            lines.append(f"| {name} | `{spec or '(default)'}` | {family} | {note} |")
+        for name, reason in ctx["excluded"].get(algo, []):
+            lines.append(f"| {name} | – | excluded | {reason} |")
+        lines += ["", "### Per task (score: mean ± std over seeds)", "",
+                  task_table(records, algo, tasks_of(ctx, algo), encs)]  # fmt: skip
+        if suite in aggs:
+            lines += ["### Aggregate (rliable: IQM, stratified bootstrap 95 % CI, probability of improvement)", "",
+                      aggregate_table(aggs[suite])]  # fmt: skip
+        for p in plots:
+            if p.endswith(f"_{suite}.png"):
+                lines.append(f"![{p}](plots/{p})")
+        lines.append("")
+    curves = [p for p in plots if p.startswith("curves_")]
+    if curves:
+        lines += ["## Learning curves", ""] + [f"![{p}](plots/{p})" for p in curves] + [""]
+    if ctx.get("notes"):
+        lines += ["## Notes and limits", "", ctx["notes"], ""]
+    return "\n".join(lines)
+
+
+def tasks_of(ctx: dict[str, Any], algo: str) -> list[str]:
+    return list(ctx["tasks"].get(algo, []))

@@ -1,0 +1,195 @@
+"""The study driver: plan the jobs of a preset, run the unfinished ones, rebuild the documents.
+
+``run_study(StudyConfig(...))`` expands the encoders (registry read now), makes one job per (task, encoder,
+seed), moves aside the results of ``rerun_encoders``, and - unless ``dry_run`` / ``report_only`` - runs the
+pending and failed jobs (local pool or Ray), seed-major so partial results cover every encoder evenly. Then it
+collects every finished run of the preset and writes the documents into ``docs``.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from rl_transformers.study import encoders as enc
+from rl_transformers.study import launch, report, suite
+
+METHOD = """\
+Every encoder is trained with the **same hyper-parameters on a task** (as POPGym did): PPO with the defaults of
+`PPOConfig` (32 envs × 64 steps per update, 16-step training windows, 4 epochs × 4 minibatches, lr 3e-4 annealed,
+γ 0.99, λ 0.95, clip 0.2, entropy 0.01), an evaluation of 16 greedy episodes every `eval_every` steps and at the
+end. **Score** = POPGym's MMER: the maximum over evaluations of the mean greedy return (POPGym tasks on their
+[-1, 1] scale; T-Maze: the greedy return, which is the success rate when the agent keeps to the schedule and a
+lower bound otherwise); the table's `final_return` in encoders.json is the last evaluation. Offline: the Decision
+Transformer (d 64, 2 layers, 1 head, context 10, batch 64, lr 6e-4, warm-up 200) on two locally built Minari
+datasets; score = normalized score 100·(R − ref_min)/(ref_max − ref_min) of the final evaluation (10 episodes) at
+the fixed target return. **Encoders**: the GTrXL default (`full` + `xl` memory of 32 + `xl_relative` + `gtrxl`
+block, d 64, 2 layers, 4 heads); one row per registered causal attention = the default with that attention and
+no XL memory (each attention keeps its own streaming cache, bounded to 64 past tokens), with the first
+positional scheme it accepts from (`xl_relative`, `rope`, `none`); the other memories (`compressive`, `knn`)
+and depths (`universal`, `early_exit`) swapped into the default; GRU, LSTM and MLP cores behind the same
+actor-critic. **Parameters** are matched to the GTrXL default within ±10 % by the FFN width `d_ff`
+(transformers) or `hidden_size` (baselines), by bisection on the count; every count is reported. Aggregates
+use `rliable` (Agarwal et al. 2021, arXiv 2108.13264): IQM with stratified-bootstrap 95 % CIs (2,000
+resamples), score-distribution performance profiles, probability of improvement over GRU (offline: over the
+`full` attention). One run = one subprocess with one torch thread; at most 2 at a time on this machine."""
+
+NOTES = """\
+- The budget is the limit: 2 CPU cores for ~8 hours for the whole grid, so PPO runs get 49k-123k env steps. Tasks
+  where even GRU stays near its starting score are budget-limited, and rankings there say little.
+- Steps/s are measured on a machine shared with other jobs (up to 2 concurrent runs plus other work), so
+  they are comparable within this study only roughly.
+- `linformer` has no causal mode and cannot be a policy or a DT encoder (listed as excluded)."""
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """The encoder study (rl_transformers/study)."""
+
+    preset: Literal["quick", "full"] = "quick"
+    """Budgets and seeds: quick (1 seed, 4 updates; a smoke run) or full (3 seeds, 24-60 updates)."""
+    parts: tuple[Literal["online", "offline"], ...] = ("online", "offline")
+    """Which suites to run: online (PPO) and/or offline (DT)."""
+    tasks: tuple[str, ...] = ()
+    """Only these tasks (default: the whole suite of the chosen parts)."""
+    encoders: tuple[str, ...] = ()
+    """Only these encoders by name (default: every row)."""
+    seeds: tuple[int, ...] | None = None
+    """Override the preset's seeds."""
+    rerun_encoders: tuple[str, ...] = ()
+    """Move aside the finished results of these encoders (e.g. after an attention got faster) so they run again."""
+    out: Path = Path("runs/study")
+    """Run directories: <out>/<preset>/<algo>/<task>/<encoder>/s<seed>/."""
+    docs: Path | None = None
+    """Where to write encoders.{md,json}, encoders_aggregate.json and plots/ (default: <out>/<preset>/docs)."""
+    workers: int = 2
+    """Runs at once (local pool) / CPUs of a local Ray instance."""
+    launcher: Literal["local", "ray"] = "local"
+    """local process pool, or ray (tasks with 1 CPU each)."""
+    ray_address: str | None = None
+    """ray.init(address=...) of an existing cluster (default: start a local instance)."""
+    timeout_s: float | None = 3600.0
+    """Kill a run after this many seconds (it counts as failed and runs again on the next invocation)."""
+    dry_run: bool = False
+    """Print the run count and an estimated time from measured steps/s, then exit."""
+    report_only: bool = False
+    """Only rebuild the documents from finished runs."""
+
+
+def plan(cfg: StudyConfig) -> tuple[list[launch.Job], dict]:
+    """The jobs of ``cfg`` (seed-major order) and the report context."""
+    preset = suite.check_preset(cfg.preset)
+    seeds = cfg.seeds if cfg.seeds is not None else suite.SEEDS[preset]
+    ctx: dict = {
+        "tasks": {},
+        "task_notes": {},
+        "encoders": {},
+        "excluded": {},
+        "expected": {},
+        "preset": preset,
+    }
+    jobs: list[launch.Job] = []
+    for part, algo in (("online", "ppo"), ("offline", "dt")):
+        if part not in cfg.parts:
+            continue
+        tasks = suite.tasks(algo, cfg.tasks) if cfg.tasks else suite.tasks(algo)
+        if not tasks:
+            continue
+        rows, excluded = enc.ppo_encoders() if algo == "ppo" else enc.dt_encoders()
+        rows = enc.select(rows, cfg.encoders)
+        ctx["tasks"][algo] = [t.name for t in tasks]
+        ctx["encoders"][algo] = [(e.name, e.spec, e.family, e.note) for e in rows]
+        ctx["excluded"][algo] = [(x.name, x.reason) for x in excluded]
+        ctx["expected"][algo] = len(tasks) * len(rows) * len(seeds)
+        unit = "env steps" if algo == "ppo" else "updates"
+        for t in tasks:
+            budget = f"{t.budget[preset]:,} {unit}, eval every {t.eval_every[preset]:,}, seeds {list(seeds)}"
+            ctx["task_notes"][t.name] = (t.tag, budget, t.score_note)
+        for seed in seeds:
+            for t in tasks:
+                for e in rows:
+                    jobs.append(launch.make_job(t, e, seed, preset, Path(cfg.out)))
+    return jobs, ctx
+
+
+def estimate(jobs: list[launch.Job], out: Path) -> tuple[float, int]:
+    """Estimated seconds of one worker for ``jobs`` from measured rates of finished runs, and how many had none.
+
+    Rate per job: the median steps/s (updates/s for DT) of finished runs of the same (task, encoder) in any
+    preset, else of the encoder on any task, else of every finished run; +10 s process start-up per job.
+    """
+    finished = [json.loads(p.read_text()) for p in Path(out).rglob("result.json")]
+
+    def rate(r: dict) -> float | None:
+        return r.get("steps_per_s") or r.get("updates_per_s")
+
+    total, unknown = 0.0, 0
+    for job in jobs:
+        s = job.spec
+        pools = (
+            [rate(r) for r in finished if r["task"] == s["task"] and r["encoder_name"] == s["encoder_name"]],
+            [rate(r) for r in finished if r["algo"] == s["algo"] and r["encoder_name"] == s["encoder_name"]],
+            [rate(r) for r in finished if r["algo"] == s["algo"]],
+        )
+        rates = next(([x for x in p if x] for p in pools if any(p)), [])
+        if not rates:
+            unknown += 1
+            rates = [1000.0 if s["algo"] == "ppo" else 20.0]
+        total += s["budget"] / statistics.median(rates) + 10.0
+    return total, unknown
+
+
+def run_study(cfg: StudyConfig, log=print) -> dict:
+    jobs, ctx = plan(cfg)
+    out = Path(cfg.out)
+    if cfg.rerun_encoders:
+        enc.select([enc.Encoder(n, "", "") for n in {j.spec["encoder_name"] for j in jobs}], cfg.rerun_encoders,
+                   "--rerun-encoders")  # fmt: skip
+        log(
+            f"moved aside {launch.invalidate(jobs, cfg.rerun_encoders)} results of {list(cfg.rerun_encoders)}"
+        )
+    states = {j.dir: launch.status(j) for j in jobs}
+    todo = [j for j in jobs if states[j.dir] != "done"]
+    n_failed = sum(1 for j in todo if states[j.dir] == "failed")
+    log(f"study {cfg.preset}: {len(jobs)} runs, {len(jobs) - len(todo)} finished, {len(todo)} to run "
+        f"({n_failed} failed before)")  # fmt: skip
+    if cfg.dry_run:
+        seconds, unknown = estimate(todo, out)
+        log(f"estimated {seconds / 3600:.2f} h on 1 worker, {seconds / 3600 / max(1, cfg.workers):.2f} h on "
+            f"{cfg.workers} workers" + (f" ({unknown} runs without a measured rate: assumed 1,000 steps/s, "
+                                          "20 updates/s)" if unknown else ""))  # fmt: skip
+        return {"jobs": len(jobs), "todo": len(todo), "seconds": seconds}
+    if todo and not cfg.report_only:
+        if cfg.launcher == "ray":
+            launch.run_ray(todo, cfg.ray_address, cfg.workers, cfg.timeout_s, log)
+        else:
+            launch.run_local(todo, cfg.workers, cfg.timeout_s, log)
+    docs = cfg.docs if cfg.docs is not None else out / cfg.preset / "docs"
+    ctx["command"] = rebuild_command(cfg, docs)
+    ctx["method"], ctx["notes"] = METHOD, NOTES
+    keys = {j.spec["key"] for j in jobs}
+    records = [r for r in report.collect(out, cfg.preset) if r.get("key") in keys]
+    aggs = report.write_report(records, docs, ctx)
+    log(f"wrote {docs}/encoders.md, encoders.json ({len(records)} runs), encoders_aggregate.json, plots/")
+    return {"jobs": len(jobs), "records": len(records), "aggregates": aggs}
+
+
+def rebuild_command(cfg: StudyConfig, docs: Path) -> str:
+    parts = ["python scripts/encoder_study.py", "--preset", cfg.preset, "--parts", *cfg.parts]
+    if cfg.tasks:
+        parts += ["--tasks", *cfg.tasks]
+    if cfg.encoders:
+        parts += ["--encoders", *cfg.encoders]
+    if cfg.seeds is not None:
+        parts += ["--seeds", *map(str, cfg.seeds)]
+    parts += ["--out", str(cfg.out), "--docs", str(docs), "--report-only"]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("use scripts/encoder_study.py")

@@ -1,0 +1,150 @@
+"""One study run in its own process: ``python -m rl_transformers.study.worker <run dir>/job.json``.
+
+Reads the job (algo, task, encoder spec, seed, budget), calls the trainer's public ``train`` function
+(:func:`rl_transformers.algos.ppo.train` / :func:`rl_transformers.algos.dt.train`) with the run directory
+``<run dir>/run``, then reads the evaluation series the trainer logged to ``progress.jsonl`` and writes
+``<run dir>/result.json`` atomically (the record of :func:`make_record`). Exit code 0 only with a result.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def read_series(progress: Path, key: str) -> list[tuple[float, float]]:
+    """(step, value) of every finite ``key`` entry in a progress.jsonl."""
+    out = []
+    for line in progress.read_text().splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if key in row and row[key] is not None and math.isfinite(float(row[key])):
+            out.append((float(row.get("step", len(out))), float(row[key])))
+    return out
+
+
+def _ppo(job: dict[str, Any], run: Path) -> dict[str, Any]:
+    from rl_transformers.algos.ppo import train
+    from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
+    from rl_transformers.policies.gtrxl import make_policy
+    from rl_transformers.study.encoders import _spaces, policy_config
+
+    cfg = TrainConfig(
+        env_id=job["env_id"],
+        env_kwargs=job.get("env_kwargs", {}),
+        total_timesteps=job["budget"],
+        num_envs=job.get("num_envs", 32),
+        seed=job["seed"],
+        policy=policy_config(job["encoder"]),
+        ppo=PPOConfig(**job.get("ppo", {})),
+        eval_every=job["eval_every"],
+        eval_episodes=job.get("eval_episodes", 16),
+        threads=1,
+        device="cpu",
+        run_root=str(run.parent),
+        keep_checkpoints=1,
+        progress=False,
+    )
+    start = time.perf_counter()
+    result = train(cfg, run_dir=run)
+    wall = time.perf_counter() - start
+    obs_space, act_space = _spaces(job["env_id"]) if not job.get("env_kwargs") else _env_spaces(job)
+    policy = make_policy(cfg.policy, obs_space, act_space)
+    curve = read_series(run / "progress.jsonl", "eval/mean_reward")
+    return make_record(job, curve, result.global_step, wall, sum(p.numel() for p in policy.parameters()))
+
+
+def _env_spaces(job: dict[str, Any]) -> tuple[Any, Any]:
+    import gymnasium as gym
+
+    import envs  # noqa: F401
+
+    env = gym.make(job["env_id"], **job["env_kwargs"])
+    spaces = (env.observation_space, env.action_space)
+    env.close()
+    return spaces
+
+
+def _dt(job: dict[str, Any], run: Path) -> dict[str, Any]:
+    from rl_transformers.algos.dt import train
+    from rl_transformers.algos.dt_config import DTConfig
+    from rl_transformers.study.encoders import dt_backbone
+
+    cfg = DTConfig(
+        dataset=job["dataset"],
+        dataset_root=Path(job["dataset_root"]),
+        backbone=dt_backbone(job["encoder"]),
+        total_steps=job["budget"],
+        eval_every=job["eval_every"],
+        target_returns=(job["target"],),
+        seed=job["seed"],
+        device="cpu",
+        threads=1,
+        runs_dir=run.parent,
+        progress=False,
+        save_every=job["budget"],
+        keep_checkpoints=0,
+        **job.get("dt", {}),
+    )
+    start = time.perf_counter()
+    result = train(cfg, run_dir=run)
+    wall = time.perf_counter() - start
+    curve = read_series(run / "progress.jsonl", "eval/normalized_score")
+    returns = read_series(run / "progress.jsonl", "eval/return_mean")
+    record = make_record(job, curve, result.step, wall, sum(p.numel() for p in result.model.parameters()))
+    record["score"] = curve[-1][1] if curve else None  # DT: normalized score of the final evaluation
+    record["final_return"] = returns[-1][1] if returns else None
+    record["env_steps"] = None
+    record["updates"] = result.step
+    record["steps_per_s"] = None
+    record["updates_per_s"] = result.step / wall if wall > 0 else None
+    return record
+
+
+def make_record(
+    job: dict[str, Any], curve: list[tuple[float, float]], steps: int, wall: float, parameters: int
+) -> dict[str, Any]:
+    """One run's record: the documented fields plus the evaluation curve and the job's identity."""
+    return {
+        "algo": job["algo"],
+        "task": job["task"],
+        "encoder": job["encoder"],
+        "encoder_name": job["encoder_name"],
+        "seed": job["seed"],
+        "preset": job["preset"],
+        "score": max(v for _, v in curve) if curve else None,
+        "final_return": curve[-1][1] if curve else None,
+        "env_steps": steps,
+        "steps_per_s": steps / wall if wall > 0 else None,
+        "wall_s": wall,
+        "parameters": parameters,
+        "curve": curve,
+        "key": job["key"],
+    }
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m rl_transformers.study.worker <run dir>/job.json", file=sys.stderr)
+        return 2
+    job_path = Path(argv[0])
+    job = json.loads(job_path.read_text())
+    run = job_path.parent / "run"
+    import shutil
+
+    shutil.rmtree(run, ignore_errors=True)  # a previous failed attempt
+    record = _dt(job, run) if job["algo"] == "dt" else _ppo(job, run)
+    tmp = job_path.parent / "result.json.tmp"
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(tmp, job_path.parent / "result.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,28 @@
+"""The encoder study: every registered attention (plus GTrXL, memories, depths, GRU / LSTM / MLP) as a policy
+encoder, online (PPO on T-Maze + POPGym Easy) and offline (Decision Transformer), aggregated with rliable.
+
+    python scripts/encoder_study.py --preset quick --dry-run          # run count and estimated time
+    python scripts/encoder_study.py --preset quick                    # smoke run (1 seed, <= 1 h on 2 cores)
+    python scripts/encoder_study.py --preset full --parts online      # the full online grid (resumable)
+    python scripts/encoder_study.py --preset full --rerun-encoders lsh bigbird   # re-run changed variants
+    python scripts/encoder_study.py --preset full --launcher ray --ray-address auto   # on a Ray cluster
+    python scripts/encoder_study.py --preset full --docs docs/results --report-only  # rebuild the documents
+
+Runs land in <out>/<preset>/<algo>/<task>/<encoder>/s<seed>/ (result.json when finished); a second invocation
+skips finished runs and retries failed ones. See rl_transformers/study/ for the method.
+"""
+
+from __future__ import annotations
+
+import tyro
+
+from rl_transformers.study.run import StudyConfig, run_study
+from rl_transformers.utils.errors import run_cli
+
+
+def main(config: StudyConfig) -> None:
+    run_study(config)
+
+
+if __name__ == "__main__":
+    run_cli(lambda: main(tyro.cli(StudyConfig, description=__doc__)))

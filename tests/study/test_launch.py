@@ -1,0 +1,76 @@
+"""Jobs on real (tiny) PPO runs: records, resume (skip finished, retry failed), invalidation, Ray == local."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rl_transformers.study import launch, suite
+from rl_transformers.study.encoders import Encoder
+
+TINY = {"budget": 256, "eval_every": 128, "num_envs": 4, "eval_episodes": 2,
+        "ppo": {"num_steps": 32, "seq_len": 16, "num_minibatches": 2, "update_epochs": 1}}  # fmt: skip
+TMAZE = suite.tasks("ppo", ("TMaze10",))[0]
+GRU = Encoder("gru", "policy=gru;hidden_size=16", "baseline")
+MLP = Encoder("mlp", "policy=mlp;hidden_size=16", "baseline")
+VOLATILE = ("wall_s", "steps_per_s", "status")
+
+
+def jobs(out: Path, broken: bool = False) -> list[launch.Job]:
+    made = [
+        launch.make_job(TMAZE, GRU, 0, "quick", out, **TINY),
+        launch.make_job(TMAZE, MLP, 1, "quick", out, **TINY),
+    ]
+    if broken:  # corridor_length 0 is refused by the env: the run fails
+        made.append(
+            launch.make_job(TMAZE, GRU, 5, "quick", out, **{**TINY, "env_kwargs": {"corridor_length": 0}})
+        )
+    return made
+
+
+def stable(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k not in VOLATILE}
+
+
+def test_resume_skips_finished_and_retries_failed(tmp_path: Path) -> None:
+    planned = jobs(tmp_path, broken=True)
+    launch.run_local(launch.pending(planned), workers=2, log=lambda _: None)
+    assert [launch.status(j) for j in planned] == ["done", "done", "failed"]
+    rec = json.loads((planned[0].dir / "result.json").read_text())
+    assert (
+        rec["algo"] == "ppo" and rec["task"] == "TMaze10" and rec["encoder"] == GRU.spec and rec["seed"] == 0
+    )
+    assert (
+        rec["env_steps"] == 256 and len(rec["curve"]) == 2 and rec["score"] == max(v for _, v in rec["curve"])
+    )
+    assert rec["final_return"] == rec["curve"][-1][1] and rec["parameters"] > 0 and rec["steps_per_s"] > 0
+    failed = json.loads((planned[2].dir / "failed.json").read_text())
+    assert failed["attempts"] == 1 and "corridor_length" in failed["stderr_tail"]
+    mtimes = [(j.dir / "result.json").stat().st_mtime_ns for j in planned[:2]]
+
+    todo = launch.pending(planned)  # second invocation: only the failed run
+    assert [j.dir for j in todo] == [planned[2].dir]
+    launch.run_local(todo, workers=1, log=lambda _: None)
+    assert json.loads((planned[2].dir / "failed.json").read_text())["attempts"] == 2
+    assert [(j.dir / "result.json").stat().st_mtime_ns for j in planned[:2]] == mtimes
+
+    assert launch.invalidate(planned, ["mlp"]) == 1  # --rerun-encoders mlp
+    assert [launch.status(j) for j in planned[:2]] == ["done", "pending"]
+    assert (planned[1].dir / "result.stale.json").exists()
+    changed = launch.make_job(TMAZE, GRU, 0, "quick", tmp_path, **{**TINY, "budget": 512})
+    assert changed.dir == planned[0].dir and launch.status(changed) == "pending"  # a changed job runs again
+
+
+def test_ray_launcher_gives_the_local_records(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    local = jobs(tmp_path / "local")
+    remote = jobs(tmp_path / "ray")
+    launch.run_local(local, workers=2, log=lambda _: None)
+    outcomes = launch.run_ray(remote, workers=2, log=lambda _: None)
+    assert [o["status"] for o in outcomes] == ["done", "done"]
+    for a, b in zip(local, remote):
+        ra = json.loads((a.dir / "result.json").read_text())
+        rb = json.loads((b.dir / "result.json").read_text())
+        assert stable(ra) == stable(rb)

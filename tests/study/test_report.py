@@ -1,0 +1,92 @@
+"""The documents: encoders.json / encoders_aggregate.json fields, Markdown tables, plots, partial label."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("rliable")
+
+from rl_transformers.study import report
+
+TASKS = {"ppo": ["t1", "t2"], "dt": ["d1"]}
+
+
+def records() -> list[dict]:
+    rng = np.random.default_rng(1)
+    out = []
+    for name, spec in (("gru", "policy=gru"), ("full", "attention=full;memory=None"), ("gtrxl", "")):
+        for seed in (0, 1, 2):
+            for task in TASKS["ppo"]:
+                s = float(rng.uniform(-1, 1))
+                out.append({"algo": "ppo", "task": task, "encoder": spec, "encoder_name": name, "seed": seed,
+                            "score": s, "final_return": s - 0.1, "env_steps": 4096, "steps_per_s": 1000.0 + seed,
+                            "wall_s": 4.0, "parameters": 211525, "curve": [[2048, s - 0.2], [4096, s]],
+                            "preset": "quick", "key": "k"})  # fmt: skip
+    for name in ("full", "linear"):
+        for seed in (0, 1, 2):
+            out.append({"algo": "dt", "task": "d1", "encoder": f"attention={name}", "encoder_name": name,
+                        "seed": seed, "score": 50.0 + seed, "final_return": 100.0, "env_steps": None,
+                        "steps_per_s": None, "updates_per_s": 9.0, "wall_s": 3.0, "parameters": 132930,
+                        "curve": [[10, 40.0], [20, 50.0 + seed]], "preset": "quick", "key": "k"})  # fmt: skip
+    return out
+
+
+def context() -> dict:
+    return {
+        "tasks": TASKS,
+        "task_notes": {t: ("tag", "4,096 env steps", "MMER") for t in ("t1", "t2", "d1")},
+        "encoders": {"ppo": [("gru", "policy=gru", "baseline", ""), ("full", "attention=full;memory=None",
+                             "attention", ""), ("gtrxl", "", "default", "")],
+                     "dt": [("full", "attention=full", "attention", ""), ("linear", "attention=linear", "attention", "")]},
+        "excluded": {"ppo": [("linformer", "no causal mode")], "dt": []},
+        "expected": {"ppo": 18, "dt": 6},
+        "preset": "quick",
+        "command": "python scripts/encoder_study.py --report-only",
+        "method": "METHOD TEXT",
+        "reps": 100,
+    }  # fmt: skip
+
+
+def test_documents_have_the_documented_fields(tmp_path: Path) -> None:
+    recs = records()
+    report.write_report(recs, tmp_path, context())
+    runs = json.loads((tmp_path / "encoders.json").read_text())
+    assert len(runs) == len(recs)
+    for r in runs:
+        for key in ("algo", "task", "encoder", "seed", "score", "final_return", "env_steps", "steps_per_s",
+                    "parameters"):  # fmt: skip
+            assert key in r
+    aggs = json.loads((tmp_path / "encoders_aggregate.json").read_text())
+    assert set(aggs) == {"online", "offline"} and aggs["online"]["reference"] == "gru"
+    for row in aggs["online"]["encoders"].values():
+        for key in ("iqm", "ci_low", "ci_high", "prob_improvement"):
+            assert key in row
+        assert row["ci_low"] <= row["iqm"] <= row["ci_high"]
+    assert aggs["online"]["encoders"]["gru"]["prob_improvement"] is None
+    assert 0 <= aggs["online"]["encoders"]["full"]["prob_improvement"] <= 1
+    # offline scores are divided by 100: IQM of 50, 51, 52 -> 0.51
+    assert aggs["offline"]["encoders"]["full"]["iqm"] == pytest.approx(0.51)
+    md = (tmp_path / "encoders.md").read_text()
+    assert "PARTIAL" not in md and "Complete" in md
+    assert "| encoder | t1 | t2 | steps/s | parameters |" in md
+    assert "| linformer | – | excluded | no causal mode |" in md
+    assert "python scripts/encoder_study.py --report-only" in md and "METHOD TEXT" in md
+    for name in ("iqm_online.png", "profile_online.png", "score_vs_speed_online.png", "curves_t1.png",
+                 "iqm_offline.png"):  # fmt: skip
+        assert (tmp_path / "plots" / name).stat().st_size > 0
+        assert f"plots/{name}" in md
+
+
+def test_partial_results_are_labelled(tmp_path: Path) -> None:
+    recs = [r for r in records() if not (r["encoder_name"] == "gtrxl" and r["task"] == "t2")]
+    report.write_report(recs, tmp_path, context())
+    md = (tmp_path / "encoders.md").read_text()
+    assert "PARTIAL RESULTS" in md and "online 15 / 18" in md
+    assert "| gtrxl | – | – | – | – | incomplete: no finished run on ['t2'] |" in md
+    # per-task cell: mean ± std over seeds
+    vals = [r["score"] for r in recs if r["encoder_name"] == "gru" and r["task"] == "t1"]
+    assert f"{np.mean(vals):.2f} ± {np.std(vals, ddof=1):.2f}" in md
