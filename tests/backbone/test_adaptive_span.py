@@ -42,6 +42,29 @@ def test_matches_reference_with_explicit_ramp(t: int) -> None:
     torch.testing.assert_close(got, ref, atol=1e-10, rtol=0)
 
 
+def test_spans_beyond_every_distance_take_the_fused_path_exactly() -> None:
+    """z > max distance: every ramp value is clamped at 1, so output and gradients are plain causal attention."""
+    t = 9
+    _, att = _layer(max_span=16, ramp=3, query_block=4)
+    with torch.no_grad():
+        att.span_frac.copy_(torch.tensor([0.51, 0.9], dtype=torch.float64))  # z = 8.16, 14.4 > 8 = max i - j
+    q, k, v = (torch.randn(1, 2, t, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    pos, valid = torch.arange(t)[None], torch.ones(1, t, dtype=torch.bool)
+    got = att.attend(q, k, v, pos, pos, valid, _ctx(t))
+    dist = (torch.arange(t)[:, None] - torch.arange(t)[None, :]).to(torch.float64)
+    z = (att.span_frac.clamp(0.0, 1.0) * 16).view(2, 1, 1)
+    ramp = ((3 + z - dist) / 3).clamp(0.0, 1.0)  # with autograd: the reference's span gradient
+    mask = causal_mask(t)
+    ref = reference_attention(q, k, v, mask=mask[None], bias=ramp.clamp_min(1e-300).log()[None])
+    torch.testing.assert_close(got, ref, atol=1e-10, rtol=0)
+    w = torch.randn_like(ref)
+    g_got = torch.autograd.grad((got * w).sum(), [q, k, v])
+    g_ref = torch.autograd.grad((ref * w).sum(), [q, k, v, att.span_frac])
+    for a, b in zip(g_got, g_ref[:3]):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+    assert float(g_ref[3].abs().max()) == 0.0  # saturated ramp: no span gradient in the reference either
+
+
 def test_span_covering_sequence_equals_full() -> None:
     span = inv.tiny_backbone(attention="adaptive_span", attention_options={"max_span": 16, "init_span": 1.0})
     full = inv.tiny_backbone(attention="full")

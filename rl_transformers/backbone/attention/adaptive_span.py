@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rl_transformers.backbone.attention.base import Attention, visible_mask
@@ -97,6 +98,17 @@ class AdaptiveSpanAttention(Attention):
         ctx.add_aux("adaptive_span_l1", spans.mean() / self.options.max_span)
         reach = math.ceil(float(spans.detach().max()) + self.options.ramp)  # no key further than this counts
         mask = visible_mask(t, k_valid, causal=True)
+        if not self.position.modifies_scores and float(spans.detach().min()) > float(
+            q_pos.max() - k_pos.min()
+        ):
+            # Every key is nearer than every span: the ramp is 1 (clamped, so it has no gradient either) and the
+            # layer is plain causal attention - one fused kernel (the usual case for short RL contexts).
+            if ctx.collect_info:
+                ctx.add_info(f"backbone/adaptive_span/scores/layer{self.layer}", t * s)
+            p = self.attn_dropout.p if self.training else 0.0
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=p, scale=self.position.scale
+            )
         outs, n_scores = [], 0
         blk = self.options.query_block
         for start in range(0, t, blk):
@@ -105,10 +117,22 @@ class AdaptiveSpanAttention(Attention):
             k_lo = max(0, s - t + start - reach)
             qb, kb, vb = q[:, :, start:stop], k[:, :, k_lo:k_hi], v[:, :, k_lo:k_hi]
             qp, kp = q_pos[:, start:stop], k_pos[:, k_lo:k_hi]
-            logits = self.position.logits(qb, kb, qp, kp, self.layer)
             dist = (qp.unsqueeze(-1) - kp.unsqueeze(-2)).unsqueeze(1).to(q.dtype)  # (B, 1, tb, kb)
             ramp = span_ramp(dist, spans[:, :, start:stop].unsqueeze(-1), self.options.ramp)
             allowed = mask[:, :, start:stop, k_lo:k_hi] & (ramp > 0)
+            n_scores += qb.shape[2] * kb.shape[2]
+            if not self.position.modifies_scores:
+                # softmax(s + log m_z) as one fused kernel with an additive mask (-inf outside the span);
+                # every row keeps its own key (distance 0, ramp 1).
+                bias = torch.where(allowed, ramp.clamp_min(1e-30).log(), torch.full_like(ramp, float("-inf")))
+                p = self.attn_dropout.p if self.training else 0.0
+                outs.append(
+                    F.scaled_dot_product_attention(
+                        qb, kb, vb, attn_mask=bias, dropout_p=p, scale=self.position.scale
+                    )
+                )
+                continue
+            logits = self.position.logits(qb, kb, qp, kp, self.layer)
             logits = logits + torch.where(allowed, ramp.clamp_min(1e-30).log(), torch.zeros_like(ramp))
             logits = logits.masked_fill(~allowed, float("-inf"))
             probs = torch.nan_to_num(torch.softmax(logits, dim=-1), nan=0.0)
@@ -116,7 +140,6 @@ class AdaptiveSpanAttention(Attention):
             out = torch.matmul(dropped, vb)
             extra = self.position.value_term(dropped, qp, kp, self.layer)
             outs.append(out if extra is None else out + extra)
-            n_scores += qb.shape[2] * kb.shape[2]
         if ctx.collect_info:
             ctx.add_info(f"backbone/adaptive_span/scores/layer{self.layer}", n_scores)
             ctx.add_info(f"backbone/adaptive_span/span/layer{self.layer}", spans.detach().mean())
