@@ -110,10 +110,13 @@ class FeatureMapAttention(Attention):
         q, k, v = q.to(wd), k.to(wd), v.to(wd)
         fq = self.query_features(q)
         fk_raw = self.key_features(k)
-        keep = k_valid[:, None, :, None].to(wd)
-        fk = fk_raw * keep  # padded keys contribute nothing
+        no_padding = (ctx.all_valid and n_prefix == 0) or bool(k_valid.all())
         ones = torch.ones_like(v[..., :1])
-        v1 = torch.cat([v, ones], dim=-1) * keep  # the ones column turns S into [S, z]
+        v1 = torch.cat([v, ones], dim=-1)  # the ones column turns S into [S, z]
+        fk = fk_raw
+        if not no_padding:
+            keep = k_valid[:, None, :, None].to(wd)
+            fk, v1 = fk_raw * keep, v1 * keep  # padded keys contribute nothing
         if isinstance(state, LinearState):
             s0 = torch.cat([state.s, state.z[..., None]], dim=-1).to(wd)
         else:
@@ -136,14 +139,16 @@ class FeatureMapAttention(Attention):
                 out, s_end = ops.gated_causal_chunked(fq, fk_new, v_new, log_g, s0, chunk)
         else:
             out, s_end = ops.noncausal_linear(fq, fk, v1, s0)
-        # A padded query still sees its own key (visible_mask semantics), which keeps its output finite.
-        own = (fq * fk_raw[..., n_prefix:, :]).sum(-1, keepdim=True)
-        padded = ~k_valid[:, None, n_prefix:, None]
-        out = out + torch.where(padded, own * torch.cat([v, ones], dim=-1)[..., n_prefix:, :], 0.0)
+        padded = None
+        if not no_padding:
+            # A padded query still sees its own key (visible_mask semantics), which keeps its output finite.
+            own = (fq * fk_raw[..., n_prefix:, :]).sum(-1, keepdim=True)
+            padded = ~k_valid[:, None, n_prefix:, None]
+            out = out + torch.where(padded, own * torch.cat([v, ones], dim=-1)[..., n_prefix:, :], 0.0)
         count = None
         if self.count_feature:
             count = self._key_count(fk[..., n_prefix:, -1], s0[..., -1, d], s_end[..., -1, d], log_g, chunk)
-            count = count + padded.to(wd)
+            count = count if padded is None else count + padded.to(wd)
         y = (out[..., :d] / self.safe_denominator(out[..., d:], count)).to(in_dtype)
         if not isinstance(state, LinearState):  # no streaming state (e.g. a memory module supplies context)
             return y, state
