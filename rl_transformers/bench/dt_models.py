@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from rl_transformers.policies.decision_transformer import DecisionTransformer, dt_backbone_config
+from rl_transformers.utils.params import count_parameters
 
 OBS_DIM, ACT_DIM, MAX_EP_LEN = 11, 3, 1000
 """Hopper's observation and action sizes, and the paper's timestep-embedding rows."""
@@ -160,11 +161,4 @@ BUILDERS: dict[str, Callable[[DTShape, torch.device], Candidate | None]] = {
 """Candidate name -> builder (None when the peer is not installed)."""
 INSTALL_HINT = {"huggingface": "pip install transformers", "d3rlpy": "pip install d3rlpy"}
 
-
-def count_parameters(module: nn.Module, trainable_only: bool = True) -> int:
-    """Number of (trainable) parameters of ``module``, each shared tensor counted once."""
-    seen: dict[int, int] = {}
-    for p in module.parameters():
-        if p.requires_grad or not trainable_only:
-            seen[id(p)] = p.numel()
-    return sum(seen.values())
+__all__ = ["BUILDERS", "Candidate", "DTShape", "count_parameters", "make_batch"]

@@ -32,14 +32,21 @@ def config_for(cfg: Any, attention: str) -> Any:
     return dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, backbone=backbone))
 
 
-def _worker(cfg: Any, attention: str, updates: int, warmup: int, queue: Any) -> None:
+def _worker(
+    cfg: Any, attention: str | None, updates: int, warmup: int, queue: Any, env_modules: tuple[str, ...] = ()
+) -> None:
     try:
         try:
-            run_cfg = config_for(cfg, attention)
+            run_cfg = cfg if attention is None else config_for(cfg, attention)
         except ValueError as err:
             queue.put({"status": STATUS_UNSUPPORTED, "reason": str(err)})
             return
         from rl_transformers.algos.ppo import measure_throughput
+
+        if env_modules:  # environments defined outside the allow-list (e.g. cleanrl's pom_env), trusted here
+            from envs.resolve import allow_env_modules
+
+            allow_env_modules(env_modules)
 
         result = measure_throughput(run_cfg, updates, warmup)
         queue.put({"status": STATUS_OK, **result})
@@ -48,11 +55,19 @@ def _worker(cfg: Any, attention: str, updates: int, warmup: int, queue: Any) -> 
         queue.put({"status": STATUS_ERROR, "reason": f"{type(err).__name__}: {err} | {' / '.join(tail)}"})
 
 
-def measure_one(cfg: Any, attention: str, updates: int, warmup: int, timeout_s: float) -> dict[str, Any]:
-    """One measurement in a fresh (spawned) process."""
+def measure_one(
+    cfg: Any,
+    attention: str | None,
+    updates: int,
+    warmup: int,
+    timeout_s: float,
+    env_modules: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """One measurement of ``cfg`` (with ``attention`` when given) in a fresh (spawned) process."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_worker, args=(cfg, attention, updates, warmup, queue), daemon=True)
+    args = (cfg, attention, updates, warmup, queue, env_modules)
+    proc = ctx.Process(target=_worker, args=args, daemon=True)
     proc.start()
     try:
         result = queue.get(timeout=timeout_s)

@@ -1,0 +1,92 @@
+"""PPO env steps/s vs cleanrl's ppo_trxl at an equal parameter count (rl_transformers/bench/ppo_reference.py).
+
+cleanrl is not a dependency: check out https://github.com/vwxyzjn/cleanrl, point --cleanrl-dir at its
+cleanrl/ppo_trxl directory and --cleanrl-python at an interpreter with its dependencies (gymnasium 0.29,
+memory-gym, einops, tyro, tensorboard, torch; e.g. a venv made with its cleanrl/ppo_trxl/pyproject.toml).
+
+    python scripts/bench_ppo_vs_cleanrl.py --cleanrl-dir ~/cleanrl/cleanrl/ppo_trxl \\
+        --cleanrl-python ~/cleanrl-venv/bin/python --rounds 3
+
+Writes <out>/results.json and results.md (rates, parameter counts, speed-ups, command, git SHA, machine).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import tyro
+
+from rl_transformers.bench import ppo_reference
+from rl_transformers.bench.dt_timing import atomic_write
+from rl_transformers.bench.meta import machine_info
+
+
+@dataclass(frozen=True)
+class Args:
+    cleanrl_dir: Path
+    """Directory holding cleanrl's ppo_trxl.py and pom_env.py."""
+    cleanrl_python: str = sys.executable
+    """Interpreter that runs cleanrl's script (needs its dependencies)."""
+    updates: int = 4
+    """Timed PPO iterations per run (after the warm-up)."""
+    warmup: int = 1
+    """Untimed iterations first, on both sides."""
+    rounds: int = 3
+    """Alternating rounds (medians reported)."""
+    out: Path = Path("benchmarks/results/ppo_vs_cleanrl")
+    """Directory of results.json / results.md."""
+
+
+def render(report: dict) -> str:
+    meta, ppo = report["machine"], report["ppo"]
+    lines = [
+        "# PPO env steps/s vs cleanrl ppo_trxl at an equal parameter count (ProofofMemory-v0)",
+        "",
+        f"Command: `{report['command']}`",
+        "",
+        f"- shape: 16 envs x {ppo['num_steps']} steps, {ppo['num_minibatches']} minibatches, "
+        f"{ppo['update_epochs']} epochs; 1 torch thread each; {report['warmup']} warm-up + {report['updates']} "
+        f"timed iterations per run; {report['rounds']} alternating rounds, medians",
+        f"- machine: {meta['device_name']} · {meta['cores']} cores · torch {meta['torch_version']} · "
+        f"git {meta['git_sha']} · load at start {meta['loadavg_start']}",
+        "",
+        "| model | parameters (vs cleanrl) | env steps/s | rounds | speed-up vs cleanrl |",
+        "|---|---:|---:|---|---:|",
+    ]
+    for row in report["rows"]:
+        if row["status"] != "ok":
+            lines.append(
+                f"| {row['model']} | {row['parameters']} | error: {row.get('reason', '')[:200]} | | |"
+            )
+            continue
+        lines.append(
+            f"| {row['model']} | {row['parameters']:,} ({row.get('parameters_vs_cleanrl', 1.0):.3f}) | "
+            f"{row['steps_per_s']:,.0f} | {row['steps_per_s_rounds']} | {row.get('speedup_vs_cleanrl', 1.0):.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(args: Args) -> None:
+    result = ppo_reference.compare(
+        args.cleanrl_dir, args.cleanrl_python, args.updates, args.warmup, args.rounds
+    )
+    report = {
+        "command": shlex.join(["python", "scripts/bench_ppo_vs_cleanrl.py", *sys.argv[1:]]),
+        "updates": args.updates,
+        "warmup": args.warmup,
+        "rounds": args.rounds,
+        "machine": machine_info("cpu", 1),
+        **result,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    atomic_write(args.out / "results.json", json.dumps(report, indent=2, sort_keys=True) + "\n")
+    atomic_write(args.out / "results.md", render(report))
+    print(render(report))
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args, description=__doc__))

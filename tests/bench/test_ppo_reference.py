@@ -1,0 +1,60 @@
+"""Pieces of the cleanrl comparison that need no cleanrl: rate parsing, equal parameter counts, params helper."""
+
+from __future__ import annotations
+
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from torch import nn
+
+from rl_transformers.bench.ppo_reference import OUR_MODELS, our_config, steady_rate
+from rl_transformers.utils.params import count_parameters, format_parameters
+
+CLEANRL_POM_PARAMETERS = 88_579
+"""cleanrl's ProofofMemory Agent, counted by hand: encoder 3*64+64; per layer 3*64*64 (bias-free q, k, v shared
+by heads) + 64*64+64 (fc_out) + 3*128 (LayerNorms) + 64*64+64 (FFN) = 20,992, x 4; post-TrXL 64*64+64;
+actor 64*2+2; critic 64+1."""
+
+
+def test_cleanrl_count_by_hand() -> None:
+    layer = 3 * 64 * 64 + (64 * 64 + 64) + 3 * 128 + (64 * 64 + 64)
+    assert (3 * 64 + 64) + 4 * layer + (64 * 64 + 64) + (64 * 2 + 2) + (64 + 1) == CLEANRL_POM_PARAMETERS
+
+
+def test_steady_rate_excludes_the_warmup_iterations() -> None:
+    # iteration i ends at elapsed time t_i; cleanrl prints int(i * batch / t_i)
+    batch, times = 2048, {1: 4.0, 2: 6.0, 3: 8.0, 4: 10.0}
+    out = "\n".join(f"{i:9} SPS={int(i * batch / t):4} return=0.1 length=3" for i, t in times.items())
+    rate = steady_rate("noise line\n" + out, batch, warmup=1)
+    assert rate == pytest.approx(3 * batch / (10.0 - 4.0), rel=2e-3)  # (4 - 1) iterations in 6 s
+    assert steady_rate(out, batch, warmup=0) == pytest.approx(4 * batch / 10.0, rel=2e-3)
+    with pytest.raises(ValueError, match="SPS"):
+        steady_rate("no lines", batch, warmup=1)
+    with pytest.raises(ValueError, match="more than 4 iterations"):
+        steady_rate(out, batch, warmup=4)
+
+
+@pytest.mark.parametrize("name", list(OUR_MODELS))
+def test_our_models_are_within_two_percent_of_cleanrls_count(name: str) -> None:
+    from rl_transformers.policies.gtrxl import make_policy
+
+    cfg = our_config(OUR_MODELS[name])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        policy = make_policy(cfg.policy, gym.spaces.Box(-1.0, 1.0, (3,), np.float32), gym.spaces.Discrete(2))
+    n = count_parameters(policy)
+    assert abs(n / CLEANRL_POM_PARAMETERS - 1) < 0.02, (name, n)
+
+
+def test_count_parameters_counts_shared_tensors_once_and_skips_frozen() -> None:
+    a = nn.Linear(3, 4)  # 16
+    b = nn.Linear(4, 2)  # 10
+    model = nn.Sequential(a, b, a)
+    assert count_parameters(model) == 26
+    b.weight.requires_grad_(False)
+    assert count_parameters(model) == 18 and count_parameters(model, trainable_only=False) == 26
+    assert (
+        format_parameters(88_579) == "88,579 (88.6k)" and format_parameters(2_500_000) == "2,500,000 (2.50M)"
+    )
