@@ -40,7 +40,7 @@ resamples), score-distribution performance profiles, probability of improvement 
 `full` attention). One run = one subprocess with one torch thread; at most 2 at a time on this machine."""
 
 NOTES = """\
-- The budget is the limit: 2 CPU cores for ~8 hours for the whole grid, so PPO runs get 49k-123k env steps. Tasks
+- The budget is the limit: 2 CPU cores for ~8 hours for the whole grid, so PPO runs get 33k-98k env steps. Tasks
   where even GRU stays near its starting score are budget-limited, and rankings there say little.
 - Steps/s are measured on a machine shared with other jobs (up to 2 concurrent runs plus other work), so
   they are comparable within this study only roughly.
@@ -52,7 +52,7 @@ class StudyConfig:
     """The encoder study (rl_transformers/study)."""
 
     preset: Literal["quick", "full"] = "quick"
-    """Budgets and seeds: quick (1 seed, 4 updates; a smoke run) or full (3 seeds, 24-60 updates)."""
+    """Budgets and seeds: quick (1 seed, 4 updates; a smoke run) or full (3 seeds, 16-48 updates)."""
     parts: tuple[Literal["online", "offline"], ...] = ("online", "offline")
     """Which suites to run: online (PPO) and/or offline (DT)."""
     tasks: tuple[str, ...] = ()
@@ -180,7 +180,7 @@ def run_study(cfg: StudyConfig, log=print) -> dict:
 
 
 def rebuild_command(cfg: StudyConfig, docs: Path) -> str:
-    parts = ["python scripts/encoder_study.py", "--preset", cfg.preset, "--parts", *cfg.parts]
+    parts = ["--preset", cfg.preset, "--parts", *cfg.parts]
     if cfg.tasks:
         parts += ["--tasks", *cfg.tasks]
     if cfg.encoders:
@@ -188,7 +188,7 @@ def rebuild_command(cfg: StudyConfig, docs: Path) -> str:
     if cfg.seeds is not None:
         parts += ["--seeds", *map(str, cfg.seeds)]
     parts += ["--out", str(cfg.out), "--docs", str(docs), "--report-only"]
-    return " ".join(shlex.quote(p) for p in parts)
+    return "python scripts/encoder_study.py " + " ".join(shlex.quote(p) for p in parts)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -63,16 +63,16 @@ def _ppo(name: str, env_id: str, tag: str, quick: int, full: int, note: str, **k
 
 POPGYM = "POPGym MMER on [-1, 1]"
 ONLINE: tuple[Task, ...] = (
-    _ppo("TMaze10", "rlt/TMaze-v0", "memory", 4, 24, "greedy return (= success rate on schedule)",
+    _ppo("TMaze10", "rlt/TMaze-v0", "memory", 4, 16, "greedy return (= success rate on schedule)",
          corridor_length=10),
-    _ppo("RepeatPreviousEasy", "rlt/popgym-RepeatPreviousEasy-v0", "diagnostic", 4, 60, POPGYM),
-    _ppo("PositionOnlyCartPoleEasy", "rlt/popgym-PositionOnlyCartPoleEasy-v0", "control", 4, 48, POPGYM),
-    _ppo("NoisyPositionOnlyCartPoleEasy", "rlt/popgym-NoisyPositionOnlyCartPoleEasy-v0", "noisy", 4, 48,
+    _ppo("RepeatPreviousEasy", "rlt/popgym-RepeatPreviousEasy-v0", "diagnostic", 4, 48, POPGYM),
+    _ppo("PositionOnlyCartPoleEasy", "rlt/popgym-PositionOnlyCartPoleEasy-v0", "control", 4, 32, POPGYM),
+    _ppo("NoisyPositionOnlyCartPoleEasy", "rlt/popgym-NoisyPositionOnlyCartPoleEasy-v0", "noisy", 4, 32,
          POPGYM),
-    _ppo("CountRecallEasy", "rlt/popgym-CountRecallEasy-v0", "game", 4, 48, POPGYM),
-    _ppo("MineSweeperEasy", "rlt/popgym-MineSweeperEasy-v0", "game", 4, 48, POPGYM),
+    _ppo("CountRecallEasy", "rlt/popgym-CountRecallEasy-v0", "game", 4, 32, POPGYM),
+    _ppo("MineSweeperEasy", "rlt/popgym-MineSweeperEasy-v0", "game", 4, 32, POPGYM),
 )  # fmt: skip
-"""Online tasks. Full budgets: 24-60 updates of 2,048 steps (49k-123k env steps)."""
+"""Online tasks. Full budgets: 16-48 updates of 2,048 steps (33k-98k env steps)."""
 
 DATASET_ROOT = "datasets/minari"
 OFFLINE: tuple[Task, ...] = (
