@@ -24,6 +24,8 @@ from typing import Any, NamedTuple
 import gymnasium as gym
 import numpy as np
 
+from offline_data.scores import normalized_score
+
 __all__ = ["DatasetInfo", "Episode", "OfflineDataset", "episode_returns"]
 
 
@@ -229,8 +231,6 @@ class DatasetInfo:
 
     def normalized_score(self, returns: float | np.ndarray) -> float | np.ndarray:
         """D4RL normalized score 100·(R − min)/(max − min) with this dataset's references."""
-        from offline_data.scores import normalized_score
-
         if self.ref_min_score is None or self.ref_max_score is None:
             raise ValueError(
                 f"dataset {self.source!r} has no reference scores; pass ref_min/ref_max to "

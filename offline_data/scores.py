@@ -64,22 +64,20 @@ def reference_scores(env_id_or_dataset: Any) -> RefScores:
     the D4RL table is looked up by family (`env_family`). Raises `ValueError` naming the input and the known
     families when nothing matches.
     """
-    from offline_data.episode import DatasetInfo, OfflineDataset
-
+    # duck-typed (no import of offline_data.episode, which imports this module: no import circle)
     target = env_id_or_dataset
-    if isinstance(target, OfflineDataset):
-        target = target.info
     names: list[str] = []
-    if isinstance(target, DatasetInfo):
-        if target.ref_min_score is not None and target.ref_max_score is not None:
-            return RefScores(float(target.ref_min_score), float(target.ref_max_score))
-        names = [n for n in (target.env_id, target.dataset_id, target.source) if n]
-    elif hasattr(target, "storage") and hasattr(target, "spec"):  # minari.MinariDataset
+    if hasattr(target, "storage") and hasattr(target, "spec"):  # minari.MinariDataset
         meta = target.storage.metadata
         if meta.get("ref_min_score") is not None and meta.get("ref_max_score") is not None:
             return RefScores(float(meta["ref_min_score"]), float(meta["ref_max_score"]))
         spec = target.spec.env_spec
         names = [n for n in (spec.id if spec is not None else None, target.spec.dataset_id) if n]
+    elif hasattr(getattr(target, "info", target), "ref_min_score"):  # DatasetInfo, or an OfflineDataset's
+        info = getattr(target, "info", target)
+        if info.ref_min_score is not None and info.ref_max_score is not None:
+            return RefScores(float(info.ref_min_score), float(info.ref_max_score))
+        names = [n for n in (info.env_id, info.dataset_id, info.source) if n]
     else:
         names = [str(target)]
     for name in names:
