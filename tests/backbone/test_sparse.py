@@ -19,6 +19,7 @@ from tests.backbone.test_local import (
     largest_tensor,
     make_inputs,
     make_layer,
+    reference_for,
     run_layer,
     support,
 )
@@ -72,6 +73,21 @@ def test_fixed_matches_explicit_mask(causal: bool, length: int, combine: str) ->
             opts = dict(stride=l, summary=c, combine=combine, n_heads=3, layer=layer)
             check_against_mask("fixed", pattern, causal, length, length, **opts)
             check_against_mask("fixed", pattern, causal, length + 8, 5, **opts)
+
+
+@pytest.mark.usefixtures("kernel_path")
+@pytest.mark.parametrize("length", [13, 33])
+@pytest.mark.parametrize("combine", COMBINES)
+@pytest.mark.parametrize("name", ["strided", "fixed"])
+def test_rows_sharing_positions_match_explicit_mask(name: str, combine: str, length: int) -> None:
+    """Rows with the same positions (offset 5, a padded key): the case the chunked fused forms take."""
+    for layer in (0, 1):
+        parts = strided_parts(3) if name == "strided" else fixed_parts(4, 2)
+        opts = dict(stride=3) if name == "strided" else dict(stride=4, summary=2)
+        att = make_layer(name, True, n_heads=3, layer=layer, combine=combine, **opts)
+        x = make_inputs(2, 3, length, length, offsets=(5,))
+        want = reference_for(combined(*parts, combine, layer, 3), True, *x)
+        torch.testing.assert_close(run_layer(att, *x), want, atol=1e-12, rtol=0)
 
 
 @pytest.mark.usefixtures("kernel_path")

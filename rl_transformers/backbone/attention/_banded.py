@@ -32,8 +32,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rl_transformers.backbone.attention.base import dense_attention
-
 Allow = Callable[[Tensor, Tensor], Tensor]
 """(q_pos (B, 1, N, c, 1), k_pos (B, 1, N, 1, K)) -> bool mask broadcastable to (B, H, N, c, K)."""
 
@@ -85,55 +83,6 @@ def softmax_part(
     out = torch.matmul(probs, v)
     extra = att.position.value_term(probs, q_pos, k_pos, att.layer)
     return (out if extra is None else out + extra), lse
-
-
-DENSE_MAX_KEYS = 256
-"""Patterns over at most this many keys run as one dense masked softmax (see :func:`prefer_dense`)."""
-DENSE_PATH = "auto"
-""""auto" (by :func:`prefer_dense`), "always" or "never": tests set it to check both exact forms."""
-
-
-def prefer_dense(s: int, keys_per_query: int) -> bool:
-    """Whether the T x S dense form is the cheaper exact form: few keys in all (streaming steps, RL training
-    windows), or a sparse key set that is not much smaller than S (the blocked parts' fixed cost dominates)."""
-    if DENSE_PATH != "auto":
-        return DENSE_PATH == "always"
-    return s <= max(DENSE_MAX_KEYS, 2 * keys_per_query)
-
-
-def dense_pattern(
-    att: Any,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    q_pos: Tensor,
-    k_pos: Tensor,
-    k_valid: Tensor,
-    allow: Allow | None,
-) -> Tensor:
-    """The whole pattern as one masked softmax of the T queries over all S keys: (B, H, T, D).
-
-    ``allow`` is called on one block holding every query and key, q_pos (B, 1, 1, T, 1) and k_pos
-    (B, 1, 1, 1, S); padding, causality (by position) and the always-attended own key are added as in
-    :func:`gathered_part`, so this equals the merged parts of the blocked form (softmax over the union).
-    Plain position schemes use the fused SDPA kernel. Time and memory O(T·S) per head.
-    """
-    t, s = q.shape[2], k.shape[2]
-    qp = q_pos[:, None, None, :, None]
-    kp = k_pos[:, None, None, None, :]
-    mask = k_valid[:, None, None, None, :]
-    if allow is not None:
-        mask = mask & allow(qp, kp)
-    if att.causal:
-        mask = mask & (kp <= qp)
-    own = torch.arange(s, device=q.device) == (torch.arange(t, device=q.device) + (s - t))[:, None]
-    mask = (mask | own).squeeze(2)  # (B, H|1, T, S)
-    dropout = att.attn_dropout if att.training and att.attn_dropout.p > 0 else None
-    if not att.position.modifies_scores:
-        p = dropout.p if dropout is not None else 0.0
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=att.position.scale)
-    out, _ = dense_attention(q, k, v, mask, att.position, q_pos, k_pos, att.layer, dropout)
-    return out
 
 
 def row_offsets(q_pos: Tensor, s: int) -> Tensor:

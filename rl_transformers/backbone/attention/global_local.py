@@ -41,16 +41,15 @@ from rl_transformers.backbone.attention._banded import (
     Part,
     band_part,
     columns_part,
-    dense_pattern,
     explicit_keys,
     gather_keys,
     gathered_part,
     global_rows,
     merge_parts,
     position_index,
-    prefer_dense,
     query_blocks,
 )
+from rl_transformers.backbone.attention._dense import dense_pattern, prefer_dense
 from rl_transformers.backbone.attention.base import Attention
 from rl_transformers.backbone.context import ForwardContext
 from rl_transformers.backbone.options import check_int, check_positions

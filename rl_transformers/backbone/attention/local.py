@@ -31,7 +31,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from rl_transformers.backbone.attention._banded import band_part, block_size, dense_pattern, prefer_dense
+from rl_transformers.backbone.attention._banded import band_part, block_size
+from rl_transformers.backbone.attention._dense import dense_pattern, prefer_dense
 from rl_transformers.backbone.attention.base import Attention
 from rl_transformers.backbone.context import ForwardContext
 from rl_transformers.backbone.options import check_int, check_pair

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rl_transformers.backbone.attention._banded import prefer_dense
+from rl_transformers.backbone.attention._dense import prefer_dense
 from rl_transformers.backbone.attention.base import Attention
 from rl_transformers.backbone.attention.lsh import per_head_logits, per_head_value_term
 from rl_transformers.backbone.context import ForwardContext

@@ -37,12 +37,17 @@ from rl_transformers.backbone.attention._banded import (
     Part,
     band_part,
     columns_part,
-    dense_pattern,
     gather_keys,
     merge_parts,
     position_index,
-    prefer_dense,
     residue_part,
+)
+from rl_transformers.backbone.attention._dense import (
+    dense_pattern,
+    prefer_dense,
+    prefer_fused,
+    prefix_columns_attention,
+    shared_positions,
 )
 from rl_transformers.backbone.attention.base import Attention
 from rl_transformers.backbone.context import ForwardContext
@@ -201,12 +206,20 @@ class FixedAttention(_Factorised):
             return local & (qp.div(l, rounding_mode="floor") == kp.div(l, rounding_mode="floor"))
 
         reach = l - 1 if self.uses_local else 0
+
+        def union(qp: Tensor, kp: Tensor) -> Tensor:
+            return same_block(qp, kp) | (summary & (kp.remainder(l) >= l - c))
+
         if prefer_dense(k.shape[2], 2 * reach + 1 + (c * (k.shape[2] // l + 1) if self.uses_global else 0)):
-
-            def union(qp: Tensor, kp: Tensor) -> Tensor:
-                return same_block(qp, kp) | (summary & (kp.remainder(l) >= l - c))
-
             return dense_pattern(self, q, k, v, q_pos, k_pos, k_valid, union)
+        s = k.shape[2]
+        fusable = self.causal and self.uses_global and not self.position.modifies_scores and q.shape[2] == s
+        if fusable and prefer_fused(s) and shared_positions(k_pos):  # long: summary columns + blocks, fused
+            idx = torch.arange(s, device=q.device)
+            columns = idx[(idx + k_pos[0, 0]).remainder(l) >= l - c]
+            return prefix_columns_attention(
+                self, q, k, v, q_pos, k_pos, k_valid, columns, summary[..., 0], l, union
+            )
         parts: list[Part] = [
             band_part(
                 self, q, k, v, q_pos, k_pos, k_valid, [(-reach, 0 if self.causal else reach)], same_block

@@ -1,0 +1,148 @@
+"""Exact dense and fused-kernel forms of the sparse patterns (``_banded`` holds the blocked form).
+
+The blocked parts of ``_banded`` keep memory O(T·K) but pay a fixed cost per part (gathers, masks, a
+hand-written softmax); two other exact forms of the same patterns are faster where they apply:
+
+- :func:`dense_pattern` - few keys in all (RL streaming steps and training windows): one T x S mask, one
+  fused SDPA call (:func:`prefer_dense` decides);
+- :func:`prefix_columns_attention` - long causal calls whose pattern is "columns every later block sees + a
+  pattern inside the blocks" (fixed's summary columns): query chunks, each one SDPA call over the columns
+  before it and its own block keys with an additive float mask (:func:`prefer_fused` decides).
+
+Every form computes the softmax over the same key sets (padding, causality by position, the always-attended
+own key), so they agree to rounding; the tests run every pattern on all of them (``DENSE_PATH``,
+``FUSED_MIN_LEN``, ``FUSED_CHUNK``). Shapes as in ``_banded``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from rl_transformers.backbone.attention._banded import Allow
+from rl_transformers.backbone.attention.base import dense_attention
+
+DENSE_MAX_KEYS = 256
+"""Patterns over at most this many keys run as one dense masked softmax (see :func:`prefer_dense`)."""
+DENSE_PATH = "auto"
+""""auto" (by :func:`prefer_dense`), "always" or "never": tests set it to check both exact forms."""
+
+
+def prefer_dense(s: int, keys_per_query: int) -> bool:
+    """Whether the T x S dense form is the cheaper exact form: few keys in all (streaming steps, RL training
+    windows), or a sparse key set that is not much smaller than S (the blocked parts' fixed cost dominates)."""
+    if DENSE_PATH != "auto":
+        return DENSE_PATH == "always"
+    return s <= max(DENSE_MAX_KEYS, 2 * keys_per_query)
+
+
+def dense_pattern(
+    att: Any,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_pos: Tensor,
+    k_pos: Tensor,
+    k_valid: Tensor,
+    allow: Allow | None,
+) -> Tensor:
+    """The whole pattern as one masked softmax of the T queries over all S keys: (B, H, T, D).
+
+    ``allow`` is called on one block holding every query and key, q_pos (B, 1, 1, T, 1) and k_pos
+    (B, 1, 1, 1, S); padding, causality (by position) and the always-attended own key are added as in
+    :func:`gathered_part`, so this equals the merged parts of the blocked form (softmax over the union).
+    Plain position schemes use the fused SDPA kernel. Time and memory O(T·S) per head.
+    """
+    t, s = q.shape[2], k.shape[2]
+    qp = q_pos[:, None, None, :, None]
+    kp = k_pos[:, None, None, None, :]
+    mask = k_valid[:, None, None, None, :]
+    if allow is not None:
+        mask = mask & allow(qp, kp)
+    if att.causal:
+        mask = mask & (kp <= qp)
+    own = torch.arange(s, device=q.device) == (torch.arange(t, device=q.device) + (s - t))[:, None]
+    mask = (mask | own).squeeze(2)  # (B, H|1, T, S)
+    dropout = att.attn_dropout if att.training and att.attn_dropout.p > 0 else None
+    if not att.position.modifies_scores:
+        p = dropout.p if dropout is not None else 0.0
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=att.position.scale)
+    out, _ = dense_attention(q, k, v, mask, att.position, q_pos, k_pos, att.layer, dropout)
+    return out
+
+
+FUSED_MIN_LEN = 1024
+"""Calls of at least this many queries take the chunked fused-kernel forms (tests lower it)."""
+FUSED_CHUNK = 512
+"""Queries per chunk of the fused forms."""
+
+
+def prefer_fused(t: int) -> bool:
+    """Long calls run the chunked fused-kernel forms (:func:`prefix_columns_attention`)."""
+    return DENSE_PATH != "always" and t >= FUSED_MIN_LEN
+
+
+def shared_positions(k_pos: Tensor) -> bool:
+    """Every row holds the same consecutive positions (no reset inside the call): key index = position - p0."""
+    p = k_pos[0]
+    return bool(torch.equal(k_pos, p.expand_as(k_pos))) and bool((p[1:] - p[:-1] == 1).all())
+
+
+def prefix_columns_attention(
+    att: Any,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_pos: Tensor,
+    k_pos: Tensor,
+    k_valid: Tensor,
+    columns: Tensor,
+    column_heads: Tensor,
+    align: int,
+    allow: Allow,
+) -> Tensor:
+    """Causal pattern = columns every later block sees + a pattern inside the blocks, with a fused kernel.
+
+    For T == S and positions shared by all rows (:func:`shared_positions`). ``columns`` (G,) sorted key indices
+    that every query of a later ``align``-block of positions attends in the heads ``column_heads`` (1, H|1, 1, 1)
+    (e.g. fixed's summary columns). Queries run in chunks [a, a + C): their keys are the columns before a0 (a
+    rounded down to its block start; an additive mask of zeros, or -inf in other heads / for padding) followed
+    by the keys a0 .. a + C - 1 under ``allow`` + causality + self (as in :func:`dense_pattern`). Each chunk is
+    one SDPA call with a float mask, so the work is O(T·(G + C)) per head with no T x S mask.
+    """
+    t, chunk = q.shape[2], FUSED_CHUNK
+    p0 = int(k_pos[0, 0])
+    outs = []
+    neg = torch.tensor(float("-inf"), dtype=q.dtype, device=q.device)
+    zero = torch.zeros((), dtype=q.dtype, device=q.device)
+    for a in range(0, t, chunk):
+        z = min(t, a + chunk)
+        a0 = max(0, a - (p0 + a) % align)
+        n_col = int(torch.searchsorted(columns, torch.tensor(a0, device=columns.device)))
+        col = columns[:n_col]
+        keys = torch.cat([k.index_select(2, col), k[:, :, a0:z]], dim=2)
+        vals = torch.cat([v.index_select(2, col), v[:, :, a0:z]], dim=2)
+        col_ok = column_heads & k_valid.index_select(1, col)[:, None, None, :]  # (B, H|1, 1, G_a)
+        qp = q_pos[:, None, None, a:z, None]
+        kp = k_pos[:, None, None, None, a0:z]
+        inner = k_valid[:, None, None, None, a0:z] & allow(qp, kp) & (kp <= qp)
+        own = torch.arange(a0, z, device=q.device) == torch.arange(a, z, device=q.device)[:, None]
+        inner = (inner | own).squeeze(2)  # (B, H|1, C, z - a0)
+        hb = max(col_ok.shape[1], inner.shape[1])
+        mask = torch.cat(
+            [
+                torch.where(col_ok, zero, neg).expand(q.shape[0], hb, z - a, n_col),
+                torch.where(inner, zero, neg).expand(q.shape[0], hb, z - a, z - a0),
+            ],
+            dim=-1,
+        )
+        p = att.attn_dropout.p if att.training else 0.0
+        outs.append(
+            F.scaled_dot_product_attention(
+                q[:, :, a:z], keys, vals, attn_mask=mask, dropout_p=p, scale=att.position.scale
+            )
+        )
+    return torch.cat(outs, dim=2)
