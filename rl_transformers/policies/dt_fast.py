@@ -13,7 +13,8 @@ generic path are unchanged) and differs from it only in how the same function is
 - **one QKV matmul**: the q, k, v projections run as one ``linear`` over the concatenated weights.
 - **last layer at the state tokens only**: the action is read at the state tokens, so the last block computes
   its queries, output projection, residual, FFN and the final LayerNorm for those K tokens only (keys and
-  values still cover all n·K tokens): about a fifth of the matmul work of a 3-layer model.
+  values still cover the other tokens): about a fifth of the matmul work of a 3-layer model. The window's last
+  token (the action a_{K-1}) is seen by no state token and is dropped in every layer.
 - **2-D position-wise work**: LayerNorms, projections and the FFN run on (B·T, d) matrices (no views under
   in-place ops), the ReLU in place on the FFN hidden activation (one allocation fewer per layer).
 - **cheaper dropout**: :func:`fast_dropout` draws the same Bernoulli masks from int32 random numbers (about 3x
@@ -101,41 +102,52 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, p: float, training
     return torch.bmm(weights, v.reshape(b * h, -1, d)).view(b, h, t, d)
 
 
-def _mask_bias(k: int, n: int, rows: slice | None, device: torch.device, dtype: torch.dtype) -> Tensor:
-    """(Tq, n·K) additive causal mask; ``rows`` picks the query tokens (e.g. the state tokens)."""
-    t = torch.arange(n * k, device=device)
-    q = t if rows is None else t[rows]
-    bias = torch.zeros(q.shape[0], n * k, device=device, dtype=dtype)
-    return bias.masked_fill_(t[None, :] > q[:, None], float("-inf"))
+def _mask_bias(t: int, rows: slice | None, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """(Tq, T) additive causal mask over T tokens; ``rows`` picks the query tokens (e.g. the state tokens)."""
+    pos = torch.arange(t, device=device)
+    q = pos if rows is None else pos[rows]
+    bias = torch.zeros(q.shape[0], t, device=device, dtype=dtype)
+    return bias.masked_fill_(pos[None, :] > q[:, None], float("-inf"))
+
+
+def _heads(x: Tensor, b: int, t: int, parts: int, heads: int, d_head: int) -> tuple[Tensor, ...]:
+    """(B·T, parts·d) projections -> ``parts`` tensors (B, H, T, D) (views)."""
+    return tuple(u.transpose(1, 2) for u in x.view(b, t, parts, heads, d_head).unbind(2))
 
 
 def fused_forward(model: Any, tokens: Tensor) -> Tensor:
-    """Backbone outputs at the state tokens, (B, K, d), of the (B, K, n, d) step embeddings (before LN)."""
+    """Backbone outputs at the state tokens, (B, K, d), of the (B, K, n, d) step embeddings (before LN).
+
+    The last token of the window (the action a_{K-1}, read by no state token) is dropped from the start.
+    """
     b, k, n, d = tokens.shape
+    t = k * n - 1
     training = model.training
     cfg = model.backbone_config
     p = float(cfg.dropout)
     heads, d_head = cfg.n_heads, cfg.d_head
-    x = fast_dropout(model.embed_norm(tokens.reshape(b * k * n, d)), model.embed_dropout.p, training)
+    x = tokens.reshape(b, k * n, d)[:, :t].reshape(b * t, d)
+    x = fast_dropout(model.embed_norm(x), model.embed_dropout.p, training)
     blocks: list[nn.Module] = list(model.backbone.depth.blocks)
     s = model.state_token
     state_rows = slice(s, None, n)
     for i, block in enumerate(blocks):
         attn, ffn = block.attention, block.ffn
         h = block.norm1(x)
-        weight = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
-        bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
         if i < len(blocks) - 1:
-            qkv = F.linear(h, weight, bias).view(b, k * n, 3, heads, d_head)
-            q, key, v = (t.transpose(1, 2) for t in qkv.unbind(2))
-            mask = _mask_bias(k, n, None, x.device, x.dtype)
+            weight = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+            bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+            q, key, v = _heads(F.linear(h, weight, bias), b, t, 3, heads, d_head)
+            mask = _mask_bias(t, None, x.device, x.dtype)
         else:  # the last layer needs queries (and everything after attention) at the state tokens only
-            kv = F.linear(h, weight[d:], bias[d:]).view(b, k * n, 2, heads, d_head)
-            key, v = (t.transpose(1, 2) for t in kv.unbind(2))
-            x = x.view(b, k, n, d)[:, :, s].reshape(b * k, d)
-            h_state = h.view(b, k, n, d)[:, :, s]
-            q = F.linear(h_state, weight[:d], bias[:d]).view(b, k, heads, d_head).transpose(1, 2)
-            mask = _mask_bias(k, n, state_rows, x.device, x.dtype)
+            weight = torch.cat([attn.k_proj.weight, attn.v_proj.weight])
+            bias = torch.cat([attn.k_proj.bias, attn.v_proj.bias])
+            key, v = _heads(F.linear(h, weight, bias), b, t, 2, heads, d_head)
+            x = x.view(b, t, d)[:, state_rows].reshape(b * k, d)
+            (q,) = _heads(
+                attn.q_proj(h.view(b, t, d)[:, state_rows].reshape(b * k, d)), b, k, 1, heads, d_head
+            )
+            mask = _mask_bias(t, state_rows, x.device, x.dtype)
         a = _attention(q, key, v, mask, p, training).transpose(1, 2).reshape(x.shape[0], d)
         x = residual_dropout(x, attn.o_proj(a), p, training)
         pre = ffn.fc1(block.norm2(x))
