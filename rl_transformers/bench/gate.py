@@ -86,15 +86,25 @@ class Gatekeeper:
         gate = (
             max(previous, key=lambda g: g.checked_at or 0)
             if previous
-            else self._cached(impl, position, target, kind, self.smaller(shape), causal, series)
+            else self._cached(impl, position, target, kind, self.smaller(shape, mem_est), causal, series)
         )
         why = "timed length above check_max_len" if not too_big else "the float64 check would exceed memory"
         note = f"checked at L = {gate.checked_at} ({why})"
         return dataclasses.replace(gate, reason=f"{gate.reason}; {note}" if gate.reason else note)
 
-    def smaller(self, shape: Shape) -> Shape:
-        """The shape at which a row too long to check is checked (same heads and head size)."""
-        return Shape(shape.batch, shape.heads, shape.d_head, min(self.rc.check_max_len, shape.length))
+    def smaller(self, shape: Shape, mem_est: float | None = None) -> Shape:
+        """The shape at which a row too long (or too big) to check is checked (same batch, heads, head size).
+
+        At most ``check_max_len``, halved while the float64 twin (~2x the estimated peak, assumed to shrink only
+        linearly with L: conservative) would exceed the memory budget; never below 64.
+        """
+        length = min(self.rc.check_max_len, shape.length)
+        if mem_est is not None:
+            while length > 64 and (
+                length == shape.length or 2 * mem_est * length / shape.length > self.rc.memory_budget
+            ):
+                length //= 2
+        return Shape(shape.batch, shape.heads, shape.d_head, length)
 
     def _cached(
         self, impl: Impl, position: str, target: str, kind: str, shape: Shape, causal: bool, series: tuple

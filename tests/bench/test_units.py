@@ -183,3 +183,23 @@ def test_peers_computing_another_operator_are_labelled() -> None:
     assert labelled["linear-attention-transformer", True]  # bucketed causal path: first bucket outputs 0
     assert not labelled["linear-attention-transformer", False]
     assert not any(v for (name, _), v in labelled.items() if name != "linear-attention-transformer")
+
+
+def test_gate_length_for_rows_too_long_or_too_big_to_check() -> None:
+    from rl_transformers.bench.gate import Gatekeeper
+
+    rc = BenchConfig(lengths=(256,), measure_memory=False, progress=False, memory_budget_gb=1.0).resolve()
+    keeper = Gatekeeper(rc, build=None)  # type: ignore[arg-type]
+    budget = rc.memory_budget
+    assert keeper.smaller(Shape(2, 4, 64, 16384)).length == rc.check_max_len == 1024
+    # the float64 twin (2x the estimated peak, scaled linearly in L) must fit the budget
+    assert (
+        keeper.smaller(Shape(2, 4, 64, 16384), mem_est=budget).length == 1024
+    )  # 2 * budget * 1024/16384 fits
+    assert (
+        keeper.smaller(Shape(2, 4, 64, 2048), mem_est=budget).length == 512
+    )  # 1024 -> 2*b*0.5 > b; 512 fits
+    assert (
+        keeper.smaller(Shape(2, 4, 64, 512), mem_est=0.6 * budget).length == 256
+    )  # too big at its own length
+    assert keeper.smaller(Shape(2, 4, 64, 128), mem_est=100 * budget).length == 64  # floor
