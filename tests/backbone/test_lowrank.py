@@ -159,6 +159,7 @@ def _compressed_mask(n: int, c: int, causal: bool, local: bool, valid: torch.Ten
     return mask
 
 
+@pytest.mark.usefixtures("kernel_path")
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("local", [True, False], ids=["local", "compressed-only"])
 @pytest.mark.parametrize("per_head", [True, False], ids=["per-head", "shared"])
@@ -186,6 +187,7 @@ def test_memory_compressed_matches_conv_then_reference(causal: bool, local: bool
     torch.testing.assert_close(got[real], ref[real], atol=1e-10, rtol=0)
 
 
+@pytest.mark.usefixtures("kernel_path")
 def test_rate_one_with_identity_convolution_is_full_causal_attention() -> None:
     x = torch.randn(2, 11, 16, dtype=torch.float64)
     mc = inv.tiny_backbone(attention="memory_compressed", attention_options={"rate": 1})  # init = identity
@@ -195,6 +197,7 @@ def test_rate_one_with_identity_convolution_is_full_causal_attention() -> None:
         torch.testing.assert_close(mc(x).y, full(x).y, atol=1e-10, rtol=0)
 
 
+@pytest.mark.usefixtures("kernel_path")
 @pytest.mark.parametrize(
     "options", [dict(rate=2), dict(rate=4, local=False), dict(rate=3, per_head=False)], ids=["c2", "c4", "c3"]
 )

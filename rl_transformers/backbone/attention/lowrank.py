@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rl_transformers.backbone.attention import _dense
 from rl_transformers.backbone.attention.base import Attention
 from rl_transformers.backbone.context import ForwardContext
 from rl_transformers.backbone.options import check_choice, check_int
@@ -207,6 +208,49 @@ class MemoryCompressedAttention(Attention):
             pvalid=torch.zeros(batch, c, dtype=torch.bool, device=device),
         )
 
+    def fused_blocks(
+        self,
+        qa: Tensor,
+        keys_c: Tensor,
+        vals_c: Tensor,
+        kb: Tensor,
+        vb: Tensor,
+        see: Tensor,
+        comp_valid: Tensor,
+        old_valid: Tensor,
+        allow_l: Tensor,
+    ) -> Tensor:
+        """Causal long calls: (B, H, La, D) by chunks of query blocks, each one SDPA call over the compressed
+        keys so far and the chunk's exact keys with an additive mask (the same key sets as the dense form).
+
+        qa (B, H, n, c, D) aligned queries; kb, vb (B, H, n, c, D) exact keys; keys_c, vals_c (B, H, n_old + n, D)
+        compressed; see (n, c, n) block visibility; comp_valid (B, n), old_valid (B, n_old); allow_l (B, n, c, c).
+        """
+        b, h, n, c, d = qa.shape
+        n_old = old_valid.shape[1]
+        per = max(1, _dense.FUSED_CHUNK // c)  # query blocks per chunk
+        zero = torch.zeros((), dtype=qa.dtype, device=qa.device)
+        neg = torch.full((), float("-inf"), dtype=qa.dtype, device=qa.device)
+        p = self.attn_dropout.p if self.training else 0.0
+        outs = []
+        for s0 in range(0, n, per):
+            s1 = min(n, s0 + per)
+            m, width = s1 - s0, (s1 - s0) * c
+            keys = torch.cat([keys_c[:, :, : n_old + s1], kb[:, :, s0:s1].reshape(b, h, width, d)], dim=2)
+            vals = torch.cat([vals_c[:, :, : n_old + s1], vb[:, :, s0:s1].reshape(b, h, width, d)], dim=2)
+            ok_c = see[s0:s1, :, :s1].reshape(1, width, s1) & comp_valid[:, None, :s1]
+            diag = torch.eye(m, dtype=torch.bool, device=qa.device)[None, :, None, :, None]
+            ok_l = (diag & allow_l[:, s0:s1, :, None, :]).reshape(b, width, width)  # block-diagonal
+            ok = torch.cat([old_valid[:, None, :].expand(b, width, n_old), ok_c, ok_l], dim=-1)
+            q_chunk = qa[:, :, s0:s1].reshape(b, h, width, d)
+            mask = torch.where(ok, zero, neg)[:, None]
+            outs.append(
+                F.scaled_dot_product_attention(
+                    q_chunk, keys, vals, attn_mask=mask, dropout_p=p, scale=self.position.scale
+                )
+            )
+        return torch.cat(outs, dim=2)
+
     def core(
         self,
         q: Tensor,
@@ -277,32 +321,38 @@ class MemoryCompressedAttention(Attention):
             others = beta[None, None, :] != qb[:, :, None]
             see = others if self.options.local else torch.ones_like(others)
         see = see.expand(n, c, n)  # (n_q_blocks, c, n_key_blocks)
-        allow_c = torch.cat(
-            [old_valid[:, None, None, :].expand(b, n, c, n_old), see[None] & comp_valid[:, None, None, :]],
-            dim=-1,
-        )
         # Exact keys of the own block: causal slots <= the query's slot (local) or only itself.
         if self.options.local:
             own = slot[None, :] <= slot[:, None] if causal else torch.ones(c, c, dtype=torch.bool, device=dev)
         else:
             own = torch.zeros(c, c, dtype=torch.bool, device=dev)
         allow_l = (own[None, None] & vblk[:, :, None, :]) | torch.eye(c, dtype=torch.bool, device=dev)
-        scale = self.position.scale
-        logits = torch.cat(
-            [
-                # one (La, D) x (D, N) product per head: broadcasting keys over the n query blocks would copy them
-                torch.matmul(qa.view(b, h, la, d), keys_c.transpose(-1, -2)).view(b, h, n, c, -1) * scale,
-                torch.matmul(qa, kb.transpose(-1, -2)) * scale,  # (B, H, n, c, c)
-            ],
-            dim=-1,
-        )
-        allowed = torch.cat([allow_c, allow_l], dim=-1)[:, None]
-        probs = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
-        probs = self.attn_dropout(probs) if self.training else probs
-        n_c = keys_c.shape[2]
-        out = torch.matmul(probs[..., :n_c].reshape(b, h, la, n_c), vals_c) + torch.matmul(
-            probs[..., n_c:], vb
-        ).view(b, h, la, d)
+        if causal and _dense.prefer_fused(la):
+            out = self.fused_blocks(qa, keys_c, vals_c, kb, vb, see, comp_valid, old_valid, allow_l)
+        else:
+            allow_c = torch.cat(
+                [
+                    old_valid[:, None, None, :].expand(b, n, c, n_old),
+                    see[None] & comp_valid[:, None, None, :],
+                ],
+                dim=-1,
+            )
+            scale = self.position.scale
+            logits = torch.cat(
+                [
+                    # one (La, D) x (D, N) product per head: broadcasting keys over the query blocks would copy them
+                    torch.matmul(qa.view(b, h, la, d), keys_c.transpose(-1, -2)).view(b, h, n, c, -1) * scale,
+                    torch.matmul(qa, kb.transpose(-1, -2)) * scale,  # (B, H, n, c, c)
+                ],
+                dim=-1,
+            )
+            allowed = torch.cat([allow_c, allow_l], dim=-1)[:, None]
+            probs = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
+            probs = self.attn_dropout(probs) if self.training else probs
+            n_c = keys_c.shape[2]
+            out = torch.matmul(probs[..., :n_c].reshape(b, h, la, n_c), vals_c) + torch.matmul(
+                probs[..., n_c:], vb
+            ).view(b, h, la, d)
         out = out.gather(2, (r[:, None] + torch.arange(t, device=dev))[:, None, :, None].expand(b, h, t, d))
         if not (causal and isinstance(state, CompressedState)):
             return out, state
