@@ -26,562 +26,57 @@ build), and the behaviour policy's training state is saved every `checkpoint_fre
 training continues from the last checkpoint (a finished training is reused), datasets this same build
 already completed are kept, and the rest are written. `overwrite` starts over instead. The env id goes
 through `envs.resolve` (registered ids; `allow_env_modules` for modules you trust).
+
+Layout: settings in `offline_data.build_config`, actors and episode collection in `offline_data.rollouts`,
+the behaviour-policy training and its checkpoints in `offline_data.behaviour`; this module plans the build
+(preflight, references) and records and writes the datasets. Their public names are importable from here.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import difflib
 import json
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import gymnasium as gym
-import numpy as np
 from tqdm.auto import tqdm
 
-from offline_data.atomic import atomic_file, clean_stale
+from offline_data.atomic import clean_stale
+from offline_data.behaviour import Training, algo_class, load_policy, train_behaviour_policy
+from offline_data.build_config import KINDS, SEED_OFFSETS, BuildConfig, BuildResult, Kind
 from offline_data.episode import Episode, episode_returns
-from offline_data.minari_io import check_writable, dataset_path, validate_dataset_id, write_minari_dataset
-from offline_data.sb3_state import (
-    fingerprint,
-    load_episodes_file,
-    load_policy_weights,
-    load_train_state,
-    restore_train_state,
-    save_episodes_file,
-    save_model_zip,
-    save_train_state,
+from offline_data.minari_io import check_writable, dataset_path, write_minari_dataset
+from offline_data.rollouts import (
+    Actor,
+    collect_episodes,
+    evaluate_returns,
+    make_build_env,
+    random_actor,
+    sb3_actor,
 )
+from offline_data.sb3_state import fingerprint
 from offline_data.scores import D4RL_REF_SCORES, env_family
 from rl_transformers.utils.training import set_threads
 
 __all__ = [
     "KINDS",
     "SEED_OFFSETS",
+    "Actor",
     "BuildConfig",
     "BuildResult",
+    "Kind",
     "build_datasets",
+    "build_fingerprint",
     "collect_episodes",
+    "evaluate_returns",
     "random_actor",
     "sb3_actor",
 ]
 
-Kind = Literal["random", "medium", "medium-replay", "expert", "medium-expert"]
-KINDS: tuple[Kind, ...] = ("random", "medium", "medium-replay", "expert", "medium-expert")
-"""Dataset kinds, D4RL's names."""
 
-SEED_OFFSETS = {
-    "random": 10_000_000,
-    "medium": 20_000_000,
-    "expert": 30_000_000,
-    "ref-random": 40_000_000,
-    "ref-expert": 50_000_000,
-    "eval": 90_000_000,
-}
-"""Added to `BuildConfig.seed` for the reset seeds of each dataset / evaluation (episode i adds i)."""
-
-Actor = Callable[[np.ndarray], Any]
-
-
-@dataclass(frozen=True)
-class BuildConfig:
-    """Settings of `build_datasets` (and of `scripts/make_dataset.py`, one flag per field).
-
-    A killed build resumes: run the same command again. Training continues from
-    <policy_dir>/train_state.pt (saved every --checkpoint-freq steps), finished datasets of that build are
-    kept, and nothing half-written is ever visible (datasets are renamed into place when complete).
-    --overwrite starts over.
-    """
-
-    env_id: str = "Hopper-v5"
-    """Gymnasium task (MuJoCo tasks need the `rl-transformers[mujoco]` extra)."""
-    kinds: tuple[Kind, ...] = KINDS
-    """Datasets to write, from random, medium, medium-replay, expert, medium-expert."""
-    dataset_prefix: str | None = None
-    """Minari namespace of the ids; None: `rlt/<env family>` (e.g. rlt/hopper)."""
-    version: int = 0
-    """Version of every dataset id (`<prefix>/<kind>-v<version>`)."""
-    root: Path | None = None
-    """Minari datasets root; None: MINARI_DATASETS_PATH, else ~/.minari/datasets."""
-    overwrite: bool = False
-    """Replace existing datasets / policy files instead of stopping with an error."""
-    seed: int = 0
-    """Seed of training; collection and evaluation seeds derive from it (see SEED_OFFSETS)."""
-    algo: Literal["auto", "sac", "ppo"] = "auto"
-    """Behaviour-policy algorithm; auto: SAC for Box actions, PPO for Discrete."""
-    total_timesteps: int = 1_000_000
-    """Training steps of the behaviour policy; the final policy is the expert. When no expert is needed (no
-    expert / medium-expert kind, D4RL references known), training stops at the medium checkpoint."""
-    medium_return: float | None = None
-    """Eval return that defines the medium policy; None: 1/3 of the way from the D4RL random to expert return (D4RL families only)."""
-    eval_freq: int = 10_000
-    """Training steps between deterministic evaluations."""
-    n_eval_episodes: int = 10
-    """Episodes per evaluation."""
-    num_steps: int = 200_000
-    """Steps per dataset (whole episodes, so slightly more); ignored when num_episodes is set."""
-    num_episodes: int | None = None
-    """Episodes per dataset instead of num_steps."""
-    max_episode_steps: int | None = None
-    """Time limit override passed to gym.make (stored in the dataset's env spec)."""
-    num_ref_episodes: int = 100
-    """Episodes to measure the random / expert reference returns when no references are known."""
-    ref_min_score: float | None = None
-    """Override of the random reference return (give ref_max_score too)."""
-    ref_max_score: float | None = None
-    """Override of the expert reference return (give ref_min_score too)."""
-    medium_policy: Path | None = None
-    """Load the medium policy from this SB3 zip instead of training (not with medium-replay)."""
-    expert_policy: Path | None = None
-    """Load the expert policy from this SB3 zip instead of training."""
-    policy_dir: Path | None = None
-    """Where trained policies and training.json go; None: runs/make_dataset/<env_id>/s<seed>."""
-    ppo_n_steps: int = 2048
-    """PPO rollout length (SB3 n_steps)."""
-    ppo_batch_size: int = 64
-    """PPO minibatch size."""
-    sac_learning_starts: int = 10_000
-    """SAC steps of random exploration before learning (RL-Zoo's MuJoCo setting)."""
-    sac_buffer_size: int = 1_000_000
-    """SAC replay buffer size."""
-    device: str = "cpu"
-    """Torch device of the SB3 policy."""
-    threads: int | None = 1
-    """torch CPU threads (1 is fastest for SB3's small MLPs); None leaves torch's default."""
-    author: str = "rl_transformers"
-    """Author stored in the Minari metadata."""
-    author_email: str | None = None
-    """Contact stored in the Minari metadata."""
-    code_permalink: str | None = None
-    """Link to the code version that built the data."""
-    progress: bool = True
-    """Show tqdm progress bars."""
-    checkpoint_freq: int = 50_000
-    """Training steps between resumable checkpoints of the behaviour policy (<policy_dir>/train_state.pt;
-    rerun the same command to resume a killed build; 0: no checkpoints)."""
-    allow_env_modules: tuple[str, ...] = ()
-    """Modules (beyond gymnasium, envs, popgym, minigrid) whose envs a 'module:Env-v0' id may import; only
-    modules you trust (see envs.resolve)."""
-
-    def __post_init__(self) -> None:
-        for kind in self.kinds:
-            if kind not in KINDS:
-                close = difflib.get_close_matches(kind, KINDS, n=1)
-                hint = f" Did you mean {close[0]!r}?" if close else ""
-                raise ValueError(f"unknown dataset kind {kind!r}; valid: {list(KINDS)}.{hint}")
-        if not self.kinds or len(set(self.kinds)) != len(self.kinds):
-            raise ValueError(f"kinds must be non-empty and without repeats, got {self.kinds}")
-        if self.algo not in ("auto", "sac", "ppo"):
-            raise ValueError(f"unknown algo {self.algo!r}; valid: ['auto', 'sac', 'ppo']")
-        for name in ("total_timesteps", "eval_freq", "n_eval_episodes", "num_steps", "num_ref_episodes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.checkpoint_freq < 0:
-            raise ValueError(f"checkpoint_freq must be >= 0, got {self.checkpoint_freq}")
-        from envs.resolve import resolve_env
-
-        resolve_env(self.env_id, source="--env-id", allow_modules=self.allow_env_modules)
-        for name in ("num_episodes", "max_episode_steps"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1 or None, got {value}")
-        if self.version < 0 or self.seed < 0:
-            raise ValueError(f"version and seed must be >= 0, got version={self.version}, seed={self.seed}")
-        if (self.ref_min_score is None) != (self.ref_max_score is None):
-            raise ValueError(
-                f"give ref_min_score and ref_max_score together, got {self.ref_min_score!r}, {self.ref_max_score!r}"
-            )
-        if (
-            self.ref_min_score is not None
-            and self.ref_max_score is not None
-            and self.ref_max_score <= self.ref_min_score
-        ):
-            raise ValueError(
-                f"ref_max_score {self.ref_max_score} must exceed ref_min_score {self.ref_min_score}"
-            )
-        if "medium-replay" in self.kinds and self.medium_policy is not None:
-            raise ValueError(
-                "medium-replay needs the training run that reaches the medium level; it cannot come from a "
-                f"saved policy ({self.medium_policy}). Drop medium_policy or the medium-replay kind."
-            )
-        if self.needs_medium and self.medium_policy is None and self.medium_level is None:
-            raise ValueError(
-                f"medium_return is required for {self.env_id!r}: it is not a D4RL family "
-                f"{sorted(D4RL_REF_SCORES)} whose default level (1/3 of the expert return) is known"
-            )
-        for kind in self.kinds:
-            validate_dataset_id(self.dataset_id(kind))
-
-    @property
-    def prefix(self) -> str:
-        """Minari namespace of the dataset ids."""
-        if self.dataset_prefix is not None:
-            return self.dataset_prefix.strip("/")
-        family = env_family(self.env_id) or self.env_id.split("/")[-1].rsplit("-v", 1)[0].lower()
-        return f"rlt/{family}"
-
-    def dataset_id(self, kind: str) -> str:
-        """Minari id of one kind, e.g. rlt/hopper/medium-v0."""
-        return f"{self.prefix}/{kind}-v{self.version}"
-
-    @property
-    def needs_medium(self) -> bool:
-        """True when a dataset uses the medium policy."""
-        return bool({"medium", "medium-replay", "medium-expert"} & set(self.kinds))
-
-    @property
-    def medium_level(self) -> float | None:
-        """The eval return that defines the medium policy."""
-        if self.medium_return is not None:
-            return self.medium_return
-        family = env_family(self.env_id)
-        if family is None:
-            return None
-        ref = D4RL_REF_SCORES[family]
-        return ref.ref_min + (ref.ref_max - ref.ref_min) / 3.0
-
-    @property
-    def policy_path(self) -> Path:
-        """Directory of the trained policies."""
-        if self.policy_dir is not None:
-            return Path(self.policy_dir)
-        return Path("runs") / "make_dataset" / self.env_id.replace("/", "_") / f"s{self.seed}"
-
-
-@dataclass(frozen=True)
-class BuildResult:
-    """What `build_datasets` wrote."""
-
-    paths: dict[str, Path]
-    """Dataset directory per kind."""
-    dataset_ids: dict[str, str]
-    """Minari id per kind."""
-    ref_min_score: float
-    """Random reference return stored in every dataset."""
-    ref_max_score: float
-    """Expert reference return stored in every dataset."""
-    ref_scores_source: str
-    """"d4rl_table", "measured" or "given"."""
-    mean_returns: dict[str, float]
-    """Mean episode return of each written dataset."""
-    policies: dict[str, Path] = field(default_factory=dict)
-    """Policy zip per role ("medium", "expert")."""
-    medium_step: int | None = None
-    """Training step of the medium checkpoint (None when loaded from a zip)."""
-    medium_eval_return: float | None = None
-    """Deterministic eval return of the medium checkpoint."""
-
-
-# ------------------------------------------------------------------------------------------- collection
-
-
-def random_actor(action_space: gym.spaces.Space, seed: int) -> Actor:
-    """Uniform random actions from a seeded copy of `action_space`."""
-    space = copy.deepcopy(action_space)
-    space.seed(seed)
-    return lambda _obs: space.sample()
-
-
-def sb3_actor(model: Any, deterministic: bool = False) -> Actor:
-    """An SB3 model as an actor; `deterministic=False` samples like D4RL's data collection."""
-    return lambda obs: model.predict(obs, deterministic=deterministic)[0]
-
-
-def _make_env(config: BuildConfig) -> gym.Env:
-    from envs.resolve import make_env
-
-    kwargs = {} if config.max_episode_steps is None else {"max_episode_steps": config.max_episode_steps}
-    return make_env(config.env_id, source="--env-id", allow_modules=config.allow_env_modules, **kwargs)
-
-
-def collect_episodes(
-    env: gym.Env,
-    actor: Actor,
-    *,
-    seed: int,
-    num_steps: int | None = None,
-    num_episodes: int | None = None,
-    progress: bool = False,
-    desc: str = "collect",
-) -> list[Episode]:
-    """Run `actor` in `env` for `num_episodes` episodes, or whole episodes until >= `num_steps` steps.
-
-    Episode i resets with seed `seed + i` (stored on the episode). Episodes end on termination or
-    truncation (the env's time limit).
-    """
-    if (num_steps is None) == (num_episodes is None):
-        raise ValueError(f"give exactly one of num_steps / num_episodes, got {num_steps!r}, {num_episodes!r}")
-    episodes: list[Episode] = []
-    total = 0
-    bar = tqdm(
-        total=num_episodes if num_episodes is not None else num_steps,
-        desc=desc,
-        unit="ep" if num_episodes is not None else "step",
-        disable=not progress,
-        leave=False,
-    )
-    with bar:
-        while (num_episodes is not None and len(episodes) < num_episodes) or (
-            num_steps is not None and total < num_steps
-        ):
-            ep_seed = seed + len(episodes)
-            obs, _ = env.reset(seed=ep_seed)
-            observations, actions, rewards, terms, truncs = [obs], [], [], [], []
-            while True:
-                action = actor(obs)
-                obs, reward, terminated, truncated, _ = env.step(action)
-                observations.append(obs)
-                actions.append(np.asarray(action))
-                rewards.append(float(reward))
-                terms.append(bool(terminated))
-                truncs.append(bool(truncated))
-                if terminated or truncated:
-                    break
-            episodes.append(
-                Episode.from_observation_sequence(
-                    np.stack(observations), np.stack(actions), rewards, terms, truncs, seed=ep_seed
-                )
-            )
-            total += len(rewards)
-            bar.update(1 if num_episodes is not None else len(rewards))
-    return episodes
-
-
-def evaluate_returns(env: gym.Env, actor: Actor, n_episodes: int, seed: int) -> np.ndarray:
-    """(n_episodes,) returns of `actor`, episode i reset with `seed + i`."""
-    return episode_returns(collect_episodes(env, actor, seed=seed, num_episodes=n_episodes))
-
-
-class _EpisodeRecorder(gym.Wrapper):
-    """Keeps every complete episode the training env produces while `active` (the medium-replay data)."""
-
-    def __init__(self, env: gym.Env) -> None:
-        super().__init__(env)
-        self.active = True
-        self.episodes: list[Episode] = []
-        self._current: list[list[Any]] | None = None
-
-    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        obs, info = self.env.reset(**kwargs)
-        self._current = [[obs], [], [], [], []] if self.active else None
-        return obs, info
-
-    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        if self._current is not None:
-            for buffer, value in zip(
-                self._current, (obs, np.asarray(action), float(reward), bool(terminated), bool(truncated))
-            ):
-                buffer.append(value)
-            if terminated or truncated:
-                observations, actions, rewards, terms, truncs = self._current
-                self.episodes.append(
-                    Episode.from_observation_sequence(
-                        np.stack(observations), np.stack(actions), rewards, terms, truncs
-                    )
-                )
-                self._current = None
-        return obs, reward, terminated, truncated, info
-
-
-# --------------------------------------------------------------------------------------------- training
-
-
-@dataclass
-class _Training:
-    medium_path: Path | None = None
-    expert_path: Path | None = None
-    medium_step: int | None = None
-    medium_eval_return: float | None = None
-    replay: list[Episode] = field(default_factory=list)
-    history: list[tuple[int, float]] = field(default_factory=list)
-
-
-def _algo_class(config: BuildConfig, action_space: gym.spaces.Space) -> Any:
-    from stable_baselines3 import PPO, SAC
-
-    algo = config.algo
-    if algo == "auto":
-        algo = "sac" if isinstance(action_space, gym.spaces.Box) else "ppo"
-    if algo == "sac" and not isinstance(action_space, gym.spaces.Box):
-        raise ValueError(f"SAC needs a Box action space; {config.env_id} has {action_space}. Use algo='ppo'.")
-    return SAC if algo == "sac" else PPO
-
-
-def _algo_kwargs(config: BuildConfig, algo_cls: Any, inference: bool = False) -> dict[str, Any]:
-    from stable_baselines3 import SAC
-
-    if algo_cls is SAC:
-        buffer = 1 if inference else config.sac_buffer_size  # a policy only acts: no replay memory
-        return {"learning_starts": config.sac_learning_starts, "buffer_size": buffer}
-    return {"n_steps": config.ppo_n_steps, "batch_size": config.ppo_batch_size}
-
-
-def _training_fingerprint(config: BuildConfig, algo_cls: Any, stop_at_medium: bool) -> str:
-    """What a resumed training must share with the killed one."""
-    keep = (
-        "env_id", "seed", "total_timesteps", "eval_freq", "n_eval_episodes", "max_episode_steps",
-        "ppo_n_steps", "ppo_batch_size", "sac_learning_starts", "sac_buffer_size",
-    )  # fmt: skip
-    settings = {name: getattr(config, name) for name in keep}
-    settings |= {
-        "algo": algo_cls.__name__,
-        "medium_level": config.medium_level,
-        "needs_medium": config.needs_medium,
-    }
-    return fingerprint(settings | {"stop_at_medium": stop_at_medium})
-
-
-def _finished_training(policy_dir: Path, fp: str, stop_at_medium: bool) -> _Training | None:
-    """The result of a finished training with the same fingerprint (policies and replay on disk), else None."""
-    summary_path = policy_dir / "training.json"
-    if not summary_path.is_file():
-        return None
-    summary = json.loads(summary_path.read_text())
-    if summary.get("fingerprint") != fp or not summary.get("complete"):
-        return None
-    result = _Training(
-        medium_step=summary.get("medium_step"),
-        medium_eval_return=summary.get("medium_eval_return"),
-        history=[tuple(h) for h in summary.get("eval_history", [])],  # type: ignore[misc]
-    )
-    if (policy_dir / "medium.zip").is_file() and summary.get("medium_step") is not None:
-        result.medium_path = policy_dir / "medium.zip"
-    if not summary.get("stopped_at_medium"):
-        result.expert_path = policy_dir / "expert.zip"
-        if not result.expert_path.is_file():
-            return None
-    if (policy_dir / "replay.pt").is_file():
-        result.replay = load_episodes_file(policy_dir / "replay.pt")
-    return result
-
-
-def _train(config: BuildConfig, algo_cls: Any, policy_dir: Path, stop_at_medium: bool = False) -> _Training:
-    from stable_baselines3.common.callbacks import BaseCallback
-
-    fp = _training_fingerprint(config, algo_cls, stop_at_medium)
-    finished = _finished_training(policy_dir, fp, stop_at_medium)
-    if finished is not None:
-        if config.progress:
-            tqdm.write(f"reusing the finished behaviour-policy training in {policy_dir}")
-        return finished
-    result = _Training()
-    level = config.medium_level
-    train_env = _EpisodeRecorder(_make_env(config))
-    eval_env = _make_env(config)
-    model = algo_cls(
-        "MlpPolicy",
-        train_env,
-        seed=config.seed,
-        device=config.device,
-        verbose=0,
-        **_algo_kwargs(config, algo_cls),
-    )
-    state_path = policy_dir / "train_state.pt"
-    if state_path.is_file():
-        state = load_train_state(state_path)
-        if state["fingerprint"] != fp:
-            raise FileExistsError(
-                f"{state_path} holds a training with other settings; pass --overwrite to start over, or another "
-                "--policy-dir"
-            )
-        info, recorded = restore_train_state(model, state)
-        result.history = [tuple(h) for h in info["history"]]  # type: ignore[misc]
-        if info.get("medium_step") is not None:
-            result.medium_path = policy_dir / "medium.zip"
-            result.medium_step, result.medium_eval_return = info["medium_step"], info["medium_eval_return"]
-            result.replay = load_episodes_file(policy_dir / "replay.pt")
-            train_env.active = False
-        else:
-            train_env.episodes = recorded
-        model.set_random_seed(config.seed + model.num_timesteps)  # new episodes, not the first ones again
-        if config.progress:
-            tqdm.write(
-                f"resuming the behaviour-policy training from step {model.num_timesteps} ({state_path})"
-            )
-    resumed_from = int(model.num_timesteps)
-    bar = tqdm(
-        total=config.total_timesteps,
-        initial=resumed_from,
-        desc="train " + algo_cls.__name__,
-        disable=not config.progress,
-    )
-
-    def checkpoint(current: Any) -> None:
-        info = {
-            "history": result.history,
-            "medium_step": result.medium_step,
-            "medium_eval_return": result.medium_eval_return,
-        }
-        save_train_state(state_path, current, fp, info, train_env.episodes if train_env.active else [])
-
-    class Monitor(BaseCallback):
-        def _on_step(self) -> bool:
-            bar.update(1)
-            if self.num_timesteps % config.eval_freq == 0:
-                actor = sb3_actor(self.model, deterministic=True)
-                ret = float(
-                    evaluate_returns(
-                        eval_env, actor, config.n_eval_episodes, config.seed + SEED_OFFSETS["eval"]
-                    ).mean()
-                )
-                result.history.append((self.num_timesteps, ret))
-                bar.set_postfix(eval_return=f"{ret:.1f}")
-                if config.needs_medium and result.medium_path is None and level is not None and ret >= level:
-                    result.replay = list(train_env.episodes)
-                    save_episodes_file(policy_dir / "replay.pt", result.replay)
-                    result.medium_path = save_model_zip(self.model, policy_dir / "medium.zip")
-                    result.medium_step, result.medium_eval_return = self.num_timesteps, ret
-                    train_env.active = False
-                    train_env.episodes = []
-                    checkpoint(self.model)
-                    if stop_at_medium:
-                        bar.set_description("medium reached; no expert needed, stopping")
-                        return False
-            if config.checkpoint_freq and self.num_timesteps % config.checkpoint_freq == 0:
-                checkpoint(self.model)
-            return True
-
-    remaining = config.total_timesteps - resumed_from
-    done_early = stop_at_medium and result.medium_path is not None
-    with bar:
-        if remaining > 0 and not done_early:
-            model.learn(total_timesteps=remaining, callback=Monitor(), reset_num_timesteps=resumed_from == 0)
-    if stop_at_medium and result.medium_path is not None:
-        save_model_zip(model, policy_dir / "last.zip")  # stopped at the medium step: not an expert
-    else:
-        result.expert_path = save_model_zip(model, policy_dir / "expert.zip")
-    summary = {
-        "env_id": config.env_id,
-        "algo": algo_cls.__name__,
-        "seed": config.seed,
-        "total_timesteps": config.total_timesteps,
-        "medium_level": level,
-        "medium_step": result.medium_step,
-        "medium_eval_return": result.medium_eval_return,
-        "stopped_at_medium": stop_at_medium and result.medium_path is not None,
-        "eval_history": result.history,
-        "resumed_from_step": resumed_from or None,
-        "fingerprint": fp,
-        "complete": True,
-    }
-    with atomic_file(policy_dir / "training.json") as temp:
-        temp.write_text(json.dumps(summary, indent=2))
-    state_path.unlink(missing_ok=True)
-    train_env.close()
-    eval_env.close()
-    return result
-
-
-# ------------------------------------------------------------------------------------------------ build
-
-
-def _describe(kind: str, config: BuildConfig, algo: str, training: _Training, ref_source: str) -> str:
+def _describe(kind: str, config: BuildConfig, algo: str, training: Training, ref_source: str) -> str:
     sampled = "Actions are sampled from the stochastic policy (deterministic=False), as D4RL did."
     if kind == "random":
         body = "Uniformly random actions."
@@ -675,20 +170,6 @@ def _preflight(config: BuildConfig, train: bool, policy_dir: Path, build_fp: str
     return done
 
 
-def _load_policy(config: BuildConfig, algo_cls: Any, env: gym.Env, path: Path) -> Any:
-    """A fresh SB3 model with the weights of ``path`` (``policy.pth`` only; never SB3's pickle-based load)."""
-    model = algo_cls(
-        "MlpPolicy",
-        env,
-        seed=config.seed,
-        device=config.device,
-        verbose=0,
-        **_algo_kwargs(config, algo_cls, True),
-    )
-    load_policy_weights(model, path)
-    return model
-
-
 def _reference_plan(config: BuildConfig) -> tuple[str, tuple[float, float] | None]:
     """(source, references); references are None when they must be measured."""
     family = env_family(config.env_id)
@@ -768,9 +249,9 @@ def build_datasets(config: BuildConfig) -> BuildResult:
     started = time.perf_counter()
     if config.threads is not None:
         set_threads(config.threads)
-    env = _make_env(config)
+    env = make_build_env(config)
     env_spec, action_space = env.spec, env.action_space
-    algo_cls = _algo_class(config, action_space)
+    algo_cls = algo_class(config, action_space)
     kinds = set(config.kinds)
     ref_source, refs = _reference_plan(config)
     need_medium = config.needs_medium
@@ -784,11 +265,13 @@ def build_datasets(config: BuildConfig) -> BuildResult:
     journal.parent.mkdir(parents=True, exist_ok=True)
     journal.write_text(json.dumps({"kinds": list(config.kinds), "policy_dir": str(policy_dir)}))
 
-    training = _Training()
+    training = Training()
     if train:
         policy_dir.mkdir(parents=True, exist_ok=True)
         clean_stale(policy_dir)
-        training = _train(config, algo_cls, policy_dir, stop_at_medium=need_medium and not need_expert)
+        training = train_behaviour_policy(
+            config, algo_cls, policy_dir, stop_at_medium=need_medium and not need_expert
+        )
         if need_medium and config.medium_policy is None and training.medium_path is None:
             best = max((r for _, r in training.history), default=float("nan"))
             raise RuntimeError(
@@ -809,7 +292,7 @@ def build_datasets(config: BuildConfig) -> BuildResult:
     }
     needed = {"medium": need_medium, "expert": need_expert}
     models = {
-        role: _load_policy(config, algo_cls, env, path)
+        role: load_policy(config, algo_cls, env, path)
         for role, path in policies.items()
         if path is not None and needed[role]
     }
