@@ -32,11 +32,24 @@ from offline_data.minari_io import (
 )
 from offline_data.scores import D4RL_REF_SCORES, env_family
 
-__all__ = ["D4RL_KEYS", "d4rl_to_minari", "read_d4rl_hdf5", "write_d4rl_hdf5"]
+__all__ = ["D4RL_KEYS", "d4rl_to_minari", "open_hdf5", "read_d4rl_hdf5", "write_d4rl_hdf5"]
 
 D4RL_KEYS = ("observations", "actions", "rewards", "terminals", "timeouts")
 """Datasets of a D4RL file; `timeouts` may be absent (then nothing is a time-limit cut)."""
 _REQUIRED = ("observations", "actions", "rewards", "terminals")
+
+
+def open_hdf5(path: Path) -> Any:
+    """``path`` opened read-only with h5py; `DatasetError` naming the file when it is not HDF5."""
+    import h5py
+
+    try:
+        return h5py.File(path, "r")
+    except OSError as err:
+        raise DatasetError(
+            f"{str(path)!r} is not an HDF5 file ({err}); expected a D4RL-format .hdf5 / .h5 file, a Minari "
+            "dataset directory or a Minari dataset id"
+        ) from None
 
 
 def _read_metadata(file: Any) -> dict[str, Any]:
@@ -93,19 +106,10 @@ def read_d4rl_hdf5(
     empty file. Env specs and ids of the file go through `envs.resolve.resolve_env`: one naming code outside
     the allowed modules (`allow_env_modules`, `--allow-env-modules`) raises `DatasetError` naming the file.
     """
-    import h5py
-
     path = Path(path)
     if not path.is_file():
         raise DatasetNotFoundError(f"D4RL file {str(path)!r} does not exist")
-    try:
-        file = h5py.File(path, "r")
-    except OSError as err:
-        raise DatasetError(
-            f"{str(path)!r} is not an HDF5 file ({err}); expected a D4RL-format .hdf5 / .h5 file, a Minari "
-            "dataset directory or a Minari dataset id"
-        ) from None
-    with file:
+    with open_hdf5(path) as file:
         missing = [key for key in _REQUIRED if key not in file]
         if missing:
             raise DatasetError(

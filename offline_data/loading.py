@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from offline_data.d4rl_io import read_d4rl_hdf5
+from offline_data.d4rl_io import open_hdf5, read_d4rl_hdf5
 from offline_data.env_check import conform_to_env, env_spaces
 from offline_data.episode import OfflineDataset
 from offline_data.errors import DatasetError, DatasetNotFoundError
@@ -30,16 +30,7 @@ _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 
 def _is_d4rl_file(path: Path) -> bool:
-    import h5py
-
-    try:
-        file = h5py.File(path, "r")
-    except OSError as err:
-        raise DatasetError(
-            f"{str(path)!r} is not an HDF5 file ({err}); expected a D4RL-format .hdf5 / .h5 file, a Minari "
-            "dataset directory or a Minari dataset id"
-        ) from None
-    with file:
+    with open_hdf5(path) as file:
         if "observations" in file:
             return True
         if any(key.startswith("episode_") for key in file):
