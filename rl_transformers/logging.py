@@ -46,6 +46,10 @@ tag                             meaning
 ``eval/mean_reward``            mean return of evaluation episodes
 ``eval/mean_ep_length``         mean length of evaluation episodes
 ``eval/normalized_score``       D4RL-normalised score, 100 * (R - R_random) / (R_expert - R_random)
+``time/samples_per_second``     training windows per second (Decision Transformer)
+``eval/return_mean``            DT: mean evaluation return of the first target (``@<target>``: each)
+``eval/return_std``             DT: std of the evaluation returns (``@<target>``: each target)
+``eval/ep_length_mean``         DT: mean evaluation episode length (``@<target>``: each target)
 ``backbone/...``                backbone diagnostics from ``out.info`` (gate openness, spans ...)
 ==============================  =============================================================
 
@@ -80,9 +84,12 @@ __all__ = [
     "ENTROPY_LOSS",
     "EP_LEN_MEAN",
     "EP_REW_MEAN",
+    "EVAL_EP_LENGTH_MEAN",
     "EVAL_MEAN_EP_LENGTH",
     "EVAL_MEAN_REWARD",
     "EVAL_NORMALIZED_SCORE",
+    "EVAL_RETURN_MEAN",
+    "EVAL_RETURN_STD",
     "EXPLAINED_VARIANCE",
     "FPS",
     "GRAD_NORM",
@@ -92,6 +99,7 @@ __all__ = [
     "N_UPDATES",
     "OUTPUTS",
     "POLICY_GRADIENT_LOSS",
+    "SAMPLES_PER_SECOND",
     "STANDARD_TAGS",
     "TIME_ELAPSED",
     "TOTAL_TIMESTEPS",
@@ -124,6 +132,10 @@ TOTAL_TIMESTEPS = "time/total_timesteps"
 EVAL_MEAN_REWARD = "eval/mean_reward"
 EVAL_MEAN_EP_LENGTH = "eval/mean_ep_length"
 EVAL_NORMALIZED_SCORE = "eval/normalized_score"
+SAMPLES_PER_SECOND = "time/samples_per_second"
+EVAL_RETURN_MEAN = "eval/return_mean"
+EVAL_RETURN_STD = "eval/return_std"
+EVAL_EP_LENGTH_MEAN = "eval/ep_length_mean"
 
 STANDARD_TAGS: dict[str, str] = {
     EP_REW_MEAN: "mean undiscounted return of episodes finished in the window",
@@ -147,6 +159,10 @@ STANDARD_TAGS: dict[str, str] = {
     EVAL_MEAN_REWARD: "mean return of evaluation episodes",
     EVAL_MEAN_EP_LENGTH: "mean length of evaluation episodes",
     EVAL_NORMALIZED_SCORE: "D4RL-normalised evaluation score (0 = random, 100 = expert)",
+    SAMPLES_PER_SECOND: "training windows per second (Decision Transformer)",
+    EVAL_RETURN_MEAN: "Decision Transformer: mean evaluation return of the first target (@<target>: per target)",
+    EVAL_RETURN_STD: "Decision Transformer: std of the evaluation returns (@<target>: per target)",
+    EVAL_EP_LENGTH_MEAN: "Decision Transformer: mean evaluation episode length (@<target>: per target)",
 }
 
 OUTPUTS = ("stdout", "json", "tensorboard")

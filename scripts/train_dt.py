@@ -8,39 +8,40 @@
     torchrun --nproc_per_node 2 scripts/train_dt.py --dataset ...                      # data-parallel (DDP)
 
 Runs go to runs/<algo>/<dataset>/<YYYYmmdd-HHMMSS>-s<seed>/ (config.json, TensorBoard events,
-progress.jsonl, checkpoints/{step_<n>,last,best}.pt, eval/step_<n>.json). Ctrl-C saves a checkpoint and stops.
-Every option: ``--help``; the method and defaults: ``rl_transformers/algos/dt.py``.
+progress.jsonl, checkpoints/{step_<n>,last,best}.pt, eval/step_<n>.json). Prints the parameter count at the
+start and a JSON summary at the end (the last logged eval/return_mean, eval/normalized_score, train/loss).
+Ctrl-C saves a checkpoint and stops; a non-finite loss stops the run and keeps the last good checkpoint. The run
+flags (--run-root, --seed, --threads, --device, --resume, --verbose, --progress) are the same as
+train_gtrxl.py's. Every option: ``--help``; the method and defaults: ``rl_transformers/algos/dt.py``.
 """
 
 from __future__ import annotations
 
-import json
+import sys
 
-from rl_transformers.algos.dt import DTConfig, cleanup_distributed, train
+from rl_transformers.algos.dt import DTConfig, train
 from rl_transformers.algos.dt_config import RESUME_PER_INVOCATION
+from rl_transformers.algos.lifecycle import summary_text
+from rl_transformers.utils import NonFiniteError
 from rl_transformers.utils.cli import cli_registry  # BackboneConfig flags, *_options as JSON
-from rl_transformers.utils.errors import run_cli
+from rl_transformers.utils.errors import UserError, run_cli
 from rl_transformers.utils.resume import parse_cli  # --resume: flags default to the saved config
 
 
-def main(config: DTConfig) -> None:
+def main() -> int:
+    config = parse_cli(
+        DTConfig, per_invocation=RESUME_PER_INVOCATION, registry=cli_registry(), description=__doc__
+    )
     if not config.dataset and config.resume is None:
-        raise SystemExit("error: --dataset is required (a Minari id, Minari directory or D4RL .hdf5 file)")
+        raise UserError("--dataset is required (a Minari id, Minari directory or D4RL .hdf5 file)")
     try:
         result = train(config)
-    finally:
-        cleanup_distributed()
+    except NonFiniteError:
+        return 1
     if result.run_dir is not None:
-        last = result.evaluations.get(result.step, {})
-        summary = {"run_dir": str(result.run_dir), "step": result.step, "interrupted": result.interrupted}
-        print(json.dumps(summary | {"final_eval": last}, indent=2))
+        print(summary_text(result))
+    return 0
 
 
 if __name__ == "__main__":
-    run_cli(
-        lambda: main(
-            parse_cli(
-                DTConfig, per_invocation=RESUME_PER_INVOCATION, registry=cli_registry(), description=__doc__
-            )
-        )
-    )
+    sys.exit(run_cli(main))

@@ -8,14 +8,18 @@
     python scripts/train_gtrxl.py --resume runs/ppo/rlt-TMaze-v0/<run>/   # continue a run
     torchrun --nproc_per_node 2 scripts/train_gtrxl.py --threads 1   # data-parallel PPO (gloo on CPU)
 
-Writes runs/ppo/<env>/<YYYYmmdd-HHMMSS>-s<seed>/ (config.json, TensorBoard events, progress.jsonl, checkpoints/).
-Ctrl-C saves a checkpoint and exits; a non-finite loss stops the run and keeps the last good checkpoint.
+Writes runs/ppo/<env>/<YYYYmmdd-HHMMSS>-s<seed>/ (config.json, TensorBoard events, progress.jsonl, checkpoints/),
+greedy evaluation every --eval-every steps (eval/mean_reward selects best.pt). Prints the parameter count at the
+start and a JSON summary at the end (the last logged rollout/ep_rew_mean and eval/mean_reward). Ctrl-C saves a
+checkpoint and exits; a non-finite loss stops the run and keeps the last good checkpoint. The run flags
+(--run-root, --seed, --threads, --device, --resume, --verbose, --progress) are the same as train_dt.py's.
 """
 
 from __future__ import annotations
 
 import sys
 
+from rl_transformers.algos.lifecycle import summary_text
 from rl_transformers.algos.ppo import TrainConfig, train
 from rl_transformers.algos.ppo_config import RESUME_PER_INVOCATION
 from rl_transformers.utils import NonFiniteError
@@ -32,10 +36,8 @@ def main() -> int:
         result = train(cfg)
     except NonFiniteError:
         return 1
-    if result.run_dir is not None:
-        tail = result.episode_returns[-20:]
-        mean = sum(tail) / len(tail) if tail else float("nan")
-        print(f"run: {result.run_dir}\nsteps: {result.global_step}  recent return: {mean:.3f}")
+    if result.run_dir is not None:  # the last logged rollout/ep_rew_mean, eval/mean_reward (as TensorBoard)
+        print(summary_text(result))
     return 0
 
 

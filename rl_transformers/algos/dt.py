@@ -20,12 +20,12 @@ target, which selects ``best.pt``; ``last.pt`` is the latest save (labels in ``c
 Distributed: under ``torchrun --nproc_per_node N`` (``WORLD_SIZE`` > 1) the model is wrapped in
 DistributedDataParallel (gloo on CPU, nccl on GPU); ``batch_size`` is the global batch, each rank samples
 ``batch_size / N`` windows from its own generator. Rank 0 logs, evaluates and writes checkpoints holding every
-rank's RNG states, so a resume continues each rank's stream. Run layout and resume: see ``docs/design.md``.
+rank's RNG states, so a resume continues each rank's stream. Run directory, resume, Ctrl-C, non-finite stop,
+save-then-evaluate, process group and final summary: :mod:`rl_transformers.algos.lifecycle` (shared with PPO).
 """
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
 import time
@@ -40,54 +40,42 @@ import numpy as np
 import torch
 from torch import nn
 
-from rl_transformers.algos.distributed import any_rank, gather_objects, setup_distributed
+from rl_transformers import logging as L
+from rl_transformers.algos.distributed import DistContext, gather_objects
 from rl_transformers.algos.dt_config import RESUME_MUTABLE, RESUME_PER_INVOCATION, DTConfig
 from rl_transformers.algos.dt_data import TrajectoryDataset
-from rl_transformers.logging import Logger
-from rl_transformers.policies.decision_transformer import (
-    DecisionTransformer,
-    DTAgent,
-)
+from rl_transformers.algos.evaluation import EvalResult, evaluate_dt
+from rl_transformers.algos.lifecycle import Resumed, Run, RunOutcome, load_resume, session
+from rl_transformers.policies.decision_transformer import DecisionTransformer
 from rl_transformers.utils import (
-    CheckpointManager,
-    GracefulInterrupt,
     capture_rng_state,
     check_finite,
     latest_checkpoint,
     linear_warmup,
     load_checkpoint,
-    make_run_dir,
     restore_rng_state,
-    save_config,
     seed_everything,
-    set_threads,
     to_jsonable,
 )
 from rl_transformers.utils.errors import UserError
-from rl_transformers.utils.resume import merge_resume, saved_config
+from rl_transformers.utils.resume import merge_resume
 
-BEST_METRIC = "eval/return_mean"
+__all__ = ["DTConfig", "DTTrainer", "EvalResult", "TrainResult", "evaluate", "load_policy", "train"]
+
+BEST_METRIC = L.EVAL_RETURN_MEAN
+"""The tag that selects best.pt: the mean return of the first (highest) target."""
+HEADLINE = (L.EVAL_RETURN_MEAN, L.EVAL_NORMALIZED_SCORE, L.LOSS)
+"""Tags of the final summary (their last logged values)."""
+REQUIRED_KEYS = ("model", "optimizer", "scheduler", "step", "rng", "sampler_rng")
+evaluate = evaluate_dt
+"""Old name of :func:`rl_transformers.algos.evaluation.evaluate_dt`."""
 
 
 @dataclass
-class EvalResult:
-    """Returns and lengths of the evaluation episodes of one target."""
+class TrainResult(RunOutcome):
+    """A DT / BC run's outcome (``step``: gradient updates; ``run_dir`` None off rank 0)."""
 
-    target: float | None
-    returns: np.ndarray
-    lengths: np.ndarray
-
-
-@dataclass
-class TrainResult:
-    """What :func:`train` returns (on rank 0; other ranks get ``run_dir=None``)."""
-
-    model: DecisionTransformer
-    run_dir: Path | None
-    step: int
-    interrupted: bool
-    evaluations: dict[int, dict[str, float]] = field(default_factory=dict)
-    """Logged eval scalars by step."""
+    model: DecisionTransformer | None = None
     data_summary: dict[str, Any] = field(default_factory=dict)
     """The training data actually used (after %BC filtering): episodes, steps, return statistics."""
 
@@ -116,61 +104,6 @@ def _round_target(x: float) -> float:
     return float(f"{x:.4g}")
 
 
-def evaluate(
-    model: DecisionTransformer,
-    make_env: Callable[[], gym.Env],
-    targets: Sequence[float | None],
-    n_episodes: int,
-    seed: int,
-    num_envs: int = 10,
-    max_steps: int | None = None,
-    envs: list[gym.Env] | None = None,
-) -> list[EvalResult]:
-    """Roll out ``model`` (deterministic actions) for ``n_episodes`` per target; episode i resets with seed + i.
-
-    Episodes run in chunks of ``num_envs`` envs stepped together through one :class:`DTAgent`. An episode
-    ends at termination / truncation or after ``max_steps`` steps (for envs without a time limit).
-    """
-    was_training = model.training
-    own = envs is None
-    envs = envs if envs is not None else [make_env() for _ in range(max(1, min(num_envs, n_episodes)))]
-    results = []
-    try:
-        for target in targets:
-            returns = np.zeros(n_episodes)
-            lengths = np.zeros(n_episodes, dtype=np.int64)
-            for first in range(0, n_episodes, len(envs)):
-                ids = list(range(first, min(n_episodes, first + len(envs))))
-                n = len(ids)
-                agent = DTAgent(model, n, target)
-                obs = np.stack([np.asarray(envs[j].reset(seed=seed + i)[0]) for j, i in enumerate(ids)])
-                alive = np.ones(n, dtype=bool)
-                while alive.any():
-                    actions = agent.act(obs)
-                    rewards = np.zeros(n)
-                    for j in np.flatnonzero(alive):
-                        action = actions[j] if not model.discrete_actions else int(actions[j])
-                        ob, r, terminated, truncated, _ = envs[j].step(action)
-                        obs[j] = np.asarray(ob)
-                        rewards[j] = float(r)
-                        returns[ids[j]] += float(r)
-                        lengths[ids[j]] += 1
-                        if (
-                            terminated
-                            or truncated
-                            or (max_steps is not None and lengths[ids[j]] >= max_steps)
-                        ):
-                            alive[j] = False
-                    agent.observe(rewards)
-            results.append(EvalResult(target, returns, lengths))
-    finally:
-        if own:
-            for env in envs:
-                env.close()
-        model.train(was_training)
-    return results
-
-
 def load_policy(path: str | Path, device: str | torch.device = "cpu") -> DecisionTransformer:
     """The model of a checkpoint file or run directory (weights + normalisation), in eval mode."""
     source = latest_checkpoint(path) or Path(path)
@@ -195,54 +128,43 @@ def _dataset_name(config: DTConfig, info: Any) -> str:
     return path.stem if path.suffix in (".hdf5", ".h5") else path.name
 
 
-def _resolve_resume(config: DTConfig) -> tuple[DTConfig, dict[str, Any] | None, Path | None]:
-    """The merged config, checkpoint and run directory of ``config.resume`` (rules: ``utils/resume.py``)."""
-    if config.resume is None:
-        return config, None, None
-    path = latest_checkpoint(config.resume)
-    if path is None:
-        raise UserError(f"--resume {config.resume}: no checkpoint (last.pt / step_<n>.pt) found there")
-    ckpt = load_checkpoint(path)
-    missing = [k for k in ("model", "optimizer", "scheduler", "step", "rng", "sampler_rng") if k not in ckpt]
-    if missing:
-        raise UserError(f"checkpoint {path} lacks {missing}: not a DT checkpoint of rl_transformers")
-    merged = merge_resume(
-        saved_config(DTConfig, ckpt, path),
-        config,
-        mutable=RESUME_MUTABLE,
-        per_invocation=RESUME_PER_INVOCATION,
-        source=config.resume,
+def _dataset_name(config: DTConfig, info: Any) -> str:
+    if info.dataset_id:
+        return str(info.dataset_id)
+    path = Path(config.dataset)
+    return path.stem if path.suffix in (".hdf5", ".h5") else path.name
+
+
+def _merge(saved: DTConfig, given: DTConfig, source: Path) -> DTConfig:
+    return merge_resume(
+        saved, given, mutable=RESUME_MUTABLE, per_invocation=RESUME_PER_INVOCATION, source=source
     )
-    run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
-    return merged, ckpt, run_dir
 
 
 # --- training ------------------------------------------------------------------------------------------------
 
 
 class DTTrainer:
-    """One run: data, model, optimiser, logger and checkpoints set up in ``__init__``; :meth:`run` trains.
+    """Data, model and optimiser of one run (built in ``__init__``, restored from ``resumed``); :meth:`learn`
+    trains inside a :class:`~rl_transformers.algos.lifecycle.Run`."""
 
-    ``run_dir`` forces the run directory (tests); by default a fresh one is made under ``config.runs_dir``
-    (or the resumed run's directory).
-    """
-
-    def __init__(self, config: DTConfig, run_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        config: DTConfig,
+        dist: DistContext,
+        device: torch.device,
+        resumed: Resumed | None = None,
+    ) -> None:
         from offline_data import load_episodes
 
-        config, ckpt, resume_dir = _resolve_resume(config)
-        self.config = config
-        # Generous timeout: ranks > 0 wait in the next all-reduce while rank 0 evaluates (long rollouts).
-        self.dist, self.device = setup_distributed(config.device, timeout=datetime.timedelta(hours=2))
-        if config.threads is not None:
-            set_threads(config.threads)
-        seed_everything(config.seed + self.dist.rank)
-        self.sampler_rng = np.random.default_rng([config.seed, self.dist.rank])
-        if config.batch_size % self.dist.world_size:
+        self.config, self.dist, self.device = config, dist, device
+        seed_everything(config.seed + dist.rank)
+        self.sampler_rng = np.random.default_rng([config.seed, dist.rank])
+        if config.batch_size % dist.world_size:
             raise ValueError(
-                f"batch_size={config.batch_size} is not divisible by the {self.dist.world_size} ranks"
+                f"batch_size={config.batch_size} is not divisible by the {dist.world_size} ranks"
             )
-        self.local_batch = config.batch_size // self.dist.world_size
+        self.local_batch = config.batch_size // dist.world_size
 
         # Data, evaluation env, derived settings.
         episodes, self.info = load_episodes(config.dataset, root=config.dataset_root, env_id=config.env_id)
@@ -255,10 +177,10 @@ class DTTrainer:
         _check_eval_seeds(episodes, config)
         self.make_env = _env_factory(config, self.info)
         env_limit = _time_limit(self.make_env) if config.eval_episodes > 0 else None
-        max_ep_len = config.max_ep_len or max(int(self.data.lengths.max()), env_limit or 0)
-        self.max_eval_steps = None if env_limit is not None else max_ep_len
+        self.max_ep_len = config.max_ep_len or max(int(self.data.lengths.max()), env_limit or 0)
+        self.max_eval_steps = None if env_limit is not None else self.max_ep_len
         name = self.info.env_id or self.info.dataset_id or config.dataset
-        return_scale = config.return_scale or default_return_scale(self.data.returns, name)
+        self.return_scale = config.return_scale or default_return_scale(self.data.returns, name)
         self.targets: list[float | None] = [None]
         if config.algo == "dt":
             returns = self.data.returns
@@ -271,15 +193,15 @@ class DTTrainer:
             self.info.action_space,
             config.backbone,
             config.context_len,
-            max_ep_len,
-            return_scale=return_scale,
+            self.max_ep_len,
+            return_scale=self.return_scale,
             condition_on_return=config.algo == "dt",
             embed_dropout=config.embed_dropout,
             padding=config.padding,
         )
         if not self.model.discrete_observations:
             self.model.set_state_normalization(*self.data.state_stats())
-        self.model.to(self.device)
+        self.model.to(device)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=config.learning_rate,
@@ -289,38 +211,32 @@ class DTTrainer:
         warmup = config.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: linear_warmup(s, warmup))
         self.step = 0
-        if ckpt is not None:
-            self._restore(ckpt)
+        if resumed is not None:
+            self._restore(resumed.checkpoint)
         self.net: nn.Module = self.model
-        if self.dist.enabled:
-            ids = [self.device.index] if self.device.type == "cuda" else None
+        if dist.enabled:
+            ids = [device.index] if device.type == "cuda" else None
             self.net = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
-
-        # Run directory, logger, checkpoints, evaluation envs: rank 0 only.
         self.run_dir: Path | None = None
-        self.logger: Logger | None = None
-        self.manager: CheckpointManager | None = None
+        """Set by :func:`train` (rank 0): evaluations write ``eval/step_<n>.json`` there."""
         self.eval_envs: list[gym.Env] = []
-        if self.dist.is_main:
-            self.run_dir = Path(
-                resume_dir
-                or run_dir
-                or make_run_dir(
-                    config.runs_dir, algo=config.algo, name=_dataset_name(config, self.info), seed=config.seed
-                )
-            )
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            save_config(self.run_dir, config)
-            purge = self.step + 1 if ckpt is not None else None
-            self.logger = Logger(self.run_dir, stdout=config.log_stdout, purge_step=purge)
-            self.manager = CheckpointManager(
-                self.run_dir, keep_last=config.keep_checkpoints, metric=BEST_METRIC, mode="max"
-            )
-            if ckpt is None:
-                self._log_run_summary(return_scale, max_ep_len)
-            if self.make_env is not None and config.eval_episodes > 0:
-                n_envs = min(config.eval_envs, config.eval_episodes)
-                self.eval_envs = [self.make_env() for _ in range(n_envs)]
+        if dist.is_main and self.make_env is not None and config.eval_episodes > 0:
+            n_envs = min(config.eval_envs, config.eval_episodes)
+            self.eval_envs = [self.make_env() for _ in range(n_envs)]
+
+    @property
+    def name(self) -> str:
+        """The run directory's name component: the dataset id or file stem."""
+        return _dataset_name(self.config, self.info)
+
+    def facts(self) -> dict[str, Any]:
+        """What the run summary records besides the parameter count."""
+        return {
+            "dataset": self.data.describe(),
+            "return_scale": self.return_scale,
+            "max_ep_len": self.max_ep_len,
+            "targets": self.targets,
+        }
 
     # -- one update -----------------------------------------------------------------------------------------
     def update(self, collect_info: bool = False) -> dict[str, Any]:
@@ -336,7 +252,7 @@ class DTTrainer:
         action_loss = model.action_loss(out.predictions, batch.actions, batch.mask)
         loss = action_loss
         for name, value in out.aux_losses.items():
-            loss = loss + config.aux_loss_weights.get(name, 1.0) * value
+            loss = loss + config.aux_weight(name) * value
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
@@ -351,7 +267,77 @@ class DTTrainer:
             "info": out.info,
         }
 
+    # -- the loop ---------------------------------------------------------------------------------------------
+    def learn(self, run: Run, callback: Callable[[DTTrainer], bool | None] | None = None) -> TrainResult:
+        """Train to ``total_steps``. Each update: sample and step, log every ``log_every``, then checkpoint and
+        evaluate when due (:meth:`Run.end_iteration`: saved before evaluating; always at the last update).
+        ``callback(trainer)`` after each update; False stops the run (as Ctrl-C does)."""
+        config = self.config
+        self._t0 = time.perf_counter()
+        self._window = _Window(self.device)
+        run.progress_bar(config.total_steps, self.step, unit="update", desc=f"{config.algo} {self.name}")
+        with run.loop():
+            while self.step < config.total_steps:
+                log_now = (self.step + 1) % config.log_every == 0
+                terms = self.update(collect_info=log_now)
+                self._window.add(terms)
+                final = self.step >= config.total_steps
+                eval_now = final or (config.eval_every > 0 and self.step % config.eval_every == 0)
+                save_now = self.step % config.save_every == 0
+                postfix = {}
+                if log_now or save_now or eval_now:  # never log or save a non-finite model
+                    mean_loss = check_finite(self._window.mean("loss"), L.LOSS, self.step)
+                    postfix = {"loss": f"{mean_loss:.4f}"}
+                if log_now:
+                    if run.logger is not None:
+                        self._record(run.logger, terms)
+                    self._window = _Window(self.device)
+                run.end_iteration(
+                    self.step,
+                    self.checkpoint,
+                    save=save_now,
+                    evaluate=self._evaluation if eval_now else None,
+                )
+                run.advance(1, **postfix)
+                if run.should_stop(callback is not None and callback(self) is False):
+                    break
+        return TrainResult(
+            algo=config.algo,
+            run_dir=run.dir,
+            step=self.step,
+            interrupted=run.interrupted,
+            metrics=run.finish(self.step, self.checkpoint),
+            evaluations=run.evaluations,
+            model=self.model,
+            data_summary=self.data.describe(),
+        )
+
+    def _record(self, logger: L.Logger, last: dict[str, Any]) -> None:
+        window = self._window
+        logger.record(L.LOSS, window.mean("loss"))
+        logger.record(L.ACTION_LOSS, window.mean("action_loss"))
+        logger.record(L.GRAD_NORM, window.mean("grad_norm"))
+        logger.record(L.LEARNING_RATE, self.scheduler.get_last_lr()[0])
+        logger.record(L.N_UPDATES, self.step)
+        for name in window.aux:
+            logger.record(f"train/aux_{name}", window.mean(name, aux=True))
+        for key, value in last["info"].items():  # backbone diagnostics of the last update
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
+                logger.record(key, float(value))
+            elif isinstance(value, int | float):
+                logger.record(key, value)
+        elapsed = time.perf_counter() - window.start
+        logger.record(L.SAMPLES_PER_SECOND, window.n * self.config.batch_size / max(elapsed, 1e-9))
+        logger.record(L.TIME_ELAPSED, time.perf_counter() - self._t0)
+
     # -- evaluation -------------------------------------------------------------------------------------------
+    def _evaluation(self) -> tuple[dict[str, float], float | None]:
+        """Logged eval scalars and the best.pt value; the time spent is left out of the throughput."""
+        t_eval = time.perf_counter()
+        values = self.evaluate()
+        self._window.start += time.perf_counter() - t_eval
+        return values, values.get(BEST_METRIC)
+
     def evaluate(self) -> dict[str, float]:
         """Roll out every target (rank 0); eval scalars by tag, episodes written to eval/step_<n>.json.
 
@@ -366,7 +352,7 @@ class DTTrainer:
 
     def _evaluate(self) -> dict[str, float]:
         config, info = self.config, self.info
-        results = evaluate(
+        results = evaluate_dt(
             self.model,
             self.make_env,  # type: ignore[arg-type]
             self.targets,
@@ -378,24 +364,24 @@ class DTTrainer:
         values: dict[str, float] = {}
         for i, res in enumerate(results):
             label = target_label(res.target)
-            values[f"eval/return_mean{label}"] = float(res.returns.mean())
-            values[f"eval/return_std{label}"] = float(res.returns.std())
-            values[f"eval/ep_length_mean{label}"] = float(res.lengths.mean())
+            values[f"{L.EVAL_RETURN_MEAN}{label}"] = float(res.returns.mean())
+            values[f"{L.EVAL_RETURN_STD}{label}"] = float(res.returns.std())
+            values[f"{L.EVAL_EP_LENGTH_MEAN}{label}"] = float(res.lengths.mean())
             if info.ref_min_score is not None and info.ref_max_score is not None:
                 score = float(np.mean(info.normalized_score(res.returns)))
-                values[f"eval/normalized_score{label}"] = score
+                values[f"{L.EVAL_NORMALIZED_SCORE}{label}"] = score
                 if i == 0:
-                    values["eval/normalized_score"] = score
+                    values[L.EVAL_NORMALIZED_SCORE] = score
             if i == 0:  # the first (highest) target selects best.pt
                 values[BEST_METRIC] = float(res.returns.mean())
-        episodes = [
-            {"target": r.target, "returns": r.returns.tolist(), "lengths": r.lengths.tolist()}
-            for r in results
-        ]
-        assert self.run_dir is not None
-        path = self.run_dir / "eval" / f"step_{self.step}.json"
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(json.dumps({"step": self.step, "episodes": episodes}) + "\n")
+        if self.run_dir is not None:
+            episodes = [
+                {"target": r.target, "returns": r.returns.tolist(), "lengths": r.lengths.tolist()}
+                for r in results
+            ]
+            path = self.run_dir / "eval" / f"step_{self.step}.json"
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(json.dumps({"step": self.step, "episodes": episodes}) + "\n")
         return values
 
     # -- checkpoints ------------------------------------------------------------------------------------------
@@ -439,103 +425,10 @@ class DTTrainer:
                 stacklevel=2,
             )
 
-    def _log_run_summary(self, return_scale: float, max_ep_len: int) -> None:
-        assert self.logger is not None
-        n_params = sum(p.numel() for p in self.model.parameters())
-        summary = {"dataset": self.data.describe(), "return_scale": return_scale, "max_ep_len": max_ep_len}
-        summary |= {"targets": self.targets, "n_parameters": n_params, "world_size": self.dist.world_size}
-        self.logger.log_hparams(
-            self.config, {BEST_METRIC: None, "eval/normalized_score": None, "train/loss": None}
-        )
-        text = json.dumps(to_jsonable(summary, strict=False), indent=2)
-        self.logger.text("run/summary", "```\n" + text + "\n```")
-
-    # -- the loop ---------------------------------------------------------------------------------------------
-    def run(self) -> TrainResult:
-        """Train to ``total_steps``: update, log every ``log_every``, evaluate, checkpoint, stop on Ctrl-C."""
-        config, logger = self.config, self.logger
-        result = TrainResult(self.model, self.run_dir, self.step, False, data_summary=self.data.describe())
-        window = _Window(self.device)
-        bar = self._progress_bar()
-        try:
-            with GracefulInterrupt() as stop:
-                while self.step < config.total_steps:
-                    log_now = (self.step + 1) % config.log_every == 0
-                    terms = self.update(collect_info=log_now)
-                    window.add(terms)
-                    if bar is not None:
-                        bar.update(1)
-                    if log_now:
-                        mean_loss = check_finite(window.mean("loss"), "train/loss", self.step)
-                        if logger is not None:
-                            self._record_train(window, terms)
-                        if bar is not None:
-                            bar.set_postfix(loss=f"{mean_loss:.4f}")
-                        window = _Window(self.device)
-                    final = self.step >= config.total_steps
-                    eval_now = final or (config.eval_every > 0 and self.step % config.eval_every == 0)
-                    stop_now = any_rank(stop.requested, self.dist)
-                    if eval_now or stop_now or self.step % config.save_every == 0:
-                        # saved before evaluating: an evaluation error never loses training
-                        payload = self.checkpoint()  # every rank takes part (RNG gather)
-                        if self.manager is not None and payload is not None:
-                            self.manager.save(payload, self.step)
-                    if eval_now and self.dist.is_main:
-                        t_eval = time.perf_counter()
-                        values = self.evaluate()
-                        window.start += time.perf_counter() - t_eval  # throughput counts updates only
-                        result.evaluations[self.step] = values
-                        if self.manager is not None:
-                            self.manager.update_metric(self.step, values.get(BEST_METRIC))
-                        if logger is not None:
-                            for key, value in values.items():
-                                logger.record(key, value)
-                    if logger is not None and (log_now or eval_now):
-                        logger.dump(self.step)
-                    if stop_now:
-                        result.interrupted = True
-                        break
-        finally:
-            if bar is not None:
-                bar.close()
-            self.close()
-        result.step = self.step
-        return result
-
-    def _record_train(self, window: _Window, last: dict[str, Any]) -> None:
-        logger = self.logger
-        assert logger is not None
-        logger.record("train/loss", window.mean("loss"))
-        logger.record("train/action_loss", window.mean("action_loss"))
-        logger.record("train/grad_norm", window.mean("grad_norm"))
-        logger.record("train/learning_rate", self.scheduler.get_last_lr()[0])
-        logger.record("train/n_updates", self.step)
-        for name in window.aux:
-            logger.record(f"train/aux_{name}", window.mean(name, aux=True))
-        for key, value in last["info"].items():  # backbone diagnostics of the last update
-            if isinstance(value, torch.Tensor) and value.numel() == 1:
-                logger.record(key, float(value))
-            elif isinstance(value, int | float):
-                logger.record(key, value)
-        elapsed = time.perf_counter() - window.start
-        logger.record("time/samples_per_second", window.n * self.config.batch_size / max(elapsed, 1e-9))
-        logger.record("time/time_elapsed", time.perf_counter() - self._t0)
-
-    def _progress_bar(self) -> Any:
-        self._t0 = time.perf_counter()
-        if not (self.dist.is_main and self.config.progress):
-            return None
-        from tqdm.auto import tqdm
-
-        desc = f"{self.config.algo} {_dataset_name(self.config, self.info)}"
-        return tqdm(total=self.config.total_steps, initial=self.step, desc=desc)
-
     def close(self) -> None:
         for env in self.eval_envs:
             env.close()
         self.eval_envs = []
-        if self.logger is not None:
-            self.logger.close()
 
 
 class _Window:
@@ -558,18 +451,49 @@ class _Window:
         return float((self.aux if aux else self.sums)[key]) / max(self.n, 1)
 
 
-def train(config: DTConfig, run_dir: Path | None = None) -> TrainResult:
-    """Train (or resume, ``config.resume``) a Decision Transformer / BC run; see the module docstring."""
-    return DTTrainer(config, run_dir).run()
+def train(
+    config: DTConfig,
+    run_dir: Path | None = None,
+    callback: Callable[[DTTrainer], bool | None] | None = None,
+) -> TrainResult:
+    """Train (or resume, ``config.resume``) a Decision Transformer / BC run (lifecycle:
+    :mod:`rl_transformers.algos.lifecycle`); ``run_dir`` forces the run directory."""
+    resumed = load_resume(config, DTConfig, _merge, REQUIRED_KEYS, "DT")
+    config = resumed.config if resumed is not None else config
+    with session(config.device, config.threads) as (dist, device):
+        trainer = DTTrainer(config, dist, device, resumed)
+        run = None
+        try:
+            run = Run(
+                config,
+                algo=config.algo,
+                name=trainer.name,
+                dist=dist,
+                step=trainer.step,
+                resumed=resumed,
+                run_dir=run_dir,
+                best_metric=BEST_METRIC,
+                hparam_metrics=(BEST_METRIC, L.EVAL_NORMALIZED_SCORE, L.LOSS),
+                headline=HEADLINE,
+                keep_checkpoints=config.keep_checkpoints,
+            )
+            trainer.run_dir = run.dir
+            run.announce(trainer.model, trainer.facts())
+            return trainer.learn(run, callback)
+        finally:
+            if run is not None:
+                run.close()
+            trainer.close()
 
 
 def _env_factory(config: DTConfig, info: Any) -> Callable[[], gym.Env] | None:
-    """The evaluation env: ``config.env_id`` if given, else the dataset's eval / collection env, else None."""
+    """The evaluation env: ``config.env_id`` if given (registered ids and ``rlt/`` tasks, through
+    :func:`~rl_transformers.algos.env_util.make_env_thunk`), else the dataset's eval / collection env, else
+    None."""
     if config.env_id is not None:
-        from envs.resolve import make_env, resolve_env
+        from rl_transformers.algos.env_util import make_env_thunk
 
-        spec = resolve_env(config.env_id, source="--env-id")  # registered ids only (envs.resolve)
-        return lambda: make_env(spec, source="--env-id")
+        return make_env_thunk(config.env_id, source="--env-id")
     if (info.eval_env_spec or info.env_spec) is not None:
         return info.make_env
     return None
@@ -601,6 +525,7 @@ def _check_eval_seeds(episodes: Sequence[Any], config: DTConfig) -> None:
 
 
 def cleanup_distributed() -> None:
-    """Destroy the default process group if this process created one."""
+    """Destroy the default process group if this process created one (:func:`train` already does; kept for
+    old callers)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
+from rl_transformers.algos.run_config import SHARED_RESUME_MUTABLE, RunConfig
 from rl_transformers.backbone import BackboneConfig
 from rl_transformers.backbone.options import (
     check_choice,
@@ -20,13 +21,20 @@ from rl_transformers.backbone.options import (
     check_probability,
 )
 from rl_transformers.policies.decision_transformer import Padding, dt_backbone_config
-from rl_transformers.utils.checks import check_aux_weights, check_device, flag
+from rl_transformers.utils.checks import check_aux_weights, flag
 from rl_transformers.utils.errors import UserError
 
 
 @dataclass(frozen=True)
-class DTConfig:
-    """Everything a Decision Transformer / BC run needs (one CLI flag per field in ``scripts/train_dt.py``)."""
+class DTConfig(RunConfig):
+    """Everything a Decision Transformer / BC run needs (one CLI flag per field in ``scripts/train_dt.py``;
+    shared run flags: :class:`RunConfig`)."""
+
+    RENAMED_FIELDS: ClassVar[dict[str, str]] = {
+        "runs_dir": "run_root",
+        "log_stdout": "verbose",
+        "aux_loss_weights": "aux_weights",
+    }
 
     dataset: str = ""
     """Minari dataset id (local, never downloaded), Minari dataset directory, or D4RL-format .hdf5 file."""
@@ -67,8 +75,10 @@ class DTConfig:
     """Linear learning-rate warm-up (lr · min((step + 1) / warmup, 1))."""
     max_grad_norm: float = 0.25
     """Gradient-norm clipping threshold."""
-    aux_loss_weights: dict[str, float] = field(default_factory=dict)
-    """Weights of backbone aux losses by name (unlisted ones weigh 1)."""
+    aux_coef: float = 1.0
+    """Default weight of backbone aux losses (ACT ponder cost, routing commitment, ...)."""
+    aux_weights: dict[str, float] = field(default_factory=dict)
+    """Per-name aux-loss weights overriding aux_coef."""
     target_returns: tuple[float, ...] | None = None
     """Evaluation targets (raw returns), highest first; None: the dataset's max and median episode return."""
     eval_every: int = 10_000
@@ -85,31 +95,18 @@ class DTConfig:
     """Updates between checkpoints (also at every evaluation, at the end and on Ctrl-C)."""
     keep_checkpoints: int = 2
     """step_<n>.pt files kept besides last.pt / best.pt."""
-    seed: int = 0
-    """Seed of weights, sampling and dropout."""
-    device: str = "auto"
-    """auto (cuda if available), cpu, cuda, cuda:1 ..."""
-    threads: int | None = None
-    """torch CPU threads (None: leave torch's default)."""
-    runs_dir: Path = Path("runs")
-    """Root of run directories: <runs_dir>/<algo>/<dataset>/<YYYYmmdd-HHMMSS>-s<seed>/."""
-    resume: Path | None = None
-    """Run directory or checkpoint to continue. Flags default to the saved config; of those given, the ones in
-    RESUME_MUTABLE (budget, evaluation, targets, saving, logging, device, threads) apply, any other that
-    differs from the saved value is refused (rl_transformers/utils/resume.py)."""
-    progress: bool = True
-    """Show a progress bar."""
-    log_stdout: bool = False
-    """Print the logger's table at every log step."""
+
+    def aux_weight(self, name: str) -> float:
+        return self.aux_weights.get(name, self.aux_coef)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         positive = ("context_len", "total_steps", "batch_size", "log_every", "save_every", "eval_envs")
         for name in positive:
             check_int(f"DTConfig.{name} ({flag(name)})", getattr(self, name), 1)
         for name in ("warmup_steps", "eval_every", "eval_episodes", "keep_checkpoints"):
             check_int(f"DTConfig.{name} ({flag(name)})", getattr(self, name), 0)
         check_int("max_ep_len (--max-ep-len)", self.max_ep_len, 1, optional=True)
-        check_int("threads (--threads)", self.threads, 1, optional=True)
         check_choice("algo", self.algo, ("dt", "bc"))
         check_choice("padding", self.padding, Padding)
         check_number(
@@ -129,13 +126,14 @@ class DTConfig:
                 raise UserError("target_returns (--target-returns) must list at least one return, or be None")
             for target in self.target_returns:
                 check_number("target_returns (--target-returns)", target)
-        check_device(self.device)
-        check_aux_weights(self.aux_loss_weights, self.backbone.aux_loss_names, "--aux-loss-weights")
+        check_number("aux_coef (--aux-coef)", self.aux_coef, low=0.0)
+        check_aux_weights(self.aux_weights, self.backbone.aux_loss_names, "--aux-weights")
         if not self.backbone.causal:
             raise ValueError("the Decision Transformer needs backbone.causal=True")
 
 
 RESUME_MUTABLE = (
+    *SHARED_RESUME_MUTABLE,
     "total_steps",
     "target_returns",
     "eval_every",
@@ -145,10 +143,6 @@ RESUME_MUTABLE = (
     "log_every",
     "save_every",
     "keep_checkpoints",
-    "progress",
-    "log_stdout",
-    "device",
-    "threads",
 )
 """Fields a ``--resume`` may change; any other field that differs from the saved value is refused. The
 learning rate needs no re-anchoring: after the warm-up it is constant, so a larger budget continues it."""

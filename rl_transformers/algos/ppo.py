@@ -32,7 +32,7 @@ import sys
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,60 +43,53 @@ from rl_transformers import logging as rlt_logging
 from rl_transformers.algos.distributed import (
     DistContext,
     allreduce_gradients,
-    allreduce_max,
     allreduce_sum,
     broadcast_parameters,
-    launched_context,
     resolve_device,
-    setup_distributed,
-    shutdown,
 )
+from rl_transformers.algos.env_util import check_same_step, make_vec_env
+from rl_transformers.algos.evaluation import evaluate_policy
+from rl_transformers.algos.lifecycle import Run, RunOutcome, load_resume, run_dir_of, session
 from rl_transformers.algos.ppo_checkpoint import (  # RESUME_BLOB, load_policy: re-exported
     RESUME_BLOB,  # noqa: F401
     checkpoint_state,
-    load_policy,  # noqa: F401
+    load_policy,
     restore_checkpoint,
-    run_dir_of,
 )
 from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig, resume_config
-from rl_transformers.algos.rollout import (
-    RolloutStorage,
-    SequenceBatch,
-    check_same_step,
-    collect_rollout,
-    evaluate_policy,
-    make_vec_env,
-    reset_loop,
-)
+from rl_transformers.algos.rollout import RolloutStorage, SequenceBatch, collect_rollout, reset_loop
 from rl_transformers.logging import Logger
 from rl_transformers.policies.gtrxl import ActorCritic, ContextCore, make_policy
 from rl_transformers.utils import (
-    CheckpointManager,
-    GracefulInterrupt,
     NonFiniteError,
     available_cores,
     capture_rng_state,
-    latest_checkpoint,
     linear_schedule,
-    load_checkpoint,
-    make_run_dir,
     restore_rng_state,
-    save_config,
     seed_everything,
     set_threads,
 )
-from rl_transformers.utils.errors import UserError
-from rl_transformers.utils.resume import saved_config
+
+__all__ = ["PPOTrainer", "TrainResult", "load_policy", "ppo_loss", "run_dir_of", "train"]
+
+HEADLINE = (rlt_logging.EP_REW_MEAN, rlt_logging.EP_LEN_MEAN, rlt_logging.EVAL_MEAN_REWARD)
+"""Tags of the final summary (their last logged values)."""
 
 
 @dataclass
-class TrainResult:
-    run_dir: Path | None
-    global_step: int
-    episode_returns: list[float]
-    """Returns of the last (up to 100) training episodes."""
-    stopped_early: bool = False
-    """True when Ctrl-C (or a callback) stopped the run."""
+class TrainResult(RunOutcome):
+    """A PPO run's outcome (``step``: environment steps)."""
+
+    episode_returns: list[float] = field(default_factory=list)
+    """Returns of the last (up to 100) training episodes (their mean is the last rollout/ep_rew_mean)."""
+
+    @property
+    def global_step(self) -> int:
+        return self.step
+
+    @property
+    def stopped_early(self) -> bool:
+        return self.interrupted
 
 
 # -- the loss -----------------------------------------------------------------------------------------------
@@ -346,108 +339,80 @@ class PPOTrainer:
         restore_checkpoint(self, ckpt, source)
 
     # -- the loop -------------------------------------------------------------------------------------------
-    def learn(
-        self,
-        logger: Logger | None = None,
-        checkpoints: CheckpointManager | None = None,
-        callback: Callable[[PPOTrainer], bool | None] | None = None,
-    ) -> TrainResult:
-        """Run updates until total_timesteps. ``callback(trainer)`` after each update; False stops the run."""
-        cfg, ppo = self.cfg, self.cfg.ppo
-        main = self.dist.is_main
-        start_time, start_step = time.perf_counter(), self.global_step
-        last_saved = self.global_step if self.update > 0 else -1
-        pbar = None
-        if cfg.progress and main:
-            from tqdm import tqdm
+    def learn(self, run: Run, callback: Callable[[PPOTrainer], bool | None] | None = None) -> TrainResult:
+        """Run updates until total_timesteps. ``callback(trainer)`` after each update; False stops the run.
 
-            pbar = tqdm(
-                total=self.num_updates * self.batch_size,
-                initial=self.global_step,
-                unit="step",
-                dynamic_ncols=True,
-            )
-        stopped = False
-        try:
-            with GracefulInterrupt(message=main) as interrupt:
-                while self.update < self.num_updates:
-                    lr = self.learning_rate()
-                    for group in self.optimizer.param_groups:
-                        group["lr"] = lr
-                    self.loop, episodes = collect_rollout(
-                        self.policy,
-                        self.envs,
-                        self.storage,
-                        self.loop,
-                        ppo.gamma,
-                        ppo.gae_lambda,
-                        env_id=cfg.env_id,
-                        global_step=self.global_step,
-                    )
-                    for ret, length in episodes:
-                        self.episode_returns.append(ret)
-                        self.episode_lengths.append(length)
-                    collect_info = ppo.info_every > 0 and self.update % ppo.info_every == 0
-                    metrics = self.train_epochs(collect_info=collect_info and logger is not None)
-                    self._update_obs_norm()
-                    self.update += 1
-                    self.global_step += self.batch_size
-                    fps = (self.global_step - start_step) / max(time.perf_counter() - start_time, 1e-9)
-                    if logger is not None:
-                        self._record(logger, metrics, lr, fps)
-                    eval_due = bool(cfg.eval_every) and _crossed(
-                        self.global_step, self.batch_size, cfg.eval_every
-                    )
-                    save_due = cfg.save_every and _crossed(self.global_step, self.batch_size, cfg.save_every)
-                    if checkpoints is not None and (save_due or eval_due):
-                        # saved *before* evaluating (an evaluation error loses no training); every evaluation
-                        # saves, so best.pt is the evaluated model (as the DT trainer does)
-                        self._save(checkpoints)
-                        last_saved = self.global_step
-                    if eval_due and main:
-                        rets, lens = self.evaluate(cfg.eval_episodes)
-                        if logger is not None:
-                            logger.record(rlt_logging.EVAL_MEAN_REWARD, float(rets.mean()))
-                            logger.record(rlt_logging.EVAL_MEAN_EP_LENGTH, float(lens.mean()))
-                        if checkpoints is not None:
-                            checkpoints.update_metric(self.global_step, float(rets.mean()))
-                    if logger is not None:
-                        logger.dump(self.global_step)
-                    if pbar is not None:
-                        recent = f"{np.mean(self.episode_returns):.3g}" if self.episode_returns else "n/a"
-                        pbar.set_postfix(fps=f"{fps:.0f}", ret=recent, refresh=False)
-                        pbar.update(self.batch_size)
-                    if callback is not None and callback(self) is False:
-                        stopped = True
-                    if allreduce_max(float(interrupt.requested), self.dist) > 0:
-                        stopped = True
-                    if stopped:
-                        break
-            if checkpoints is not None and last_saved != self.global_step:
-                self._save(checkpoints)
-        except NonFiniteError as err:
-            where = (
-                checkpoints.last_path if checkpoints is not None and checkpoints.last_path.exists() else None
-            )
-            message = f"stopping: {err}. " + (
-                f"The last good checkpoint is {where}." if where else "No checkpoint was written."
-            )
-            if main:
-                print(message, file=sys.stderr)
+        Each update, cleanrl's phases: anneal the learning rate, collect a rollout, train the epochs, log, then
+        checkpoint and evaluate when due (:meth:`Run.end_iteration`: saved before evaluating)."""
+        cfg, ppo, logger = self.cfg, self.cfg.ppo, run.logger
+        start_time, start_step = time.perf_counter(), self.global_step
+        run.progress_bar(self.num_updates * self.batch_size, self.global_step, unit="step")
+        with run.loop():
+            while self.update < self.num_updates:
+                # 1. learning rate
+                lr = self.learning_rate()
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+                # 2. rollout
+                self.loop, episodes = collect_rollout(
+                    self.policy,
+                    self.envs,
+                    self.storage,
+                    self.loop,
+                    ppo.gamma,
+                    ppo.gae_lambda,
+                    env_id=cfg.env_id,
+                    global_step=self.global_step,
+                )
+                for ret, length in episodes:
+                    self.episode_returns.append(ret)
+                    self.episode_lengths.append(length)
+                # 3. optimise
+                collect_info = ppo.info_every > 0 and self.update % ppo.info_every == 0
+                metrics = self.train_epochs(collect_info=collect_info and logger is not None)
+                self._update_obs_norm()
+                self.update += 1
+                self.global_step += self.batch_size
+                # 4. log
+                fps = (self.global_step - start_step) / max(time.perf_counter() - start_time, 1e-9)
                 if logger is not None:
-                    logger.text("errors", message, step=self.global_step)
-            raise
-        finally:
-            if pbar is not None:
-                pbar.close()
-        if stopped and main and checkpoints is not None:
-            print(f"stopped at step {self.global_step}; checkpoint {checkpoints.last_path}", file=sys.stderr)
+                    self._record(logger, metrics, lr, fps)
+                # 5. checkpoint, then evaluate, when due; write the log row
+                eval_due = bool(cfg.eval_every) and _crossed(
+                    self.global_step, self.batch_size, cfg.eval_every
+                )
+                save_due = bool(cfg.save_every) and _crossed(
+                    self.global_step, self.batch_size, cfg.save_every
+                )
+                run.end_iteration(
+                    self.global_step,
+                    self._payload,
+                    save=save_due,
+                    evaluate=self._evaluation if eval_due else None,
+                )
+                recent = f"{np.mean(self.episode_returns):.3g}" if self.episode_returns else "n/a"
+                run.advance(self.batch_size, fps=f"{fps:.0f}", ret=recent)
+                if run.should_stop(callback is not None and callback(self) is False):
+                    break
         return TrainResult(
-            run_dir=checkpoints.directory.parent if checkpoints is not None else None,
-            global_step=self.global_step,
+            algo="ppo",
+            run_dir=run.dir,
+            step=self.global_step,
+            interrupted=run.interrupted,
+            metrics=run.finish(self.global_step, self._payload),
+            evaluations=run.evaluations,
             episode_returns=list(self.episode_returns),
-            stopped_early=stopped,
         )
+
+    def _payload(self) -> dict[str, Any] | None:
+        """The checkpoint payload on rank 0 (other ranks save nothing)."""
+        return self.checkpoint_state() if self.dist.is_main else None
+
+    def _evaluation(self) -> tuple[dict[str, float], float]:
+        """Greedy evaluation: logged scalars and the value that ranks best.pt."""
+        rets, lens = self.evaluate(self.cfg.eval_episodes)
+        mean = float(rets.mean())
+        return {rlt_logging.EVAL_MEAN_REWARD: mean, rlt_logging.EVAL_MEAN_EP_LENGTH: float(lens.mean())}, mean
 
     def _update_obs_norm(self) -> None:
         """Merge this rollout's observations into the policy's normaliser (after the epochs, so the update
@@ -461,12 +426,6 @@ class PPOTrainer:
         norm.update_from_moments(
             flat[0], flat[1 : 1 + size].view_as(total), flat[1 + size :].view_as(total_sq)
         )
-
-    def _save(self, checkpoints: CheckpointManager) -> None:
-        """Checkpoint this step (its evaluation, if any, is attached afterwards by ``update_metric``)."""
-        if not self.dist.is_main:
-            return
-        checkpoints.save(self.checkpoint_state(), self.global_step)
 
     def close(self) -> None:
         self.envs.close()
@@ -492,49 +451,49 @@ def train(
     run_dir: Path | None = None,
     callback: Callable[[PPOTrainer], bool | None] | None = None,
 ) -> TrainResult:
-    """Build (or resume) a run, train it, close it. Only rank 0 writes the run directory.
+    """Build (or resume) a run, train it, close it (:mod:`rl_transformers.algos.lifecycle`). Only rank 0 writes
+    the run directory.
 
     With ``cfg.resume`` the saved config is merged with ``cfg`` by :func:`resume_config` (changed frozen
     fields are refused; see :mod:`rl_transformers.utils.resume`)."""
-    ckpt = None
-    source: Path | None = None
-    if cfg.resume is not None:
-        source = latest_checkpoint(cfg.resume)
-        if source is None:
-            raise UserError(f"--resume {cfg.resume}: no checkpoint (last.pt / step_<n>.pt) found there")
-        ckpt = load_checkpoint(source)
-        cfg = resume_config(saved_config(TrainConfig, ckpt, source), cfg, source=cfg.resume)
-        run_dir = run_dir_of(Path(cfg.resume))
-    set_threads(cfg.threads or max(1, available_cores() // launched_context().local_world_size))
-    dist, device = setup_distributed(cfg.device)
-    trainer = PPOTrainer(cfg, dist, device)
-    if ckpt is not None:
-        trainer.load_checkpoint_state(ckpt, source or "checkpoint")
-        if trainer.update >= trainer.num_updates and dist.is_main:
-            print(
-                f"resume: the run is already at step {trainer.global_step} >= --total-timesteps "
-                f"{cfg.total_timesteps}; nothing to train (raise --total-timesteps to continue)",
-                file=sys.stderr,
+    resumed = load_resume(cfg, TrainConfig, lambda saved, given, src: resume_config(saved, given, str(src)))
+    cfg = resumed.config if resumed is not None else cfg
+    with session(cfg.device, cfg.threads) as (dist, device):
+        trainer = PPOTrainer(cfg, dist, device)
+        run = None
+        try:
+            if resumed is not None:
+                trainer.load_checkpoint_state(resumed.checkpoint, resumed.source)
+                if trainer.update >= trainer.num_updates and dist.is_main:
+                    print(
+                        f"resume: the run is already at step {trainer.global_step} >= --total-timesteps "
+                        f"{cfg.total_timesteps}; nothing to train (raise --total-timesteps to continue)",
+                        file=sys.stderr,
+                    )
+            run = Run(
+                cfg,
+                algo="ppo",
+                name=cfg.env_id,
+                dist=dist,
+                step=trainer.global_step,
+                resumed=resumed,
+                run_dir=run_dir,
+                best_metric=rlt_logging.EVAL_MEAN_REWARD if cfg.eval_every else None,
+                hparam_metrics=(rlt_logging.EP_REW_MEAN, rlt_logging.EVAL_MEAN_REWARD),
+                headline=HEADLINE,
+                keep_checkpoints=cfg.keep_checkpoints,
             )
-    logger = checkpoints = None
-    try:
-        if dist.is_main:
-            if run_dir is None:
-                run_dir = make_run_dir(cfg.run_root, algo="ppo", name=cfg.env_id, seed=cfg.seed)
-            run_dir = Path(run_dir)
-            purge = trainer.global_step + 1 if ckpt is not None else None
-            logger = Logger(run_dir, stdout=cfg.verbose, purge_step=purge)
-            if ckpt is None:
-                save_config(run_dir, cfg)
-                logger.log_hparams(cfg, {rlt_logging.EP_REW_MEAN: None, rlt_logging.EVAL_MEAN_REWARD: None})
-            metric = rlt_logging.EVAL_MEAN_REWARD if cfg.eval_every else None
-            checkpoints = CheckpointManager(run_dir, keep_last=cfg.keep_checkpoints, metric=metric)
-        return trainer.learn(logger, checkpoints, callback)
-    finally:
-        if logger is not None:
-            logger.close()
-        trainer.close()
-        shutdown(dist)
+            facts = {
+                "batch_size": trainer.batch_size,
+                "num_updates": trainer.num_updates,
+                "device": str(device),
+            }
+            run.announce(trainer.policy, facts)
+            return trainer.learn(run, callback)
+        finally:
+            if run is not None:
+                run.close()
+            trainer.close()
 
 
 # -- loading and measuring ----------------------------------------------------------------------------------

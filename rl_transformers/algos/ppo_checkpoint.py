@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import torch
 
+from rl_transformers.algos.lifecycle import run_dir_of  # noqa: F401  (re-exported)
 from rl_transformers.algos.ppo_config import TrainConfig
 from rl_transformers.algos.rollout import LoopState, reset_loop
 from rl_transformers.policies.encoders import tree_map
@@ -160,13 +161,6 @@ def _restore_envs(tr: PPOTrainer, ckpt: dict[str, Any], source: str | Path) -> b
     return True
 
 
-def run_dir_of(checkpoint: Path) -> Path:
-    """The run directory a checkpoint file (``<run>/checkpoints/x.pt``) or run directory belongs to."""
-    if checkpoint.is_file():
-        return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
-    return checkpoint.parent if checkpoint.name == "checkpoints" else checkpoint
-
-
 def describe_spaces(obs: gym.Space, act: gym.Space) -> dict[str, str]:
     return {"observation": str(obs), "action": str(act)}
 
@@ -211,7 +205,7 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu") -> tuple[A
         raise UserError(
             f"checkpoint {source} has no 'policy' weights: not a PPO checkpoint of rl_transformers"
         )
-    from rl_transformers.algos.rollout import make_env_thunk
+    from rl_transformers.algos.env_util import make_env_thunk
 
     env = make_env_thunk(cfg.env_id, cfg.env_kwargs)()
     obs_space, act_space = env.observation_space, env.action_space

@@ -12,9 +12,10 @@ from typing import Annotated, Literal
 
 import tyro
 
+from rl_transformers.algos.run_config import SHARED_RESUME_MUTABLE, RunConfig
 from rl_transformers.backbone.options import check_choice, check_int, check_number, check_positive
 from rl_transformers.policies.gtrxl import PolicyConfig
-from rl_transformers.utils.checks import check_aux_weights, check_device, check_divides, flag
+from rl_transformers.utils.checks import check_aux_weights, check_divides, flag
 from rl_transformers.utils.cli import JsonDict
 from rl_transformers.utils.errors import UserError
 
@@ -87,8 +88,9 @@ class PPOConfig:
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """A PPO run: environment, policy, algorithm and bookkeeping."""
+class TrainConfig(RunConfig):
+    """A PPO run: environment, policy, algorithm and bookkeeping (shared run flags: :class:`RunConfig`; the env
+    of rank r, env i is seeded with seed + r * num_envs + i)."""
 
     env_id: str = DEFAULT_ENV
     """Gymnasium id (``module:Env-v0`` imports the module first; ``rlt/...`` ids are the memory tasks)."""
@@ -99,52 +101,34 @@ class TrainConfig:
     (x ranks) steps: 200,000 with 32 x 64 runs 97 updates = 198,656 steps."""
     num_envs: int = 32
     """Parallel envs per process (more envs amortise the per-step cost of the policy forward)."""
-    seed: int = 1
-    """Seed of torch / NumPy / Python and of the envs (env i of rank r: seed + r * num_envs + i)."""
     policy: Annotated[PolicyConfig, tyro.conf.arg(name="")] = field(default_factory=PolicyConfig)
     """Policy (--policy transformer|lstm|gru|mlp, --backbone.*)."""
     ppo: PPOConfig = field(default_factory=PPOConfig)
     """PPO hyper-parameters."""
     vectorization: Literal["sync", "async"] = "sync"
     """Vector env: sync (one process; exact resume) or async (one subprocess per env)."""
-    device: str = "auto"
-    """torch device (auto: cuda if available, else cpu)."""
-    threads: int | None = 1
-    """torch intra-op CPU threads per process. 1 (default) is fastest for small models, whose time goes into
-    per-op overhead; None = available cores / processes on this node."""
     torch_deterministic: bool = False
     """Ask torch for deterministic kernels (GPU)."""
-    run_root: str = "runs"
-    """Root of run directories: <run_root>/ppo/<env>/<YYYYmmdd-HHMMSS>-s<seed>/."""
-    resume: str | None = None
-    """Checkpoint file or run directory to resume. Flags default to the saved config; of those given, the
-    ones in RESUME_MUTABLE (budget, evaluation, saving, logging, device, threads) apply, any other that
-    differs from the saved value is refused (rl_transformers/utils/resume.py)."""
     trust_checkpoint: bool = False
     """With --resume: unpickle the saved environments even when they are not signed by this user's key
     (only for files you trust: unpickling can run code). Without it such a run resumes with fresh episodes.
     Never read from a saved config (rl_transformers/utils/trust.py)."""
-    eval_every: int = 0
-    """Evaluate every N env steps (0: never); eval/mean_reward selects best.pt."""
+    eval_every: int = 25_000
+    """Greedy evaluation every N env steps (0: never); eval/mean_reward selects best.pt."""
     eval_episodes: int = 16
-    """Episodes per evaluation."""
+    """Episodes per evaluation (deterministic actions, fresh seeds per evaluation)."""
     save_every: int = 0
     """Checkpoint every N env steps (0: only at the end and on Ctrl-C)."""
     keep_checkpoints: int = 3
     """step_<n>.pt files kept (last.pt / best.pt always)."""
-    progress: bool = True
-    """tqdm progress bar with fps and recent return."""
-    verbose: bool = False
-    """Also print the logger's table at every update."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for name in ("num_envs", "total_timesteps", "eval_episodes"):
             check_int(f"{name} ({flag(name)})", getattr(self, name), 1)
         for name in ("eval_every", "save_every", "keep_checkpoints"):
             check_int(f"{name} ({flag(name)})", getattr(self, name), 0)
-        check_int("threads (--threads)", self.threads, 1, optional=True)
         check_choice("vectorization", self.vectorization, ("sync", "async"))
-        check_device(self.device)
         ppo = self.ppo
         n_sequences = self.num_envs * ppo.num_steps // ppo.seq_len
         check_divides(
@@ -167,16 +151,13 @@ class TrainConfig:
 
 
 RESUME_MUTABLE = (
+    *SHARED_RESUME_MUTABLE,
     "total_timesteps",
     "eval_every",
     "eval_episodes",
     "save_every",
     "keep_checkpoints",
-    "progress",
-    "verbose",
     "ppo.info_every",
-    "device",
-    "threads",
     "vectorization",
     "torch_deterministic",
 )

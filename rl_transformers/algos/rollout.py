@@ -1,4 +1,5 @@
-"""Rollout storage for memory policies, GAE(λ), vector-env helpers and the rollout loop.
+"""Rollout storage for memory policies, GAE(λ) and the rollout loop (env construction: :mod:`~rl_transformers.algos.env_util`;
+evaluation: :mod:`~rl_transformers.algos.evaluation`).
 
 Storage layout. A rollout is ``num_steps`` steps of ``num_envs`` envs, (T, N, ...). It is cut into training
 sequences of ``seq_len`` = W steps on a fixed grid (steps [gW, (g+1)W) of env e form sequence s = g·N + e), and
@@ -21,9 +22,7 @@ with the pre-reset policy state to bootstrap truncations.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,10 +30,16 @@ import gymnasium as gym
 import numpy as np
 import torch
 from gymnasium import spaces
-from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import concatenate, create_empty_array
 from torch import Tensor
 
+from rl_transformers.algos.env_util import (  # re-exported: env construction moved there
+    check_same_step,  # noqa: F401
+    make_env_thunk,  # noqa: F401
+    make_vec_env,  # noqa: F401
+    register_rlt_envs,  # noqa: F401
+    video_unavailable,  # noqa: F401
+)
 from rl_transformers.backbone.state import State, cat_rows
 from rl_transformers.policies.encoders import Obs, obs_to_tensor, tree_map
 from rl_transformers.policies.gtrxl import ActorCritic
@@ -281,74 +286,7 @@ class RolloutStorage:
             )
 
 
-# -- vector envs ----------------------------------------------------------------------------------------------
-def register_rlt_envs() -> None:
-    """Register the ``rlt/`` tasks of the ``envs`` package."""
-    module = importlib.import_module("envs")
-    if not hasattr(module, "register_all"):
-        # An editable install made before envs/__init__.py existed resolves ``envs`` to a bare namespace
-        # package (its __init__ never runs); register through the registry module directly.
-        importlib.import_module("envs.registry").register_all()
-
-
-def make_env_thunk(
-    env_id: str,
-    env_kwargs: dict[str, Any] | None = None,
-    render_mode: str | None = None,
-    allow_env_modules: Sequence[str] = (),
-    source: str = "--env-id",
-) -> Callable[[], gym.Env]:
-    """A picklable constructor for ``gym.make(env_id, **env_kwargs)``.
-
-    The id is resolved now by :func:`envs.resolve.resolve_env` (registered ids only; a ``module:`` prefix
-    only for allowed modules; clear errors with the closest ids) and ``env_kwargs`` are checked against the
-    constructor, so a bad id or keyword fails here, in the calling process, not inside a vector-env worker.
-    """
-    from envs.resolve import check_env_kwargs, make_resolved, resolve_env
-
-    spec = resolve_env(env_id, source=source, allow_modules=allow_env_modules)
-    kwargs = dict(env_kwargs or {})
-    check_env_kwargs(spec, kwargs, source=f"the env kwargs of {env_id!r}")
-    if render_mode is not None:
-        kwargs["render_mode"] = render_mode
-
-    def thunk() -> gym.Env:
-        return make_resolved(spec, source=f"the env kwargs of {env_id!r}", **kwargs)
-
-    return thunk
-
-
-def make_vec_env(
-    env_id: str,
-    num_envs: int,
-    env_kwargs: dict[str, Any] | None = None,
-    vectorization: str = "sync",
-    allow_env_modules: Sequence[str] = (),
-) -> gym.vector.VectorEnv:
-    """``num_envs`` copies of the env in a Sync/AsyncVectorEnv with ``SAME_STEP`` autoreset.
-
-    ``env_id`` goes through :func:`envs.resolve.resolve_env` (``allow_env_modules``: the
-    ``--allow-env-modules`` flag); see :func:`make_env_thunk`."""
-    if num_envs < 1:
-        raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-    thunk = make_env_thunk(env_id, env_kwargs, allow_env_modules=allow_env_modules)
-    fns = [thunk] * num_envs
-    if vectorization == "sync":
-        return gym.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
-    if vectorization == "async":
-        return gym.vector.AsyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
-    raise ValueError(f"vectorization={vectorization!r} is not one of ['async', 'sync']")
-
-
-def check_same_step(envs: gym.vector.VectorEnv) -> None:
-    mode = envs.metadata.get("autoreset_mode")
-    if mode != AutoresetMode.SAME_STEP:
-        raise ValueError(
-            f"vector env autoreset_mode={mode!r}; the rollout needs AutoresetMode.SAME_STEP "
-            "(final observations in info['final_obs']); build it with make_vec_env"
-        )
-
-
+# -- vector envs: built by rl_transformers.algos.env_util (names re-exported above) ------------------------
 def final_observations(info: dict[str, Any], space: spaces.Space, done_idx: np.ndarray) -> Any:
     """Batch the final observations of envs ``done_idx`` from a SAME_STEP ``info``."""
     items = [info["final_obs"][i] for i in done_idx]
@@ -490,90 +428,11 @@ def _check_env_output(obs: Any, reward: np.ndarray, env_id: str | None, step: in
     raise NonFiniteError(name, global_step + step * n, detail)
 
 
-# -- evaluation -----------------------------------------------------------------------------------------------
-def video_unavailable(
-    env_id: str, env_kwargs: dict[str, Any] | None = None, allow_env_modules: Sequence[str] = ()
-) -> str | None:
-    """Why episodes of ``env_id`` cannot be recorded as video (None when they can)."""
-    if importlib.util.find_spec("moviepy") is None:
-        return "moviepy is not installed (pip install moviepy) - gymnasium's RecordVideo needs it"
-    env = make_env_thunk(env_id, env_kwargs, allow_env_modules=allow_env_modules)()
-    modes = list(env.metadata.get("render_modes", []))
-    env.close()
-    if "rgb_array" not in modes:
-        return f"{env_id} does not render rgb_array frames (render_modes={modes})"
-    return None
+def __getattr__(name: str) -> Any:
+    """``evaluate_policy`` moved to :mod:`rl_transformers.algos.evaluation` (imported lazily: it imports this
+    module)."""
+    if name == "evaluate_policy":
+        from rl_transformers.algos.evaluation import evaluate_policy
 
-
-def evaluate_policy(
-    policy: ActorCritic,
-    env_id: str,
-    env_kwargs: dict[str, Any] | None,
-    n_episodes: int,
-    seed: int,
-    seq_len: int,
-    deterministic: bool = True,
-    device: torch.device | str = "cpu",
-    num_envs: int | None = None,
-    video_dir: str | None = None,
-    allow_env_modules: Sequence[str] = (),
-) -> tuple[np.ndarray, np.ndarray]:
-    """Undiscounted returns and lengths of ``n_episodes`` episodes (each env runs its share, so short episodes
-    are not over-represented). ``seq_len``: the training window (context cores are trimmed on that grid).
-    ``video_dir``: record every episode with ``gymnasium.wrappers.RecordVideo`` (one env; see
-    :func:`video_unavailable`). The env id is resolved by :func:`envs.resolve.resolve_env`
-    (``allow_env_modules``: the ``--allow-env-modules`` flag)."""
-    if video_dir is not None:
-        reason = video_unavailable(env_id, env_kwargs, allow_env_modules)
-        if reason is not None:
-            raise RuntimeError(f"cannot record video: {reason}")
-        base = make_env_thunk(
-            env_id, env_kwargs, render_mode="rgb_array", allow_env_modules=allow_env_modules
-        )
-
-        def thunk() -> gym.Env:
-            return gym.wrappers.RecordVideo(
-                base(), video_dir, episode_trigger=lambda _: True, disable_logger=True
-            )
-
-        envs: gym.vector.VectorEnv = gym.vector.SyncVectorEnv([thunk], autoreset_mode=AutoresetMode.SAME_STEP)
-    else:
-        envs = make_vec_env(
-            env_id, num_envs or min(n_episodes, 8), env_kwargs, allow_env_modules=allow_env_modules
-        )
-    n = envs.num_envs
-    targets = np.array([n_episodes // n + (1 if i < n_episodes % n else 0) for i in range(n)])
-    counts = np.zeros(n, dtype=np.int64)
-    returns: list[float] = []
-    lengths: list[int] = []
-    was_training = policy.training
-    policy.eval()
-    try:
-        loop = reset_loop(envs, policy, seed, device)
-        obs, starts, state = loop.obs, loop.episode_start, loop.policy_state
-        ep_return, ep_length = loop.ep_return, loop.ep_length
-        step = 0
-        while (counts < targets).any():
-            with torch.inference_mode():
-                if step % seq_len == 0:
-                    state = policy.segment_start(state)
-                out = policy.act(obs, state, starts, deterministic=deterministic)
-            next_obs, reward, terminated, truncated, _ = envs.step(policy.to_env(out.action))
-            done = terminated | truncated
-            ep_return += reward
-            ep_length += 1
-            for i in np.flatnonzero(done):
-                if counts[i] < targets[i]:
-                    returns.append(float(ep_return[i]))
-                    lengths.append(int(ep_length[i]))
-                    counts[i] += 1
-            ep_return[done] = 0.0
-            ep_length[done] = 0
-            obs = obs_to_tensor(next_obs, envs.single_observation_space, device)
-            starts = torch.as_tensor(done, device=device)
-            state = out.state
-            step += 1
-    finally:
-        envs.close()
-        policy.train(was_training)
-    return np.asarray(returns), np.asarray(lengths)
+        return evaluate_policy
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -50,4 +50,4 @@ def test_percent_bc_keeps_only_the_best_episodes(dataset: Path, tmp_path: Path) 
 
 
 def _small(tmp_path: Path) -> dict:
-    return {"runs_dir": tmp_path, "total_steps": 1, "eval_episodes": 0, "progress": False, "batch_size": 4}
+    return {"run_root": tmp_path, "total_steps": 1, "eval_episodes": 0, "progress": False, "batch_size": 4}

@@ -97,8 +97,9 @@ def tiny_config(dataset: Path, tmp_path: Path, **overrides) -> DTConfig:
         eval_envs=1,
         save_every=100,
         keep_checkpoints=10,
-        runs_dir=tmp_path / "runs",
+        run_root=tmp_path / "runs",
         progress=False,
+        seed=0,
     )
     base.update(overrides)
     return DTConfig(**base)

@@ -67,7 +67,7 @@ def dt_run(runs_root: Path, dt_dataset: Path):
         eval_episodes=3,
         eval_envs=2,
         target_returns=(40.0, 10.0),
-        runs_dir=runs_root,
+        run_root=runs_root,
         progress=False,
     )
     return train_dt(cfg)

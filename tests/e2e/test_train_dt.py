@@ -60,10 +60,10 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_cli_run_layout_tags_and_resume(dataset: Path, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     common = ["--log-every", "2", "--eval-every", "3", "--eval-episodes", "1", "--target-returns", "40", "10"]
-    proc = run_script("--dataset", str(dataset), "--total-steps", "6", "--runs-dir", str(runs), *TINY, *common,
+    proc = run_script("--dataset", str(dataset), "--total-steps", "6", "--run-root", str(runs), *TINY, *common,
                       "--backbone.position", "rope", "--backbone.attention-options", '{"max_cache": 6}')  # fmt: skip
     run_dir = Path(summary(proc)["run_dir"])
-    assert run_dir.parent == runs / "dt" / "cartpole" and run_dir.name.endswith("-s0")
+    assert run_dir.parent == runs / "dt" / "cartpole" and run_dir.name.endswith("-s1")  # seed default 1
     config = json.loads((run_dir / "config.json").read_text())
     assert (
         config["backbone"]["position"] == "rope" and config["backbone"]["attention_options"]["max_cache"] == 6
@@ -89,7 +89,7 @@ def test_cli_run_layout_tags_and_resume(dataset: Path, tmp_path: Path) -> None:
 def test_ctrl_c_saves_a_checkpoint(dataset: Path, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    args = ["--dataset", str(dataset), "--total-steps", "1000000", "--runs-dir", str(runs), "--log-every", "5",
+    args = ["--dataset", str(dataset), "--total-steps", "1000000", "--run-root", str(runs), "--log-every", "5",
             "--eval-episodes", "0", *TINY]  # fmt: skip
     proc = subprocess.Popen(
         [sys.executable, str(SCRIPT), *args],
@@ -125,7 +125,7 @@ def test_torchrun_two_ranks(dataset: Path, tmp_path: Path) -> None:
     if torchrun is None:
         pytest.skip("torchrun not installed")
     cmd = [torchrun, "--nproc_per_node", "2", "--master_port", "29561", str(SCRIPT)]
-    proc = run_script("--dataset", str(dataset), "--total-steps", "4", "--runs-dir", str(tmp_path), "--eval-episodes", "1",
+    proc = run_script("--dataset", str(dataset), "--total-steps", "4", "--run-root", str(tmp_path), "--eval-episodes", "1",
                       "--eval-every", "0", "--device", "cpu", *TINY, cmd=cmd, timeout=300)  # fmt: skip
     assert summary(proc)["step"] == 4
     runs = list((tmp_path / "dt" / "cartpole").iterdir())
@@ -162,7 +162,7 @@ def test_return_conditioning_on_cartpole(tmp_path: Path) -> None:
         eval_every=0,
         eval_episodes=10,
         log_every=500,
-        runs_dir=tmp_path / "runs",
+        run_root=tmp_path / "runs",
         progress=False,
     )
     result = train(config)

@@ -99,8 +99,8 @@ CLI_CASES: dict[str, tuple[type, list[str], list[str]]] = {
     "DT negative learning rate": (DTConfig, ["--learning-rate", "-1e-4"], ["--learning-rate", "> 0"]),
     "DT unknown aux-loss weight": (
         DTConfig,
-        ["--backbone.depth", "universal", "--aux-loss-weights", "act_pondr", "0.1"],
-        ["unknown aux loss 'act_pondr'", "did you mean 'act_ponder'", "--aux-loss-weights"],
+        ["--backbone.depth", "universal", "--aux-weights", "act_pondr", "0.1"],
+        ["unknown aux loss 'act_pondr'", "did you mean 'act_ponder'", "--aux-weights"],
     ),
 }
 

@@ -138,7 +138,7 @@ def test_train_dt_refuses_an_evil_dataset(tmp_path: Path) -> None:
     marker = tmp_path / "marker"
     path = _evil_hdf5(tmp_path / "evil.hdf5", marker)
     cmd = [sys.executable, str(REPO / "scripts" / "train_dt.py"), "--dataset", str(path)]
-    cmd += ["--total-steps", "2", "--runs-dir", str(tmp_path / "runs"), "--device", "cpu"]
+    cmd += ["--total-steps", "2", "--run-root", str(tmp_path / "runs"), "--device", "cpu"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert proc.returncode != 0
     assert "refused env spec" in proc.stderr and str(path) in proc.stderr

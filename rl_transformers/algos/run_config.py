@@ -1,0 +1,67 @@
+"""Settings every training run shares (:class:`RunConfig`): one name, type and default per flag for all trainers.
+
+:class:`~rl_transformers.algos.ppo_config.TrainConfig` (``scripts/train_gtrxl.py``) and
+:class:`~rl_transformers.algos.dt_config.DTConfig` (``scripts/train_dt.py``) both extend it, so both command
+lines accept ``--seed``, ``--device``, ``--threads``, ``--run-root``, ``--resume``, ``--verbose`` and
+``--progress/--no-progress`` with the same meaning and default. Loss settings shared by both trainers use the
+same field names too (``aux_coef``, ``aux_weights``); they sit where each trainer keeps its optimisation
+settings (PPO: ``--ppo.aux-weights`` beside ``--ppo.learning-rate``; DT: ``--aux-weights`` beside
+``--learning-rate``).
+
+Vocabulary rule for counts: the backbone, the policies and every options dict use ``n_<things>`` (``n_layers``,
+``n_heads``, ``n_buckets``). The PPO run flags keep cleanrl's ``Args`` names verbatim (``--num-envs``,
+``--ppo.num-steps``, ``--ppo.num-minibatches``, ``--total-timesteps``), because the PPO config is cleanrl's one
+to one and those are the names its users type; no other user-visible option uses ``num_``.
+
+Renamed fields are listed in ``RENAMED_FIELDS`` (old -> new): configs saved under the old names still load
+(:func:`rl_transformers.utils.runs.from_dict`) and the old flags still parse, with a deprecation warning
+(:func:`rl_transformers.utils.resume.parse_cli`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from rl_transformers.backbone.options import check_int
+from rl_transformers.utils.checks import check_device
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Run bookkeeping shared by every trainer (see the module docstring)."""
+
+    seed: int = 1
+    """Seed of torch / NumPy / Python, of the data sampling and of the training envs."""
+    device: str = "auto"
+    """torch device: auto (cuda if available, else cpu), cpu, cuda, cuda:N, mps."""
+    threads: int | None = 1
+    """torch intra-op CPU threads per process. 1 (default) is fastest for small models, whose time goes into
+    per-op overhead; None = available cores / processes on this node."""
+    run_root: Path = Path("runs")
+    """Root of run directories: <run_root>/<algo>/<env or dataset>/<YYYYmmdd-HHMMSS>-s<seed>/."""
+    resume: Path | None = None
+    """Checkpoint file or run directory to resume. Flags default to the saved config; of those given, the
+    trainer's RESUME_MUTABLE ones (budget, evaluation, saving, logging, device, threads) apply, any other that
+    differs from the saved value is refused (rl_transformers/utils/resume.py)."""
+    verbose: bool = False
+    """Also print the logger's table at every log step."""
+    progress: bool = True
+    """Show a tqdm progress bar."""
+
+    RENAMED_FIELDS: ClassVar[dict[str, str]] = {}
+    """Old field name -> new one (old saved configs load, old flags parse with a warning)."""
+
+    def __post_init__(self) -> None:
+        # accept str paths from Python callers; the saved config and comparisons see Path
+        object.__setattr__(self, "run_root", Path(self.run_root))
+        if self.resume is not None:
+            object.__setattr__(self, "resume", Path(self.resume))
+        check_int("seed (--seed)", self.seed, 0)
+        check_int("threads (--threads)", self.threads, 1, optional=True)
+        check_device(self.device)
+
+
+SHARED_RESUME_MUTABLE = ("device", "threads", "verbose", "progress")
+"""RunConfig fields a ``--resume`` may change (each trainer adds its own to RESUME_MUTABLE)."""
