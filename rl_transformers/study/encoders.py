@@ -37,6 +37,7 @@ from functools import lru_cache
 from typing import Any
 
 from rl_transformers.backbone import BackboneConfig, available, capabilities
+from rl_transformers.utils.errors import UserError, choice_hint
 
 POSITION_PREFERENCE = ("xl_relative", "rope", "none")
 """PPO attention rows take the first of these positional schemes the attention accepts."""
@@ -267,15 +268,11 @@ def dt_encoders(match: bool = True) -> tuple[list[Encoder], list[Excluded]]:
 
 
 def select(encoders: list[Encoder], names: tuple[str, ...], source: str = "--encoders") -> list[Encoder]:
-    """The encoders with these names (all when empty); unknown names raise with the closest match."""
+    """The encoders with these names (all when empty); an unknown name raises `UserError` naming the closest."""
     if not names:
         return encoders
-    known = {e.name: e for e in encoders}
+    known = sorted({e.name for e in encoders})
     for name in names:
         if name not in known:
-            import difflib
-
-            close = difflib.get_close_matches(name, list(known), n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"unknown encoder {name!r} (from {source}).{hint} Valid: {sorted(known)}")
+            raise UserError(f"unknown encoder {name!r}; {choice_hint(name, known)}", source=source)
     return [e for e in encoders if e.name in names]

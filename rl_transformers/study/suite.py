@@ -19,9 +19,10 @@ evaluation (16 greedy episodes) every ``eval_every`` steps and at the last updat
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from rl_transformers.utils.errors import UserError, choice_hint
 
 Algo = Literal["ppo", "dt"]
 PRESETS = ("quick", "full")
@@ -113,16 +114,14 @@ def tasks(algo: Algo | None = None, names: tuple[str, ...] = ()) -> tuple[Task, 
     pool = [t for t in (*ONLINE, *OFFLINE) if algo is None or t.algo == algo]
     if not names:
         return tuple(pool)
-    by_name = {t.name: t for t in (*ONLINE, *OFFLINE)}
+    known = sorted(t.name for t in (*ONLINE, *OFFLINE))
     for name in names:
-        if name not in by_name:
-            close = difflib.get_close_matches(name, list(by_name), n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"unknown task {name!r} (from --tasks).{hint} Valid tasks: {sorted(by_name)}")
+        if name not in known:
+            raise UserError(f"unknown task {name!r}; {choice_hint(name, known)}", source="--tasks")
     return tuple(t for t in pool if t.name in names)
 
 
 def check_preset(preset: str) -> str:
     if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; valid presets: {list(PRESETS)}")
+        raise UserError(f"unknown preset {preset!r}; {choice_hint(preset, PRESETS)}", source="--preset")
     return preset
