@@ -1,0 +1,97 @@
+"""Both training scripts share their run flags (names, types, defaults), print the parameter count at the start
+and end with a JSON summary whose metrics are the last logged values; DT's renamed flags still parse."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rl_transformers.algos.dt_config import DTConfig
+from rl_transformers.algos.ppo_config import TrainConfig
+from rl_transformers.algos.run_config import RunConfig
+from rl_transformers.utils import from_dict
+from rl_transformers.utils.resume import parse_cli
+from tests.lifecycle.conftest import progress
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARED_FLAGS = ("--run-root", "--verbose", "--threads", "--seed", "--device", "--resume", "--progress")
+PPO_TINY = ["--num-envs", "2", "--ppo.num-steps", "16", "--ppo.seq-len", "8", "--ppo.num-minibatches", "2",
+            "--ppo.update-epochs", "1", "--backbone.d-model", "16", "--backbone.n-heads", "2",
+            "--backbone.n-layers", "1", "--no-progress", "--total-timesteps", "128", "--eval-every", "64",
+            "--eval-episodes", "2", "--env-id", "rlt/TMazeShort-v0"]  # fmt: skip
+DT_TINY = ["--backbone.d-model", "16", "--backbone.n-layers", "1", "--backbone.n-heads", "2", "--context-len", "4",
+           "--batch-size", "8", "--warmup-steps", "2", "--no-progress", "--total-steps", "4", "--log-every", "2",
+           "--eval-every", "2", "--eval-episodes", "1"]  # fmt: skip
+
+
+def script(name: str, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / name), *args],
+        capture_output=True, text=True, timeout=180, cwd=ROOT, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc
+
+
+@pytest.mark.parametrize("name", ["train_gtrxl.py", "train_dt.py"])
+def test_help_lists_the_shared_flags(name: str) -> None:
+    text = script(name, "--help").stdout
+    for flag in (*SHARED_FLAGS, "aux-weights", "aux-coef"):
+        assert flag in text, (name, flag)
+    for old in ("--runs-dir", "--log-stdout", "--aux-loss-weights"):
+        assert old not in text, (name, old)
+
+
+def test_shared_fields_have_one_name_type_and_default() -> None:
+    shared = {f.name: f for f in dataclasses.fields(RunConfig)}
+    for cls in (TrainConfig, DTConfig):
+        own = {f.name: f for f in dataclasses.fields(cls)}
+        for name, f in shared.items():
+            assert own[name].type == f.type and own[name].default == f.default, (cls.__name__, name)
+    assert RunConfig.threads == 1 and RunConfig.seed == 1 and RunConfig.run_root == Path("runs")
+    assert {"aux_coef", "aux_weights"} <= {f.name for f in dataclasses.fields(DTConfig)}
+    ppo_fields = {
+        f.name for f in dataclasses.fields(TrainConfig.__dataclass_fields__["ppo"].default_factory())
+    }
+    assert {"aux_coef", "aux_weights"} <= ppo_fields
+    assert TrainConfig().eval_every > 0  # a default PPO run logs greedy evaluations
+    assert TrainConfig(resume="runs/x").resume == Path("runs/x")  # resume is a Path for both
+
+
+def test_renamed_dt_flags_and_saved_configs_still_work(capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = parse_cli(
+        DTConfig, argv=["--dataset", "d.hdf5", "--runs-dir", "old", "--log-stdout", "--aux-loss-weights"]
+    )
+    assert cfg.run_root == Path("old") and cfg.verbose and cfg.aux_weights == {}
+    err = capsys.readouterr().err
+    assert "--runs-dir is deprecated, use --run-root" in err and "use --verbose" in err
+    saved = {"dataset": "d.hdf5", "runs_dir": "r", "log_stdout": True, "aux_loss_weights": {}}
+    loaded = from_dict(DTConfig, saved)
+    assert loaded.run_root == Path("r") and loaded.verbose is True
+
+
+@pytest.mark.parametrize("name", ["train_gtrxl.py", "train_dt.py"])
+def test_cli_prints_parameters_and_the_logged_metrics(
+    name: str, tmp_path: Path, lifecycle_dataset: Path
+) -> None:
+    import rl_transformers as rlt
+
+    args = PPO_TINY if name == "train_gtrxl.py" else ["--dataset", str(lifecycle_dataset), *DT_TINY]
+    out = script(name, *args, "--run-root", str(tmp_path)).stdout
+    summary = json.loads(out[out.index("{\n") :])
+    run_dir = Path(summary["run_dir"])
+    agent = rlt.load(run_dir)
+    model = agent.policy if name == "train_gtrxl.py" else agent.model
+    assert f"{sum(p.numel() for p in model.parameters()):,} parameters" in out.splitlines()[0]
+    rows = progress(run_dir)
+    eval_tag = "eval/mean_reward" if name == "train_gtrxl.py" else "eval/return_mean"
+    assert eval_tag in summary["metrics"]
+    for tag, value in summary["metrics"].items():
+        assert value == [r[tag] for r in rows if tag in r][-1], tag

@@ -1,0 +1,116 @@
+"""One lifecycle, two trainers: every test runs against PPO and the Decision Transformer (``family`` fixture).
+
+Resume continues bit-exactly, Ctrl-C saves and stops, a non-finite loss stops with the last good checkpoint
+kept, a checkpoint is written before each evaluation, the parameter count is printed and logged, and the final
+summary reports the values that were logged."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from rl_transformers.algos.lifecycle import count_parameters, summary_text
+from rl_transformers.utils import NonFiniteError, load_checkpoint
+from tests.lifecycle.conftest import Family, progress, replace
+
+
+def weights(family: Family, run_dir: Path, name: str = "last.pt") -> dict[str, torch.Tensor]:
+    return load_checkpoint(run_dir / "checkpoints" / name)[family.weights_key]
+
+
+def saved_step(run_dir: Path) -> int:
+    return json.loads((run_dir / "checkpoints" / "index.json").read_text())["last"]["step"]
+
+
+def test_resume_continues_bit_exactly(family: Family, tmp_path: Path) -> None:
+    straight = family.train(family.make(tmp_path / "straight", 6))
+    stop_at_3 = lambda tr: family.iteration(tr) < 3  # noqa: E731  (False stops the run)
+    first = family.train(family.make(tmp_path / "split", 6), callback=stop_at_3)
+    assert first.interrupted and first.step == 3 * family.unit == saved_step(first.run_dir)
+    resumed = family.train(replace(family.make(tmp_path / "split", 6), resume=first.run_dir))
+    assert resumed.run_dir == first.run_dir and resumed.step == 6 * family.unit and not resumed.interrupted
+    ws, wr = weights(family, straight.run_dir), weights(family, resumed.run_dir)
+    assert ws.keys() == wr.keys() and all(torch.equal(ws[k], wr[k]) for k in ws)
+    assert progress(resumed.run_dir) == progress(straight.run_dir)  # the curve continues, same values
+
+
+def test_ctrl_c_saves_and_stops(family: Family, tmp_path: Path) -> None:
+    def interrupt(trainer) -> None:
+        if family.iteration(trainer) == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # GracefulInterrupt: finish the iteration, save, stop
+
+    result = family.train(family.make(tmp_path, 6), callback=interrupt)
+    assert result.interrupted and result.step == 2 * family.unit
+    assert saved_step(result.run_dir) == 2 * family.unit
+    assert [r["step"] for r in progress(result.run_dir)][-1] == 2 * family.unit
+
+
+def test_non_finite_stop_keeps_the_last_good_checkpoint(family: Family, tmp_path: Path, capsys) -> None:
+    def poison(trainer) -> None:  # after iteration 2 is saved: the next update's loss is NaN
+        if family.iteration(trainer) == 2:
+            with torch.no_grad():
+                for p in family.model(trainer).parameters():
+                    p.fill_(float("nan"))
+
+    with pytest.raises(NonFiniteError):
+        family.train(family.make(tmp_path, 6, save_every=1), callback=poison)
+    err = capsys.readouterr().err
+    assert "non-finite" in err and "The last good checkpoint is" in err
+    run = next(tmp_path.glob("*/*/*"))
+    assert saved_step(run) == 2 * family.unit  # iteration 3 never saved
+    assert str(run / "checkpoints" / "last.pt") in err
+    assert all(torch.isfinite(v).all() for v in weights(family, run).values() if v.is_floating_point())
+
+
+def test_checkpoint_is_written_before_evaluating(
+    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rl_transformers.algos.dt import DTTrainer
+    from rl_transformers.algos.ppo import PPOTrainer
+
+    def boom(self):
+        raise RuntimeError("evaluation broke")
+
+    monkeypatch.setattr(PPOTrainer if family.name == "ppo" else DTTrainer, "_evaluation", boom)
+    with pytest.raises(RuntimeError, match="evaluation broke"):
+        family.train(family.make(tmp_path, 6, eval_every=2))
+    run = next(tmp_path.glob("*/*/*"))
+    assert load_checkpoint(run / "checkpoints" / "last.pt")[family.weights_key]
+    assert saved_step(run) == 2 * family.unit  # the evaluated step was saved first
+
+
+def test_parameter_count_printed_and_logged(family: Family, tmp_path: Path, capsys) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    import rl_transformers as rlt
+
+    result = family.train(family.make(tmp_path, 1))
+    agent = rlt.load(result.run_dir)
+    model = agent.policy if family.name == "ppo" else agent.model
+    n = sum(p.numel() for p in model.parameters())  # rebuilt from the checkpoint, counted here
+    assert n == count_parameters(model) > 0
+    assert f"{n:,} parameters" in capsys.readouterr().out
+    acc = EventAccumulator(str(result.run_dir), size_guidance={"tensors": 0})
+    acc.Reload()
+    (event,) = acc.Tensors("run/summary/text_summary")
+    text = event.tensor_proto.string_val[0].decode()
+    assert json.loads(text.strip("`\n"))["n_parameters"] == n
+
+
+def test_final_summary_is_the_last_logged_value(family: Family, tmp_path: Path) -> None:
+    result = family.train(family.make(tmp_path, 4, eval_every=2))
+    rows = progress(result.run_dir)
+    assert result.metrics, "no headline metric was logged"
+    for tag, value in result.metrics.items():
+        assert value == [r[tag] for r in rows if tag in r][-1], tag
+    assert family.loss_tag in result.metrics or "rollout/ep_rew_mean" in result.metrics
+    eval_tag = "eval/mean_reward" if family.name == "ppo" else "eval/return_mean"
+    assert result.metrics[eval_tag] == result.evaluations[4 * family.unit][eval_tag]
+    summary = json.loads(summary_text(result))
+    assert summary["metrics"] == result.metrics and summary["step"] == 4 * family.unit
+    assert summary["run_dir"] == str(result.run_dir) and summary["algo"] == family.name
