@@ -146,3 +146,96 @@ def prefix_columns_attention(
             )
         )
     return torch.cat(outs, dim=2)
+
+
+RESIDUE_CHUNK = 64
+"""Queries of one residue class per chunk in :func:`residue_classes_attention` (each sees ~chunk·stride band keys)."""
+RESIDUE_BAND = 512
+"""Bound on chunk·stride, the band keys a chunk's queries gather."""
+
+
+def residue_classes_attention(
+    att: Any,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_pos: Tensor,
+    k_pos: Tensor,
+    k_valid: Tensor,
+    stride: int,
+    class_heads: Tensor,
+    allow: Allow,
+) -> Tensor:
+    """Causal pattern inside "same residue class ((i - j) mod stride == 0) ∪ a band of ``stride`` keys" under
+    ``allow`` (strided's A(1) ∪ A(2)), with a fused kernel.
+
+    For T == S and positions shared by all rows (:func:`shared_positions`). Chunk u of every residue class
+    (C class members, positions p .. p + (C - 1)·stride) sees the class members before p - stride (in the heads
+    ``class_heads`` (1, H|1, 1, 1), where ``allow`` must hold for them) and every
+    key at positions p - stride .. p + (C - 1)·stride; the ``stride`` classes' chunk u are gathered into one
+    batch (keys padded to the longest set, padding masked) and run as one SDPA call with an additive mask
+    from ``allow`` + padding + causality + self. O(T·(T/stride + C·stride)) per head; no T x S mask.
+    """
+    b, h, t, d = q.shape
+    dev = q.device
+    chunk = max(1, min(RESIDUE_CHUNK, FUSED_CHUNK, RESIDUE_BAND // stride))  # band keys per query <= ~512
+    n_classes = min(stride, t)
+    members = [torch.arange(j0, t, stride, device=dev) for j0 in range(n_classes)]
+    zero = torch.zeros((), dtype=q.dtype, device=dev)
+    neg = torch.full((), float("-inf"), dtype=q.dtype, device=dev)
+    p = att.attn_dropout.p if att.training else 0.0
+    outs, order = [], []
+    for u0 in range(0, members[0].numel(), chunk):
+        n_before = max(0, u0 - 1)  # class members before the band: the same count in every class
+        q_rows, k_rows = [], []
+        for m in members:
+            qi = m[u0 : u0 + chunk]
+            if qi.numel() == 0:
+                continue
+            q_rows.append(qi)
+            k_rows.append(
+                torch.cat(
+                    [m[:n_before], torch.arange(max(0, int(qi[0]) - stride), int(qi[-1]) + 1, device=dev)]
+                )
+            )
+        n_q, n_k = max(len(r) for r in q_rows), max(len(r) for r in k_rows)
+        qidx = torch.stack([F.pad(r, (0, n_q - len(r)), value=-1) for r in q_rows])  # (N, C), -1 = none
+        kidx = torch.stack([F.pad(r, (0, n_k - len(r)), value=-1) for r in k_rows])  # (N, K)
+        n = qidx.shape[0]
+        qs, ks = qidx.clamp_min(0), kidx.clamp_min(0)
+        qb = q.index_select(2, qs.flatten()).view(b, h, n, n_q, d)
+        kb = k.index_select(2, ks.flatten()).view(b, h, n, n_k, d)
+        vb = v.index_select(2, ks.flatten()).view(b, h, n, n_k, d)
+        valid = (
+            k_valid.index_select(1, ks.flatten()).view(b, 1, n, 1, n_k) & (kidx >= 0)[None, None, :, None, :]
+        )
+        band = kidx[:, n_before:]
+        qp = q_pos.index_select(1, qs.flatten()).view(b, 1, n, n_q, 1)
+        kp = k_pos.index_select(1, band.clamp_min(0).flatten()).view(b, 1, n, 1, n_k - n_before)
+        ok_band = (valid[..., n_before:] & allow(qp, kp) & (kp <= qp)) | (
+            band[:, None, :] == qidx[:, :, None]
+        )
+        ok_before = (class_heads[..., None] & valid[..., :n_before]).expand(-1, -1, -1, n_q, -1)
+        hb = max(ok_band.shape[1], ok_before.shape[1])
+        mask = torch.cat(
+            [
+                torch.where(ok_before, zero, neg).expand(b, hb, n, n_q, n_before),
+                torch.where(ok_band, zero, neg).expand(b, hb, n, n_q, n_k - n_before),
+            ],
+            dim=-1,
+        )
+        out = F.scaled_dot_product_attention(  # 4-D (heads x classes merged) keeps the CPU flash kernel
+            qb.reshape(b, h * n, n_q, d),
+            kb.reshape(b, h * n, n_k, d),
+            vb.reshape(b, h * n, n_k, d),
+            attn_mask=mask.expand(b, h, n, n_q, n_k).reshape(b, h * n, n_q, n_k),
+            dropout_p=p,
+            scale=att.position.scale,
+        )
+        real = (qidx >= 0).flatten()
+        outs.append(out.reshape(b, h, n * n_q, d)[:, :, real])
+        order.append(qidx.flatten()[real])
+    perm = torch.cat(order)
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(t, device=dev)
+    return torch.cat(outs, dim=2).index_select(2, inverse)

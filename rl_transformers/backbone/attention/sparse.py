@@ -47,6 +47,7 @@ from rl_transformers.backbone.attention._dense import (
     prefer_dense,
     prefer_fused,
     prefix_columns_attention,
+    residue_classes_attention,
     shared_positions,
 )
 from rl_transformers.backbone.attention.base import Attention
@@ -140,12 +141,16 @@ class StridedAttention(_Factorised):
             return local & ((qp - kp).abs() <= l)
 
         reach = l if self.uses_local else 0
+
+        def union(qp: Tensor, kp: Tensor) -> Tensor:
+            return in_band(qp, kp) | (strided & ((qp - kp).remainder(l) == 0))
+
         if prefer_dense(k.shape[2], 2 * reach + 1 + (k.shape[2] // l if self.uses_global else 0)):
-
-            def union(qp: Tensor, kp: Tensor) -> Tensor:
-                return in_band(qp, kp) | (strided & ((qp - kp).remainder(l) == 0))
-
             return dense_pattern(self, q, k, v, q_pos, k_pos, k_valid, union)
+        s = k.shape[2]
+        fusable = self.causal and self.uses_global and not self.position.modifies_scores and q.shape[2] == s
+        if fusable and prefer_fused(s) and shared_positions(k_pos):  # long: residue classes + band, fused
+            return residue_classes_attention(self, q, k, v, q_pos, k_pos, k_valid, l, strided[..., 0], union)
         parts = [
             band_part(self, q, k, v, q_pos, k_pos, k_valid, [(-reach, 0 if self.causal else reach)], in_band)
         ]
