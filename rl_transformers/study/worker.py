@@ -86,7 +86,7 @@ def _dt(job: dict[str, Any], run: Path) -> dict[str, Any]:
         seed=job["seed"],
         device="cpu",
         threads=1,
-        runs_dir=run.parent,
+        run_root=run.parent,
         progress=False,
         save_every=job["budget"],
         keep_checkpoints=0,
