@@ -184,6 +184,10 @@ def residue_classes_attention(
     zero = torch.zeros((), dtype=q.dtype, device=dev)
     neg = torch.full((), float("-inf"), dtype=q.dtype, device=dev)
     p = att.attn_dropout.p if att.training else 0.0
+    # Class-major copies (B, H, stride, ceil(T / stride), D): class prefixes become slices, not gathers.
+    pad = (-t) % stride
+    km, vm = (F.pad(x, (0, 0, 0, pad)).view(b, h, -1, stride, d).transpose(2, 3) for x in (k, v))
+    km, vm = km[:, :, :n_classes].contiguous(), vm[:, :, :n_classes].contiguous()
     outs, order = [], []
     for u0 in range(0, members[0].numel(), chunk):
         n_before = max(0, u0 - 1)  # class members before the band: the same count in every class
@@ -204,8 +208,9 @@ def residue_classes_attention(
         n = qidx.shape[0]
         qs, ks = qidx.clamp_min(0), kidx.clamp_min(0)
         qb = q.index_select(2, qs.flatten()).view(b, h, n, n_q, d)
-        kb = k.index_select(2, ks.flatten()).view(b, h, n, n_k, d)
-        vb = v.index_select(2, ks.flatten()).view(b, h, n, n_k, d)
+        band_idx = ks[:, n_before:].flatten()
+        kb = torch.cat([km[:, :, :n, :n_before], k.index_select(2, band_idx).view(b, h, n, -1, d)], dim=3)
+        vb = torch.cat([vm[:, :, :n, :n_before], v.index_select(2, band_idx).view(b, h, n, -1, d)], dim=3)
         valid = (
             k_valid.index_select(1, ks.flatten()).view(b, 1, n, 1, n_k) & (kidx >= 0)[None, None, :, None, :]
         )
