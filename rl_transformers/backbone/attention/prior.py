@@ -10,6 +10,8 @@ does not. The prior is added to whatever the positional scheme computes (``posit
 with every scheme, and it is a relative bias, so the default KV cache streams exactly; ``max_cache`` bounds
 the cache (keys more than max_cache steps back are ignored in full runs too), natural here since keys a few σ
 away get negligible weight. Exact with respect to its own bias. Time O(T·S·D), memory O(T·S).
+``truncate_sigmas`` (off by default) selects the windowed form: keys further than w = ceil(m·max σ) are dropped,
+an error bounded by :func:`truncation_bound` (prior weight exp(-w²/2σ²)-small), at O(T·(w + C)) time.
 Shapes: q (B, H, T, D), k, v (B, H, S, D), bias (B, H, T, S).
 """
 
@@ -28,6 +30,9 @@ from rl_transformers.backbone.attention.full import window_limit
 from rl_transformers.backbone.context import ForwardContext
 from rl_transformers.backbone.registry import Capabilities, register
 
+WINDOW_CHUNK = 256
+"""Queries per chunk of the windowed form."""
+
 
 @dataclass(frozen=True)
 class GaussianPriorOptions:
@@ -37,12 +42,34 @@ class GaussianPriorOptions:
     """Learn one σ_h per head (softplus parametrisation); False keeps σ fixed."""
     max_cache: int | None = None
     """Keep at most this many past keys (sliding window of max_cache + 1 keys incl. self); None = unbounded."""
+    truncate_sigmas: float | None = None
+    """Windowed form: drop keys further than w = ceil(truncate_sigmas · max_h σ_h) positions (their prior
+    weight is below exp(-w²/2σ²), see :func:`truncation_bound`) and run in O(T·(w + C)) by query chunks;
+    None (default) = the exact dense form. 6 gives w = 48 for σ = 8 and a relative weight below ~1e-8."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.sigma, (int, float)) and math.isfinite(self.sigma) and self.sigma > 0):
             raise ValueError(f"gaussian_prior sigma must be a finite number > 0, got {self.sigma!r}")
+        t = self.truncate_sigmas
+        if t is not None and not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+            raise ValueError(f"gaussian_prior truncate_sigmas must be a finite number > 0 or None, got {t!r}")
         if self.max_cache is not None and self.max_cache < 1:
             raise ValueError(f"max_cache must be >= 1 or None, got {self.max_cache!r}")
+
+
+def truncation_bound(window: int, sigma: float, logit_range: float, causal: bool) -> float:
+    """Bound on the attention weight the windowed form drops for one query (derivation below).
+
+    With content logits s_j (spread max_j s_j - s_self <= ``logit_range``) and prior g_d = -d²/(2σ²), the own
+    key (d = 0) is always kept, so Z >= exp(s_self), and the dropped weight is
+    ε <= Σ_{d > w} c·exp(s_j - s_self - d²/(2σ²)) <= c·exp(logit_range)·Σ_{k >= 0} exp(-(w + 1 + k)²/(2σ²)),
+    c = 1 causal, 2 bidirectional (keys on both sides). With (w + 1 + k)² >= (w + 1)² + 2(w + 1)k the tail is a
+    geometric series: ε <= c·exp(logit_range)·exp(-(w + 1)²/(2σ²)) / (1 - exp(-(w + 1)/σ²)). The output moves by
+    ε·(o_kept - o_dropped), so its error is at most ε·max_{j,j'} |v_j - v_j'|.
+    """
+    w1 = window + 1
+    tail = math.exp(-(w1**2) / (2 * sigma**2)) / -math.expm1(-w1 / sigma**2)
+    return (1 if causal else 2) * math.exp(logit_range) * tail
 
 
 def inverse_softplus(x: float) -> float:
@@ -89,6 +116,8 @@ class GaussianPriorAttention(Attention):
         k_valid: Tensor,
         ctx: ForwardContext,
     ) -> Tensor:
+        if self.options.truncate_sigmas is not None:
+            return self.attend_windowed(q, k, v, q_pos, k_pos, k_valid, ctx)
         t = q.shape[2]
         mask = window_limit(visible_mask(t, k_valid, self.causal), t, self.options.max_cache)
         logits = self.position.logits(q, k, q_pos, k_pos, self.layer)
@@ -102,3 +131,57 @@ class GaussianPriorAttention(Attention):
             ctx.add_info(f"backbone/attention_entropy/layer{self.layer}", attention_entropy(probs).detach())
             ctx.add_info(f"backbone/gaussian_sigma/layer{self.layer}", self.sigma.mean().detach())
         return out if extra is None else out + extra
+
+    def window(self) -> int:
+        """w = ceil(truncate_sigmas · max_h σ_h): the windowed form keeps keys with |i - j| <= w."""
+        return math.ceil(float(self.options.truncate_sigmas) * float(self.sigma.detach().max()))
+
+    def attend_windowed(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        k_valid: Tensor,
+        ctx: ForwardContext,
+    ) -> Tensor:
+        """The prior truncated at |i - j| <= w: query chunks of C, each over the key indices within w of it
+        (valid keys have position = index + offset), one SDPA call with the prior as an additive mask (the
+        scheme's logits on the explicit path). O(T·(C + w)) time and memory."""
+        t, s = q.shape[2], k.shape[2]
+        w, off = self.window(), s - t
+        chunk = WINDOW_CHUNK
+        outs = []
+        p = self.attn_dropout.p if self.training else 0.0
+        for a in range(0, t, chunk):
+            z = min(t, a + chunk)
+            lo, hi = max(0, a + off - w), (z + off if self.causal else min(s, z + off + w))
+            qp, kp = q_pos[:, a:z], k_pos[:, lo:hi]
+            i = torch.arange(a, z, device=q.device)[:, None] + off
+            j = torch.arange(lo, hi, device=q.device)[None, :]
+            mask = k_valid[:, None, None, lo:hi] & ((qp[:, :, None] - kp[:, None, :]).abs() <= w)[:, None]
+            if self.causal:
+                mask = mask & (j <= i)
+            if self.options.max_cache is not None:
+                mask = mask & (i - j <= self.options.max_cache)
+            mask = mask | (j == i)
+            dtype = torch.promote_types(q.dtype, torch.float32)
+            prior = self.prior(qp, kp, dtype).to(q.dtype)
+            if not self.position.modifies_scores:
+                bias = prior.masked_fill(~mask, float("-inf"))
+                kv = (k[:, :, lo:hi], v[:, :, lo:hi])
+                out = F.scaled_dot_product_attention(
+                    q[:, :, a:z], *kv, attn_mask=bias, dropout_p=p, scale=self.position.scale
+                )
+                outs.append(out)
+                continue
+            logits = self.position.logits(q[:, :, a:z], k[:, :, lo:hi], qp, kp, self.layer) + prior
+            probs = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
+            dropped = self.attn_dropout(probs) if self.training else probs
+            out = torch.matmul(dropped, v[:, :, lo:hi])
+            extra = self.position.value_term(dropped, qp, kp, self.layer)
+            outs.append(out if extra is None else out + extra)
+        if ctx.collect_info:
+            ctx.add_info(f"backbone/gaussian_sigma/layer{self.layer}", self.sigma.mean().detach())
+        return torch.cat(outs, dim=2)
