@@ -7,7 +7,17 @@ variant, ``scripts/encoder_study.py``) lives in :mod:`rl_transformers.study`.
 - :mod:`~rl_transformers.bench.timing` - round-robin repeats, median / IQR, CPU and CUDA clocks
 - :mod:`~rl_transformers.bench.memory` - peak memory (fresh process on CPU, CUDA statistics on GPU), estimates
 - :mod:`~rl_transformers.bench.harness` - the run; :mod:`~rl_transformers.bench.report` - JSON, Markdown, plots
+- :mod:`~rl_transformers.bench.gate` - the gate of each row; :mod:`~rl_transformers.bench.rows` - row fields, FLOPs
+- :mod:`~rl_transformers.bench.meta` - git commit (of the package's checkout) and machine of a run
 - :mod:`~rl_transformers.bench.peers` - optional third-party rows
+
+Training-throughput tables (outside the attention harness):
+
+- :mod:`~rl_transformers.bench.ppo_throughput` - PPO env steps/s per attention (``measure_throughput.py
+  --all-attentions``)
+- :mod:`~rl_transformers.bench.ppo_reference` - PPO vs cleanrl's ppo_trxl at an equal parameter count
+- :mod:`~rl_transformers.bench.dt_models` / :mod:`~rl_transformers.bench.dt_timing` - Decision Transformer vs
+  HF / d3rlpy (``bench_dt_throughput.py``)
 """
 
 from __future__ import annotations
