@@ -52,7 +52,7 @@ class StudyConfig:
     """The encoder study (rl_transformers/study)."""
 
     preset: Literal["quick", "full"] = "quick"
-    """Budgets and seeds: quick (1 seed, 4 updates; a smoke run) or full (3 seeds, 16-48 updates)."""
+    """Budgets and seeds: quick (1 seed, 4 updates; a smoke run) or full (3 seeds, 64-96 updates)."""
     parts: tuple[Literal["online", "offline"], ...] = ("online", "offline")
     """Which suites to run: online (PPO) and/or offline (DT)."""
     tasks: tuple[str, ...] = ()

@@ -64,16 +64,18 @@ def _ppo(name: str, env_id: str, tag: str, quick: int, full: int, note: str, **k
 
 POPGYM = "POPGym MMER on [-1, 1]"
 ONLINE: tuple[Task, ...] = (
-    _ppo("TMaze10", "rlt/TMaze-v0", "memory", 4, 16, "greedy return (= success rate on schedule)",
+    _ppo("TMaze10", "rlt/TMaze-v0", "memory", 4, 64, "greedy return (= success rate on schedule)",
          corridor_length=10),
-    _ppo("RepeatPreviousEasy", "rlt/popgym-RepeatPreviousEasy-v0", "diagnostic", 4, 48, POPGYM),
-    _ppo("PositionOnlyCartPoleEasy", "rlt/popgym-PositionOnlyCartPoleEasy-v0", "control", 4, 32, POPGYM),
-    _ppo("NoisyPositionOnlyCartPoleEasy", "rlt/popgym-NoisyPositionOnlyCartPoleEasy-v0", "noisy", 4, 32,
+    _ppo("RepeatPreviousEasy", "rlt/popgym-RepeatPreviousEasy-v0", "diagnostic", 4, 96, POPGYM),
+    _ppo("PositionOnlyCartPoleEasy", "rlt/popgym-PositionOnlyCartPoleEasy-v0", "control", 4, 96, POPGYM),
+    _ppo("NoisyPositionOnlyCartPoleEasy", "rlt/popgym-NoisyPositionOnlyCartPoleEasy-v0", "noisy", 4, 96,
          POPGYM),
-    _ppo("CountRecallEasy", "rlt/popgym-CountRecallEasy-v0", "game", 4, 32, POPGYM),
-    _ppo("MineSweeperEasy", "rlt/popgym-MineSweeperEasy-v0", "game", 4, 32, POPGYM),
+    _ppo("CountRecallEasy", "rlt/popgym-CountRecallEasy-v0", "game", 4, 96, POPGYM),
+    _ppo("MineSweeperEasy", "rlt/popgym-MineSweeperEasy-v0", "game", 4, 96, POPGYM),
 )  # fmt: skip
-"""Online tasks. Full budgets: 16-48 updates of 2,048 steps (33k-98k env steps)."""
+"""Online tasks. Full budgets: 64-96 updates of 2,048 steps (131k-197k env steps): GTrXL needs ~113k steps
+on T-Maze corridor 10 and ~184k on RepeatPreviousEasy (docs/results/online.md), so smaller budgets compare
+encoders that have not learned yet."""
 
 DATASET_ROOT = "datasets/minari"
 OFFLINE: tuple[Task, ...] = (
