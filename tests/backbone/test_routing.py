@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from rl_transformers.backbone import Backbone, BackboneConfig
+from rl_transformers.backbone.attention import _dense
 from rl_transformers.backbone.attention.base import dense_attention
 from rl_transformers.backbone.attention.routing import band_attention, cluster_attention
 from rl_transformers.backbone.context import ForwardContext
@@ -57,8 +58,16 @@ def _cluster_mask(cq, ck, valid, causal, s_off=0, max_cache=None):
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
-@pytest.mark.parametrize("path", ["blocked", "dense"])
-def test_cluster_attention_matches_reference(causal: bool, path: str) -> None:
+@pytest.mark.parametrize("path", ["blocked", "dense", "fused"])
+def test_cluster_attention_matches_reference(
+    causal: bool, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if path == "fused":  # the blocks through the fused kernel, in chunks of 2 query slots
+        monkeypatch.setattr(_dense, "FUSED_MIN_LEN", 0)
+        monkeypatch.setattr(_dense, "FUSED_CHUNK", 2)
+        path = "blocked"
+    else:
+        monkeypatch.setattr(_dense, "FUSED_MIN_LEN", 10**9)
     torch.manual_seed(0)
     att = _layer(causal=causal, n_clusters=3)
     b, h, t, s, d = 2, 2, 9, 13, 8  # 4 keys before the queries (cache / memory)
