@@ -332,17 +332,16 @@ class LSHAttention(Attention):
         bucket_q = buckets.gather(3, order).view(b, h, r, n, m)
         bucket_k = _neighbours(bucket_q, offsets, -1)
         valid_k = _neighbours(sort_row(valid), offsets, False)
-        rank_q = idx.view(n, m)
-        rank_k = _neighbours(rank_q.expand(b, h, r, n, m), offsets, -(10 * sp))
+        rank_q = idx.view(1, 1, 1, n, m)  # sorted place: the same layout in every row, head and round
+        rank_k = _neighbours(rank_q, offsets, -(10 * sp))
 
         def in_window(delta: Tensor) -> Tensor:
             return (delta >= 0) & (delta <= w) if causal else delta.abs() <= w
 
         iq, ik = tok_q.unsqueeze(-1), tok_k.unsqueeze(-2)
         allowed = valid_k.unsqueeze(-2) & (bucket_q.unsqueeze(-1) == bucket_k.unsqueeze(-2))
+        # Causal: bucket-mates at most w places before in (bucket, index) order have index <= the query's.
         allowed = allowed & in_window(rank_q.unsqueeze(-1) - rank_k.unsqueeze(-2))
-        if causal:
-            allowed = allowed & (ik <= iq)
         if opts.max_cache is not None:
             allowed = allowed & (iq - ik <= opts.max_cache)
         own = ik == iq
@@ -356,11 +355,13 @@ class LSHAttention(Attention):
             count = torch.zeros_like(logits)
             flat_q = tok_q.reshape(b, h, -1)
             flat_k = tok_k.clamp_min(0).reshape(b, h, -1)
+            small = torch.int32 if sp < 2**31 - 1 else torch.int64  # halves the memory traffic of the gathers
+            buckets_s, rank_s = buckets.to(small), rank.to(small)
             for r2 in range(r):
-                bq = buckets[:, :, r2].gather(2, flat_q).view_as(tok_q).unsqueeze(-1)
-                bk = buckets[:, :, r2].gather(2, flat_k).view_as(tok_k).unsqueeze(-2)
-                rq = rank[:, :, r2].gather(2, flat_q).view_as(tok_q).unsqueeze(-1)
-                rk = rank[:, :, r2].gather(2, flat_k).view_as(tok_k).unsqueeze(-2)
+                bq = buckets_s[:, :, r2].gather(2, flat_q).view_as(tok_q).unsqueeze(-1)
+                bk = buckets_s[:, :, r2].gather(2, flat_k).view_as(tok_k).unsqueeze(-2)
+                rq = rank_s[:, :, r2].gather(2, flat_q).view_as(tok_q).unsqueeze(-1)
+                rk = rank_s[:, :, r2].gather(2, flat_k).view_as(tok_k).unsqueeze(-2)
                 count = count + ((bq == bk) & in_window(rq - rk)).to(count.dtype)
             logits = logits - count.clamp_min(1.0).log()
         logits = logits.masked_fill(~allowed, float("-inf"))
