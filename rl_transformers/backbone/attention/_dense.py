@@ -7,7 +7,13 @@ hand-written softmax); two other exact forms of the same patterns are faster whe
   fused SDPA call (:func:`prefer_dense` decides);
 - :func:`prefix_columns_attention` - long causal calls whose pattern is "columns every later block sees + a
   pattern inside the blocks" (fixed's summary columns): query chunks, each one SDPA call over the columns
-  before it and its own block keys with an additive float mask (:func:`prefer_fused` decides).
+  before it and its own block keys with an additive float mask (:func:`prefer_fused` decides);
+- :func:`residue_classes_attention` - long causal "same residue class ∪ band" (strided): chunk u of every
+  class batched into one SDPA call over the class prefix and the band keys.
+
+``memory_compressed`` and ``routing`` use the same chunked-SDPA idea on their own blocks (``FUSED_*``). On CPU
+(torch 2.13, 1 thread) SDPA was fastest with 4-D inputs and an additive float mask - a boolean mask of the same
+shape measured ~2x slower, a 5-D call ~1.3x - hence the float masks and the merged head dimensions.
 
 Every form computes the softmax over the same key sets (padding, causality by position, the always-attended
 own key), so they agree to rounding; the tests run every pattern on all of them (``DENSE_PATH``,

@@ -10,6 +10,8 @@ itself. A(1) runs as a band, strided A(2) by reshaping the sequence into its l r
 set of gathered summary columns; the parts are merged exactly by log-sum-exp. Cost per head: O(T·l) for A(1),
 O(T·S/l) for strided A(2), O(T·c·S/l) for fixed A(2) (the paper takes l ~ sqrt(L)). A(2) looks back without
 bound, so streaming keeps the exact unbounded KV cache (an A(1)-only layer under ``"alternate"`` keeps l keys).
+Short key sets (RL steps) run the same pattern as one dense masked SDPA call, long causal calls a chunked
+fused-kernel form (``_dense``); all forms are tested against the same explicit masks.
 
 ``blockwise`` (Qiu et al. 2019, arXiv 1911.02972, BlockBERT): positions are cut into blocks of ``block_size``
 tokens, grouped n at a time (``n_blocks``) into super-blocks (the pattern repeats every n·block_size positions,
