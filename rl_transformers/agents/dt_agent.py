@@ -15,7 +15,7 @@ in the spirit of d3rlpy's ``as_stateful_wrapper(target_return)``::
 Batched envs: ``as_stateful_wrapper(target, num_envs=N)``, observations (N, *obs_shape), rewards (N,), and
 ``episode_start`` (N,) bool for envs whose episode begins with this observation (a vector env's previous
 ``terminated | truncated``); their reward is ignored and their context cleared. The wrapper drives the same
-:class:`~rl_transformers.policies.decision_transformer.DTAgent` as the trainer's evaluation, so the same seeds
+:class:`~rl_transformers.policies.dt_rollout.DTAgent` as the trainer's evaluation, so the same seeds
 give the same episodes.
 """
 
@@ -31,7 +31,8 @@ import numpy as np
 import torch
 
 from rl_transformers.algos.dt_config import DTConfig
-from rl_transformers.policies.decision_transformer import DecisionTransformer, DTAgent
+from rl_transformers.policies.decision_transformer import DecisionTransformer
+from rl_transformers.policies.dt_rollout import DTAgent
 from rl_transformers.utils.errors import UserError
 
 

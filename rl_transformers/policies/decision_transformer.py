@@ -1,4 +1,4 @@
-"""Decision Transformer on the shared backbone, and a stateful agent for environment rollouts.
+"""Decision Transformer network on the shared backbone.
 
 Method (Chen et al. 2021, arXiv 2106.01345): an episode is the sequence (R̂_0, s_0, a_0, R̂_1, s_1, a_1, ...)
 with the return-to-go R̂_t = Σ_{t'≥t} r_t'. Each of the K steps of a window gives three tokens: a linear
@@ -19,20 +19,38 @@ on the ``padding`` side (default ``"right"``: real steps at [0, L)); padded step
 ``mask`` False, and their tokens reach the backbone as ``key_padding_mask`` False. With right padding the
 real tokens sit at backbone positions 0 .. 3L - 1 whatever K is, so every position scheme (even absolute
 ones) sees the same positions in training, in a recomputed rollout context and in a streamed rollout.
-Training batches and :class:`DTAgent` contexts are built by the same :func:`pad_steps`.
+Training batches and :class:`~rl_transformers.policies.dt_rollout.DTAgent` contexts are built by the same
+:func:`~rl_transformers.policies.dt_padding.pad_steps`.
 
 Shapes (B batch, K steps, d model width, A action dim, n = tokens per step, 3 or 2):
 returns_to_go (B, K) raw returns (scaled inside by ``return_scale``); observations (B, K, *obs_shape) raw
 (normalised inside by the ``state_mean`` / ``state_std`` buffers); actions (B, K, A) float or (B, K) long
 (raw Discrete values, ``start`` included); timesteps (B, K) long; mask (B, K) bool; tokens (B, n·K, d);
 predictions (B, K, A) actions or (B, K, n_actions) logits.
+
+Layout (one concern per module, no import circle; this module re-exports every moved name, so old import
+paths such as ``from rl_transformers.policies.decision_transformer import DTAgent`` keep working):
+
+- ``decision_transformer`` (this module): the network — :func:`dt_backbone_config`, :class:`DTOutput`,
+  :class:`DecisionTransformer` (embeddings, forward, head, loss).
+- ``dt_spaces``: the accepted observation / action spaces and their JSON form (checkpoints).
+- ``dt_padding``: ``Padding`` and :func:`~rl_transformers.policies.dt_padding.pad_steps`, shared by training
+  batches and rollout contexts.
+- ``dt_fast``: the fused training forward of the plain GPT-2 configuration.
+- ``dt_rollout``: :class:`~rl_transformers.policies.dt_rollout.DTAgent`, the stateful rollout agent, kept
+  apart from the network as d3rlpy keeps its stateful wrapper apart from its model. It needs this module
+  only for type hints, so importing it from here closes no circle. (The user-facing d3rlpy-style wrapper,
+  ``StatefulDTWrapper``, lives in ``rl_transformers/agents/dt_agent.py`` on top of ``DTAgent``.)
+
+Imports: ``dt_spaces``, ``dt_padding``, ``dt_fast`` -> nothing of the package; ``dt_rollout`` ->
+``dt_padding``; ``decision_transformer`` -> all four (checked by tests/policies/test_layout.py).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -43,9 +61,9 @@ from torch import Tensor, nn
 from rl_transformers.backbone import Backbone, BackboneConfig, capabilities
 from rl_transformers.backbone.state import BackboneState
 from rl_transformers.policies.dt_fast import fast_path_reason, fused_forward
-
-Padding = Literal["right", "left"]
-PADDINGS: tuple[str, ...] = ("right", "left")
+from rl_transformers.policies.dt_padding import PADDINGS, Padding, last_index, pad_steps
+from rl_transformers.policies.dt_rollout import DTAgent
+from rl_transformers.policies.dt_spaces import check_space, space_from_dict, space_to_dict
 
 
 def dt_backbone_config(**overrides: Any) -> BackboneConfig:
@@ -64,70 +82,6 @@ def dt_backbone_config(**overrides: Any) -> BackboneConfig:
     )
     base.update(overrides)
     return BackboneConfig(**base)
-
-
-# --- spaces <-> JSON (checkpoints rebuild the model without the dataset) -------------------------------------
-
-
-def space_to_dict(space: gym.spaces.Space) -> dict[str, Any]:
-    """A Box or Discrete space as plain JSON data (inverse: :func:`space_from_dict`)."""
-    if isinstance(space, gym.spaces.Box):
-        return {
-            "type": "Box",
-            "low": space.low.tolist(),
-            "high": space.high.tolist(),
-            "shape": list(space.shape),
-            "dtype": str(space.dtype),
-        }
-    if isinstance(space, gym.spaces.Discrete):
-        return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
-    raise ValueError(f"cannot serialise space {space!r}; supported: Box, Discrete")
-
-
-def space_from_dict(data: dict[str, Any]) -> gym.spaces.Space:
-    """Inverse of :func:`space_to_dict`."""
-    kind = data.get("type")
-    if kind == "Box":
-        low = np.asarray(data["low"], dtype=data["dtype"]).reshape(data["shape"])
-        high = np.asarray(data["high"], dtype=data["dtype"]).reshape(data["shape"])
-        return gym.spaces.Box(low=low, high=high, dtype=np.dtype(data["dtype"]))  # type: ignore[arg-type]
-    if kind == "Discrete":
-        return gym.spaces.Discrete(int(data["n"]), start=int(data["start"]))
-    raise ValueError(f"unknown space type {kind!r}; valid: ['Box', 'Discrete']")
-
-
-def _check_space(space: gym.spaces.Space, what: str) -> None:
-    if not isinstance(space, gym.spaces.Box | gym.spaces.Discrete):
-        raise ValueError(
-            f"DecisionTransformer supports Box and Discrete {what} spaces, got {type(space).__name__} "
-            f"{space!r} (flatten Dict observations first, e.g. with offline_data's readers)"
-        )
-
-
-# --- padding (shared by training batches and rollout contexts) ------------------------------------------------
-
-
-def pad_steps(x: Tensor, lengths: Tensor, padding: Padding) -> Tensor:
-    """Re-lay (B, K, ...) rows whose real steps are at [0, L) (zeros after) for the ``padding`` side.
-
-    ``"right"`` returns ``x`` unchanged; ``"left"`` moves each row's L real steps to [K - L, K).
-    """
-    if padding == "right":
-        return x
-    if padding != "left":
-        raise ValueError(f"padding={padding!r} is not one of {list(PADDINGS)}")
-    k = x.shape[1]
-    src = torch.arange(k, device=x.device)[None, :] - (k - lengths.to(x.device))[:, None]  # (B, K)
-    valid = src >= 0
-    index = src.clamp_min(0).view(*src.shape, *([1] * (x.dim() - 2))).expand_as(x)
-    out = torch.gather(x, 1, index)
-    keep = valid.view(*valid.shape, *([1] * (x.dim() - 2)))
-    return torch.where(keep, out, torch.zeros((), dtype=x.dtype, device=x.device))
-
-
-def last_index(lengths: Tensor, k: int, padding: Padding) -> Tensor:
-    """(B,) index of each row's last real step in a padded window."""
-    return lengths - 1 if padding == "right" else torch.full_like(lengths, k - 1)
 
 
 # --- the model -----------------------------------------------------------------------------------------------
@@ -161,7 +115,8 @@ class DecisionTransformer(nn.Module):
         return_scale: returns-to-go are multiplied by this before their embedding (1/1000 for MuJoCo).
         condition_on_return: False drops the return token (behaviour cloning with the same network).
         embed_dropout: dropout after the embedding LayerNorm (default: the backbone's dropout).
-        padding: side on which short windows are padded, in training and in :class:`DTAgent`.
+        padding: side on which short windows are padded, in training and in
+            :class:`~rl_transformers.policies.dt_rollout.DTAgent`.
     """
 
     def __init__(
@@ -178,8 +133,8 @@ class DecisionTransformer(nn.Module):
         padding: Padding = "right",
     ) -> None:
         super().__init__()
-        _check_space(observation_space, "observation")
-        _check_space(action_space, "action")
+        check_space(observation_space, "observation")
+        check_space(action_space, "action")
         backbone = dt_backbone_config() if backbone is None else backbone
         if not backbone.causal:
             raise ValueError("the Decision Transformer needs a causal backbone (BackboneConfig.causal=True)")
@@ -303,7 +258,9 @@ class DecisionTransformer(nn.Module):
 
     @property
     def streams_exactly(self) -> bool:
-        """Whether a chunked backbone run with carried state equals the full run (used by :class:`DTAgent`).
+        """Whether a chunked backbone run with carried state equals the full run.
+
+        Used by the rollout agent :class:`~rl_transformers.policies.dt_rollout.DTAgent` to stream.
 
         Needs every variant to declare ``streaming="exact"`` and no memory module (a memory sees, in
         streaming, tokens a training window never shows it), and right padding (so positions agree).
@@ -411,185 +368,15 @@ class DecisionTransformer(nn.Module):
         return (err * valid).sum() / (n_valid * self.action_dim)
 
 
-# --- rollouts ------------------------------------------------------------------------------------------------
-
-
-class DTAgent:
-    """Stateful rollout wrapper (d3rlpy's ``as_stateful_wrapper`` idea) over ``num_envs`` parallel episodes.
-
-    Per env it keeps the target return, the running return-to-go R̂ (R̂_0 = target, R̂_{t+1} = R̂_t − r_t in
-    raw units; the model scales it) and the last K steps. ``act(obs)`` appends (R̂_t, s_t) and returns a_t;
-    ``observe(rewards, dones)`` then decrements R̂ and ends the episodes of ``dones`` (their next ``act``
-    starts afresh). Two ways to compute a_t, equal up to float rounding:
-
-    - **recompute** (always correct): the last K steps, padded exactly like a training window
-      (:func:`pad_steps`), go through the full forward; the prediction is read at the last real step.
-    - **stream** (``mode="auto"`` when :attr:`DecisionTransformer.streams_exactly`): the backbone state is
-      carried; each step feeds the tokens (R̂_t, s_t), reads a_t at s_t, then feeds the a_t token. Used while
-      every env's whole episode fits in the context (all t < K, at most 3K tokens since the state began) —
-      the state starts when all envs start an episode together (e.g. after :meth:`reset`); a single env
-      resetting inside it resets its row. Once the context would slide, the agent drops the state and
-      recomputes until all envs start together again. ``last_mode`` / ``calls`` tell which path ran.
-    """
-
-    def __init__(
-        self,
-        model: DecisionTransformer,
-        num_envs: int = 1,
-        target_return: float | np.ndarray | None = None,
-        *,
-        mode: Literal["auto", "recompute"] = "auto",
-        sample: bool = False,
-        generator: torch.Generator | None = None,
-    ) -> None:
-        if mode not in ("auto", "recompute"):
-            raise ValueError(f"mode={mode!r} is not one of ['auto', 'recompute']")
-        if model.condition_on_return and target_return is None:
-            raise ValueError("a return-conditioned model needs target_return")
-        if num_envs < 1:
-            raise ValueError(f"num_envs must be >= 1, got {num_envs!r}")
-        self.model = model.eval()
-        self.num_envs = int(num_envs)
-        self.mode = mode
-        self.sample = sample
-        self.generator = generator
-        p = next(model.parameters())
-        self.device, self.dtype = p.device, p.dtype
-        n, k = self.num_envs, model.context_len
-        self.target = torch.zeros(n, dtype=torch.float64, device=self.device)
-        self.set_target(0.0 if target_return is None else target_return)
-        obs_dtype = torch.long if model.discrete_observations else torch.float32
-        act_shape = (n, k) if model.discrete_actions else (n, k, model.action_dim)
-        self.rtg = torch.zeros(n, k, dtype=torch.float64, device=self.device)
-        self.obs = torch.zeros(n, k, *model.obs_shape, dtype=obs_dtype, device=self.device)
-        self.act_hist = torch.zeros(
-            act_shape, dtype=torch.long if model.discrete_actions else torch.float32, device=self.device
-        )
-        self.timesteps = torch.zeros(n, k, dtype=torch.long, device=self.device)
-        self.lengths = torch.zeros(n, dtype=torch.long, device=self.device)
-        self.t = torch.zeros(n, dtype=torch.long, device=self.device)
-        self.current_rtg = self.target.clone()
-        self._stream: BackboneState | None = None
-        self._stream_tokens = 0
-        self._stream_reset = torch.zeros(n, dtype=torch.bool, device=self.device)
-        self.last_mode: str | None = None
-        self.calls = {"stream": 0, "recompute": 0}
-
-    # -- episode bookkeeping ----------------------------------------------------------------------------------
-    def set_target(self, target_return: float | np.ndarray | Tensor) -> None:
-        """Target return of every env (a scalar or one per env); applies from the next episode start."""
-        value = torch.as_tensor(np.asarray(target_return, dtype=np.float64), device=self.device)
-        self.target = (
-            value.expand(self.num_envs).clone() if value.dim() == 0 else value.reshape(self.num_envs).clone()
-        )
-
-    def reset(self, mask: np.ndarray | Tensor | None = None) -> None:
-        """Start new episodes in the envs of ``mask`` (all when None), returns-to-go back to the target."""
-        rows = (
-            torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
-            if mask is None
-            else torch.as_tensor(np.asarray(mask), dtype=torch.bool, device=self.device).reshape(
-                self.num_envs
-            )
-        )
-        if not bool(rows.any()):
-            return
-        for buf in (self.rtg, self.obs, self.act_hist, self.timesteps):
-            buf[rows] = 0
-        self.lengths[rows] = 0
-        self.t[rows] = 0
-        self.current_rtg = torch.where(rows, self.target, self.current_rtg)
-        self._stream_reset |= rows
-
-    def observe(self, rewards: np.ndarray | Tensor | float, dones: np.ndarray | Tensor | None = None) -> None:
-        """After ``env.step``: R̂ ← R̂ − r, t ← t + 1; envs in ``dones`` start a new episode at the next act."""
-        r = torch.as_tensor(np.asarray(rewards, dtype=np.float64), device=self.device).reshape(-1)
-        self.current_rtg = self.current_rtg - r.expand(self.num_envs)
-        self.t += 1
-        if dones is not None:
-            self.reset(dones)
-
-    # -- acting ---------------------------------------------------------------------------------------------
-    def _push(self, observations: Tensor) -> None:
-        """Append (R̂_t, s_t, a=0, t) to each env's window, sliding out the oldest step when full."""
-        k = self.model.context_len
-        full = self.lengths >= k
-        if bool(full.any()):
-            for buf in (self.rtg, self.obs, self.act_hist, self.timesteps):
-                buf[full] = torch.roll(buf[full], shifts=-1, dims=1)
-        idx = self.lengths.clamp(max=k - 1)
-        rows = torch.arange(self.num_envs, device=self.device)
-        self.rtg[rows, idx] = self.current_rtg
-        self.obs[rows, idx] = observations.to(self.obs.dtype)
-        self.act_hist[rows, idx] = 0
-        self.timesteps[rows, idx] = self.t
-        self.lengths = (self.lengths + 1).clamp(max=k)
-
-    def context(self) -> dict[str, Tensor]:
-        """The current windows as model inputs (padded like training batches): rtg, obs, actions, t, mask."""
-        k, pad = self.model.context_len, self.model.padding
-        lengths = self.lengths
-        mask = torch.arange(k, device=self.device)[None, :] < lengths[:, None]
-        return {
-            "returns_to_go": pad_steps(self.rtg, lengths, pad).to(torch.float32),
-            "observations": pad_steps(self.obs, lengths, pad),
-            "actions": pad_steps(self.act_hist, lengths, pad),
-            "timesteps": pad_steps(self.timesteps, lengths, pad),
-            "mask": pad_steps(mask, lengths, pad),
-        }
-
-    def _can_stream(self) -> bool:
-        if self.mode != "auto" or not self.model.streams_exactly:
-            return False
-        k = self.model.context_len
-        if bool((self.t >= k).any()):
-            return False
-        if self._stream is None:
-            return bool((self.t == 0).all())  # a new state only when all envs start together
-        return self._stream_tokens + self.model.tokens_per_step <= self.model.tokens_per_step * k
-
-    @torch.no_grad()
-    def act(self, observations: np.ndarray | Tensor) -> np.ndarray:
-        """Actions (num_envs, A) float or (num_envs,) int for observations (num_envs, *obs_shape)."""
-        model = self.model
-        obs = torch.as_tensor(np.asarray(observations), device=self.device)
-        obs = obs.reshape(self.num_envs, *model.obs_shape)
-        self._push(obs)
-        rows = torch.arange(self.num_envs, device=self.device)
-        cur = self.lengths - 1  # index of step t in the unpadded (left-aligned) history
-        if self._can_stream():
-            if self._stream is None:
-                self._stream = model.backbone.init_state(self.num_envs, self.device, self.dtype)
-                self._stream_tokens = 0
-                self._stream_reset.zero_()
-            steps = model.embed_steps(
-                self.rtg[rows, cur].float()[:, None],
-                obs[:, None],
-                self.act_hist[rows, cur][:, None],
-                self.t[:, None],
-            )
-            n_in = model.tokens_per_step - 1  # [R̂_t,] s_t: everything but the unknown action
-            out = model.run_tokens(steps[:, 0, :n_in], state=self._stream, reset=self._stream_reset.clone())
-            self._stream_reset.zero_()
-            pred = model.head(out.y[:, -1])
-            action = model.to_action(pred, self.sample, self.generator)
-            self.act_hist[rows, cur] = action.to(self.act_hist.dtype)
-            a_tok = model.embed_steps(
-                self.rtg[rows, cur].float()[:, None],
-                obs[:, None],
-                self.act_hist[rows, cur][:, None],
-                self.t[:, None],
-            )[:, 0, n_in:]
-            self._stream = model.run_tokens(a_tok, state=out.state).state
-            self._stream_tokens += model.tokens_per_step
-            self.last_mode = "stream"
-        else:
-            self._stream = None
-            ctx = self.context()
-            out = model(**ctx)
-            at = last_index(self.lengths, model.context_len, model.padding)
-            action = model.to_action(out.predictions[rows, at], self.sample, self.generator)
-            self.act_hist[rows, cur] = action.to(self.act_hist.dtype)
-            self.last_mode = "recompute"
-        self.calls[self.last_mode] += 1
-        return action.cpu().numpy()
+__all__ = [
+    "PADDINGS",
+    "DTAgent",
+    "DTOutput",
+    "DecisionTransformer",
+    "Padding",
+    "dt_backbone_config",
+    "last_index",
+    "pad_steps",
+    "space_from_dict",
+    "space_to_dict",
+]

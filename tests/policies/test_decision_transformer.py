@@ -14,14 +14,10 @@ import torch.nn.functional as F
 
 from rl_transformers.backbone import available, capabilities
 from rl_transformers.backbone.model import BackboneOutput
-from rl_transformers.policies.decision_transformer import (
-    DecisionTransformer,
-    DTAgent,
-    dt_backbone_config,
-    pad_steps,
-    space_from_dict,
-    space_to_dict,
-)
+from rl_transformers.policies.decision_transformer import DecisionTransformer, dt_backbone_config
+from rl_transformers.policies.dt_padding import pad_steps
+from rl_transformers.policies.dt_rollout import DTAgent
+from rl_transformers.policies.dt_spaces import space_from_dict, space_to_dict
 
 BOX_OBS = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
 BOX_ACT = gym.spaces.Box(np.array([-1.0, 0.0], np.float32), np.array([1.0, 4.0], np.float32))
