@@ -20,6 +20,10 @@ from rl_transformers.utils.errors import UserError, choice_hint
 Which = Literal["last", "best"]
 
 
+class CheckpointNotFoundError(UserError, FileNotFoundError):
+    """A run directory or checkpoint path that does not exist or holds no checkpoint (a user error)."""
+
+
 def _checkpoint_file(path: Path, which: Which) -> Path:
     """The checkpoint file a path names: the file itself, or ``<run>/checkpoints/<which>.pt``."""
     from rl_transformers.utils.checkpoint import latest_checkpoint
@@ -29,17 +33,17 @@ def _checkpoint_file(path: Path, which: Which) -> Path:
     if path.is_file():
         return path
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no such run directory or checkpoint file")
+        raise CheckpointNotFoundError(f"{path}: no such run directory or checkpoint file")
     directory = path / "checkpoints" if (path / "checkpoints").is_dir() else path
     if (directory / f"{which}.pt").is_file():
         return directory / f"{which}.pt"
     if which == "best":
-        raise FileNotFoundError(
+        raise CheckpointNotFoundError(
             f"{directory}: no best.pt (the run logged no evaluation); use checkpoint='last'"
         )
     found = latest_checkpoint(path)
     if found is None:
-        raise FileNotFoundError(f"{path}: no checkpoint found (looked for last.pt and step_<n>.pt)")
+        raise CheckpointNotFoundError(f"{path}: no checkpoint found (looked for last.pt and step_<n>.pt)")
     return found
 
 

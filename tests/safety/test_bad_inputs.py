@@ -197,3 +197,11 @@ def test_script_parse_errors(tmp_path: Path, script: str, args: list[str], fragm
     message = " ".join(re.sub(r"[│╭╮╰╯─]", " ", proc.stderr).split())
     for fragment in fragments:
         assert fragment in message, message
+
+
+def test_evaluate_missing_run_is_a_user_error(tmp_path: Path) -> None:
+    """A run directory that does not exist: 'error: <path>: no such run ...', status 2, no traceback."""
+    proc = _run("evaluate.py", str(tmp_path / "no-such-run"), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"error: {tmp_path / 'no-such-run'}: no such run directory"), proc.stderr
