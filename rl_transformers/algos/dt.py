@@ -22,15 +22,14 @@ DistributedDataParallel (gloo on CPU, nccl on GPU); ``batch_size`` is the global
 ``batch_size / N`` windows from its own generator. Rank 0 logs, evaluates and writes checkpoints holding every
 rank's RNG states, so a resume continues each rank's stream. Run directory, resume, Ctrl-C, non-finite stop,
 save-then-evaluate, process group and final summary: :mod:`rl_transformers.algos.lifecycle` (shared with PPO).
+Set-up decisions (env, targets, return scale, seeds): :mod:`~rl_transformers.algos.dt_setup`; checkpoints:
+:mod:`~rl_transformers.algos.dt_checkpoint`; logged tags: :mod:`~rl_transformers.algos.dt_logging`.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import time
-import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,34 +40,56 @@ import torch
 from torch import nn
 
 from rl_transformers import logging as L
-from rl_transformers.algos.distributed import DistContext, gather_objects
+from rl_transformers.algos.distributed import DistContext
+from rl_transformers.algos.dt_checkpoint import (  # load_policy: re-exported
+    REQUIRED_KEYS,
+    checkpoint_state,
+    load_policy,
+    restore_checkpoint,
+)
 from rl_transformers.algos.dt_config import RESUME_MUTABLE, RESUME_PER_INVOCATION, DTConfig
 from rl_transformers.algos.dt_data import TrajectoryDataset
+from rl_transformers.algos.dt_logging import Window, eval_scalars, record_training, write_eval_episodes
+from rl_transformers.algos.dt_setup import (  # default_return_scale, target_label: re-exported
+    check_eval_seeds,
+    dataset_name,
+    default_return_scale,
+    default_targets,
+    env_factory,
+    target_label,
+    time_limit,
+)
 from rl_transformers.algos.evaluation import EvalResult, evaluate_dt
 from rl_transformers.algos.lifecycle import Resumed, Run, RunOutcome, load_resume, session
 from rl_transformers.policies.decision_transformer import DecisionTransformer
 from rl_transformers.utils import (
     capture_rng_state,
     check_finite,
-    latest_checkpoint,
     linear_warmup,
-    load_checkpoint,
     restore_rng_state,
     seed_everything,
-    to_jsonable,
 )
-from rl_transformers.utils.errors import UserError
 from rl_transformers.utils.resume import merge_resume
 
-__all__ = ["DTConfig", "DTTrainer", "EvalResult", "TrainResult", "evaluate", "load_policy", "train"]
+__all__ = [
+    "DTConfig",
+    "DTTrainer",
+    "EvalResult",
+    "TrainResult",
+    "default_return_scale",
+    "evaluate",
+    "load_policy",
+    "target_label",
+    "train",
+]
 
 BEST_METRIC = L.EVAL_RETURN_MEAN
 """The tag that selects best.pt: the mean return of the first (highest) target."""
 HEADLINE = (L.EVAL_RETURN_MEAN, L.EVAL_NORMALIZED_SCORE, L.LOSS)
 """Tags of the final summary (their last logged values)."""
-REQUIRED_KEYS = ("model", "optimizer", "scheduler", "step", "rng", "sampler_rng")
 evaluate = evaluate_dt
 """Old name of :func:`rl_transformers.algos.evaluation.evaluate_dt`."""
+_Window = Window  # old name
 
 
 @dataclass
@@ -80,68 +101,10 @@ class TrainResult(RunOutcome):
     """The training data actually used (after %BC filtering): episodes, steps, return statistics."""
 
 
-# --- helpers -------------------------------------------------------------------------------------------------
-
-
-def default_return_scale(returns: np.ndarray, env_name: str | None) -> float:
-    """1/1000 for D4RL MuJoCo families (the paper's value), else 10^-floor(log10(max |return|)), at most 1."""
-    from offline_data.scores import env_family
-
-    if env_name and env_family(env_name) is not None:
-        return 1e-3
-    peak = float(np.max(np.abs(returns))) if len(returns) else 0.0
-    if peak < 1.0:
-        return 1.0
-    return 10.0 ** (-math.floor(math.log10(peak)))
-
-
-def target_label(target: float | None) -> str:
-    """Tag suffix of a target: ``@3600`` (``%g`` format), empty for BC."""
-    return "" if target is None else f"@{target:g}"
-
-
-def _round_target(x: float) -> float:
-    return float(f"{x:.4g}")
-
-
-def load_policy(path: str | Path, device: str | torch.device = "cpu") -> DecisionTransformer:
-    """The model of a checkpoint file or run directory (weights + normalisation), in eval mode."""
-    source = latest_checkpoint(path) or Path(path)
-    ckpt = load_checkpoint(source, map_location=device)
-    missing = [k for k in ("model", "model_kwargs") if k not in ckpt]
-    if missing or not isinstance(ckpt.get("model_kwargs"), dict):
-        raise UserError(f"checkpoint {source} lacks {missing or ['model_kwargs']}: not a DT checkpoint")
-    try:
-        model = DecisionTransformer.from_kwargs(ckpt["model_kwargs"])
-        model.load_state_dict(ckpt["model"])
-    except (KeyError, TypeError, ValueError, RuntimeError) as err:
-        raise UserError(
-            f"checkpoint {source}: its model does not rebuild ({type(err).__name__}: {err})"
-        ) from err
-    return model.to(device).eval()
-
-
-def _dataset_name(config: DTConfig, info: Any) -> str:
-    if info.dataset_id:
-        return str(info.dataset_id)
-    path = Path(config.dataset)
-    return path.stem if path.suffix in (".hdf5", ".h5") else path.name
-
-
-def _dataset_name(config: DTConfig, info: Any) -> str:
-    if info.dataset_id:
-        return str(info.dataset_id)
-    path = Path(config.dataset)
-    return path.stem if path.suffix in (".hdf5", ".h5") else path.name
-
-
 def _merge(saved: DTConfig, given: DTConfig, source: Path) -> DTConfig:
     return merge_resume(
         saved, given, mutable=RESUME_MUTABLE, per_invocation=RESUME_PER_INVOCATION, source=source
     )
-
-
-# --- training ------------------------------------------------------------------------------------------------
 
 
 class DTTrainer:
@@ -166,26 +129,27 @@ class DTTrainer:
             )
         self.local_batch = config.batch_size // dist.world_size
 
-        # Data, evaluation env, derived settings.
-        episodes, self.info = load_episodes(config.dataset, root=config.dataset_root, env_id=config.env_id)
+        # Data, evaluation env, derived settings (algos/dt_setup.py).
+        episodes, self.info = load_episodes(
+            config.dataset,
+            root=config.dataset_root,
+            env_id=config.env_id,
+            allow_env_modules=config.allow_env_modules,
+        )
         self.data = TrajectoryDataset(
             episodes,
             discrete_actions=self.info.discrete_actions,
             discrete_observations=isinstance(self.info.observation_space, gym.spaces.Discrete),
             top_fraction=config.bc_top_fraction,
         )
-        _check_eval_seeds(episodes, config)
-        self.make_env = _env_factory(config, self.info)
-        env_limit = _time_limit(self.make_env) if config.eval_episodes > 0 else None
+        check_eval_seeds(episodes, config)
+        self.make_env = env_factory(config, self.info)
+        env_limit = time_limit(self.make_env) if config.eval_episodes > 0 else None
         self.max_ep_len = config.max_ep_len or max(int(self.data.lengths.max()), env_limit or 0)
         self.max_eval_steps = None if env_limit is not None else self.max_ep_len
         name = self.info.env_id or self.info.dataset_id or config.dataset
         self.return_scale = config.return_scale or default_return_scale(self.data.returns, name)
-        self.targets: list[float | None] = [None]
-        if config.algo == "dt":
-            returns = self.data.returns
-            default_targets = [_round_target(returns.max()), _round_target(float(np.median(returns)))]
-            self.targets = list(dict.fromkeys(config.target_returns or default_targets))
+        self.targets: list[float | None] = default_targets(config, self.data.returns)
 
         # Model and optimisation.
         self.model = DecisionTransformer(
@@ -212,7 +176,7 @@ class DTTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: linear_warmup(s, warmup))
         self.step = 0
         if resumed is not None:
-            self._restore(resumed.checkpoint)
+            restore_checkpoint(self, resumed.checkpoint)
         self.net: nn.Module = self.model
         if dist.enabled:
             ids = [device.index] if device.type == "cuda" else None
@@ -227,7 +191,7 @@ class DTTrainer:
     @property
     def name(self) -> str:
         """The run directory's name component: the dataset id or file stem."""
-        return _dataset_name(self.config, self.info)
+        return dataset_name(self.config, self.info)
 
     def facts(self) -> dict[str, Any]:
         """What the run summary records besides the parameter count."""
@@ -274,7 +238,7 @@ class DTTrainer:
         ``callback(trainer)`` after each update; False stops the run (as Ctrl-C does)."""
         config = self.config
         self._t0 = time.perf_counter()
-        self._window = _Window(self.device)
+        self._window = Window(self.device)
         run.progress_bar(config.total_steps, self.step, unit="update", desc=f"{config.algo} {self.name}")
         with run.loop():
             while self.step < config.total_steps:
@@ -291,7 +255,7 @@ class DTTrainer:
                 if log_now:
                     if run.logger is not None:
                         self._record(run.logger, terms)
-                    self._window = _Window(self.device)
+                    self._window = Window(self.device)
                 run.end_iteration(
                     self.step,
                     self.checkpoint,
@@ -313,22 +277,15 @@ class DTTrainer:
         )
 
     def _record(self, logger: L.Logger, last: dict[str, Any]) -> None:
-        window = self._window
-        logger.record(L.LOSS, window.mean("loss"))
-        logger.record(L.ACTION_LOSS, window.mean("action_loss"))
-        logger.record(L.GRAD_NORM, window.mean("grad_norm"))
-        logger.record(L.LEARNING_RATE, self.scheduler.get_last_lr()[0])
-        logger.record(L.N_UPDATES, self.step)
-        for name in window.aux:
-            logger.record(f"train/aux_{name}", window.mean(name, aux=True))
-        for key, value in last["info"].items():  # backbone diagnostics of the last update
-            if isinstance(value, torch.Tensor) and value.numel() == 1:
-                logger.record(key, float(value))
-            elif isinstance(value, int | float):
-                logger.record(key, value)
-        elapsed = time.perf_counter() - window.start
-        logger.record(L.SAMPLES_PER_SECOND, window.n * self.config.batch_size / max(elapsed, 1e-9))
-        logger.record(L.TIME_ELAPSED, time.perf_counter() - self._t0)
+        record_training(
+            logger,
+            self._window,
+            last,
+            learning_rate=self.scheduler.get_last_lr()[0],
+            step=self.step,
+            batch_size=self.config.batch_size,
+            started=self._t0,
+        )
 
     # -- evaluation -------------------------------------------------------------------------------------------
     def _evaluation(self) -> tuple[dict[str, float], float | None]:
@@ -339,116 +296,39 @@ class DTTrainer:
         return values, values.get(BEST_METRIC)
 
     def evaluate(self) -> dict[str, float]:
-        """Roll out every target (rank 0); eval scalars by tag, episodes written to eval/step_<n>.json.
+        """Roll out every target (rank 0); eval scalars by tag (:func:`~rl_transformers.algos.dt_logging.
+        eval_scalars`), episodes written to eval/step_<n>.json.
 
         The global RNG states are restored afterwards: evaluating never changes the training stream."""
         if not self.eval_envs:
             return {}
         rng = capture_rng_state()
         try:
-            return self._evaluate()
+            results = evaluate_dt(
+                self.model,
+                self.make_env,  # type: ignore[arg-type]
+                self.targets,
+                self.config.eval_episodes,
+                self.config.eval_seed,
+                envs=self.eval_envs,
+                max_steps=self.max_eval_steps,
+            )
         finally:
             restore_rng_state(rng)
-
-    def _evaluate(self) -> dict[str, float]:
-        config, info = self.config, self.info
-        results = evaluate_dt(
-            self.model,
-            self.make_env,  # type: ignore[arg-type]
-            self.targets,
-            config.eval_episodes,
-            config.eval_seed,
-            envs=self.eval_envs,
-            max_steps=self.max_eval_steps,
-        )
-        values: dict[str, float] = {}
-        for i, res in enumerate(results):
-            label = target_label(res.target)
-            values[f"{L.EVAL_RETURN_MEAN}{label}"] = float(res.returns.mean())
-            values[f"{L.EVAL_RETURN_STD}{label}"] = float(res.returns.std())
-            values[f"{L.EVAL_EP_LENGTH_MEAN}{label}"] = float(res.lengths.mean())
-            if info.ref_min_score is not None and info.ref_max_score is not None:
-                score = float(np.mean(info.normalized_score(res.returns)))
-                values[f"{L.EVAL_NORMALIZED_SCORE}{label}"] = score
-                if i == 0:
-                    values[L.EVAL_NORMALIZED_SCORE] = score
-            if i == 0:  # the first (highest) target selects best.pt
-                values[BEST_METRIC] = float(res.returns.mean())
         if self.run_dir is not None:
-            episodes = [
-                {"target": r.target, "returns": r.returns.tolist(), "lengths": r.lengths.tolist()}
-                for r in results
-            ]
-            path = self.run_dir / "eval" / f"step_{self.step}.json"
-            path.parent.mkdir(exist_ok=True)
-            path.write_text(json.dumps({"step": self.step, "episodes": episodes}) + "\n")
-        return values
+            write_eval_episodes(self.run_dir, self.step, results)
+        return eval_scalars(results, self.info)
 
     # -- checkpoints ------------------------------------------------------------------------------------------
     def checkpoint(self) -> dict[str, Any] | None:
-        """The checkpoint payload (collective under DDP: gathers every rank's RNG states; None off rank 0)."""
-        rngs = gather_objects(capture_rng_state(), self.dist)
-        samplers = gather_objects(self.sampler_rng.bit_generator.state, self.dist)
-        if not self.dist.is_main:
-            return None
-        info = self.info
-        return {
-            "model": self.model.state_dict(),
-            "model_kwargs": self.model.init_kwargs(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "step": self.step,
-            "rng": rngs,
-            "sampler_rng": samplers,
-            "world_size": self.dist.world_size,
-            "config": to_jsonable(self.config),
-            "dataset": {
-                "source": info.source,
-                "env_id": info.env_id,
-                "ref_min_score": info.ref_min_score,
-                "ref_max_score": info.ref_max_score,
-            },
-        }
-
-    def _restore(self, ckpt: dict[str, Any]) -> None:
-        self.model.load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
-        self.scheduler.load_state_dict(ckpt["scheduler"])
-        self.step = int(ckpt["step"])
-        if int(ckpt.get("world_size", 1)) == self.dist.world_size:
-            restore_rng_state(ckpt["rng"][self.dist.rank])
-            self.sampler_rng.bit_generator.state = ckpt["sampler_rng"][self.dist.rank]
-        elif self.dist.is_main:
-            warnings.warn(
-                f"resume: world size changed ({ckpt.get('world_size')} -> {self.dist.world_size}); "
-                "random streams are reseeded, the run will not match an uninterrupted one",
-                stacklevel=2,
-            )
+        """The checkpoint payload (:func:`~rl_transformers.algos.dt_checkpoint.checkpoint_state`; a collective
+        under DDP; None off rank 0)."""
+        return checkpoint_state(self)
 
     def close(self) -> None:
         for env in self.eval_envs:
             env.close()
         self.eval_envs = []
-
-
-class _Window:
-    """Sums of loss terms over the updates of one logging window (kept on device: no sync per update)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.sums: dict[str, torch.Tensor] = {}
-        self.aux: dict[str, torch.Tensor] = {}
-        self.n = 0
-        self.start = time.perf_counter()
-
-    def add(self, terms: dict[str, Any]) -> None:
-        self.n += 1
-        for key in ("loss", "action_loss", "grad_norm"):
-            self.sums[key] = self.sums.get(key, 0) + terms[key]
-        for key, value in terms["aux"].items():
-            self.aux[key] = self.aux.get(key, 0) + value
-
-    def mean(self, key: str, aux: bool = False) -> float:
-        return float((self.aux if aux else self.sums)[key]) / max(self.n, 1)
 
 
 def train(
@@ -484,44 +364,6 @@ def train(
             if run is not None:
                 run.close()
             trainer.close()
-
-
-def _env_factory(config: DTConfig, info: Any) -> Callable[[], gym.Env] | None:
-    """The evaluation env: ``config.env_id`` if given (registered ids and ``rlt/`` tasks, through
-    :func:`~rl_transformers.algos.env_util.make_env_thunk`), else the dataset's eval / collection env, else
-    None."""
-    if config.env_id is not None:
-        from rl_transformers.algos.env_util import make_env_thunk
-
-        return make_env_thunk(config.env_id, source="--env-id")
-    if (info.eval_env_spec or info.env_spec) is not None:
-        return info.make_env
-    return None
-
-
-def _time_limit(make_env: Callable[[], gym.Env] | None) -> int | None:
-    if make_env is None:
-        return None
-    env = make_env()
-    try:
-        return env.spec.max_episode_steps if env.spec is not None else None
-    finally:
-        env.close()
-
-
-def _check_eval_seeds(episodes: Sequence[Any], config: DTConfig) -> None:
-    """Refuse evaluation seeds that reset an episode of the dataset (when the dataset records seeds)."""
-    if config.eval_episodes == 0:
-        return
-    used = {int(ep.seed) for ep in episodes if getattr(ep, "seed", None) is not None}
-    eval_seeds = set(range(config.eval_seed, config.eval_seed + config.eval_episodes))
-    clash = sorted(used & eval_seeds)
-    if clash:
-        raise ValueError(
-            f"evaluation seeds {config.eval_seed}..{config.eval_seed + config.eval_episodes - 1} include "
-            f"{len(clash)} seed(s) used to collect the dataset (e.g. {clash[0]}); pick another --eval-seed, "
-            f"e.g. {max(used) + 1}"
-        )
 
 
 def cleanup_distributed() -> None:

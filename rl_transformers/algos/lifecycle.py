@@ -45,6 +45,7 @@ from rl_transformers.algos.distributed import (
     setup_distributed,
     shutdown,
 )
+from rl_transformers.algos.run_config import INVOCATION_FIELDS
 from rl_transformers.logging import Logger
 from rl_transformers.utils import (
     CheckpointManager,
@@ -68,6 +69,7 @@ __all__ = [
     "count_parameters",
     "load_resume",
     "run_dir_of",
+    "saved_form",
     "session",
     "summary_text",
 ]
@@ -223,7 +225,7 @@ class Run:
         else:
             self.dir = make_run_dir(config.run_root, algo=algo, name=name, seed=config.seed)
         self.dir.mkdir(parents=True, exist_ok=True)
-        save_config(self.dir, _without_invocation_fields(config))
+        save_config(self.dir, saved_form(config))
         self.logger = Logger(self.dir, stdout=config.verbose, purge_step=step + 1 if resumed else None)
         if resumed is None:
             self.logger.log_hparams(config, {tag: None for tag in hparam_metrics})
@@ -357,11 +359,14 @@ class Run:
             self.logger.text("errors", message, step=int(err.step or 0))
 
 
-def _without_invocation_fields(config: Any) -> Any:
-    """``config`` as saved in ``config.json``: ``resume`` / ``trust_checkpoint`` belong to one invocation."""
-    fresh = {
-        name: value
-        for name, value in (("resume", None), ("trust_checkpoint", False))
-        if hasattr(config, name) and dataclasses.is_dataclass(config)
-    }
+def saved_form(config: Any) -> Any:
+    """``config`` as a checkpoint or ``config.json`` stores it: the per-invocation fields (``resume``,
+    ``trust_checkpoint``, ``allow_env_modules``: :data:`~rl_transformers.algos.run_config.INVOCATION_FIELDS`)
+    reset, so a saved file never carries (or grants) them."""
+    if not dataclasses.is_dataclass(config) or isinstance(config, type):
+        return config
+    fresh = {name: value for name, value in INVOCATION_FIELDS.items() if hasattr(config, name)}
     return dataclasses.replace(config, **fresh) if fresh else config
+
+
+_without_invocation_fields = saved_form  # old name

@@ -17,6 +17,11 @@ anchor, and (single process, sync envs) the envs themselves with the rollout loo
 signed with this user's key (:mod:`rl_transformers.utils.trust`), so a resumed single-process CPU run of one's
 own continues bit-exactly; a blob that does not verify is never unpickled (fresh episodes, with a warning).
 
+Modules: the loss, Adam and the epochs :mod:`~rl_transformers.algos.ppo_update`; logged tags
+:mod:`~rl_transformers.algos.ppo_logging`; checkpoints :mod:`~rl_transformers.algos.ppo_checkpoint`; config
+:mod:`~rl_transformers.algos.ppo_config`; throughput :mod:`~rl_transformers.algos.throughput` (the trainer's
+loop without a run directory; ``measure_throughput`` is still importable from here).
+
 Resume (:mod:`rl_transformers.utils.resume`): flags in ``RESUME_MUTABLE`` apply, other changed flags are
 refused. Learning-rate rule: the rate anneals linearly from an anchor ``(update u0, rate lr0)`` to 0 at the
 last update, ``lr(u) = lr0 * (1 - (u - u0) / (num_updates - u0))``; a fresh run anchors at ``(0,
@@ -27,10 +32,9 @@ down to 0 over the remaining updates. An unchanged budget keeps the anchor (bit-
 
 from __future__ import annotations
 
-import math
 import sys
 import time
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,8 +46,6 @@ import torch
 from rl_transformers import logging as rlt_logging
 from rl_transformers.algos.distributed import (
     DistContext,
-    allreduce_gradients,
-    allreduce_sum,
     broadcast_parameters,
     resolve_device,
 )
@@ -56,21 +58,26 @@ from rl_transformers.algos.ppo_checkpoint import (  # RESUME_BLOB, load_policy: 
     load_policy,
     restore_checkpoint,
 )
-from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig, resume_config
+from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig, resume_config  # noqa: F401
+from rl_transformers.algos.ppo_logging import record_update
+from rl_transformers.algos.ppo_update import (  # ppo_loss: re-exported
+    evaluate_minibatch,
+    make_adam,
+    ppo_loss,
+    train_epochs,
+    update_obs_norm,
+)
 from rl_transformers.algos.rollout import RolloutStorage, SequenceBatch, collect_rollout, reset_loop
 from rl_transformers.logging import Logger
 from rl_transformers.policies.gtrxl import ActorCritic, ContextCore, make_policy
 from rl_transformers.utils import (
-    NonFiniteError,
-    available_cores,
     capture_rng_state,
     linear_schedule,
     restore_rng_state,
     seed_everything,
-    set_threads,
 )
 
-__all__ = ["PPOTrainer", "TrainResult", "load_policy", "ppo_loss", "run_dir_of", "train"]
+__all__ = ["PPOTrainer", "TrainResult", "load_policy", "make_adam", "ppo_loss", "run_dir_of", "train"]
 
 HEADLINE = (rlt_logging.EP_REW_MEAN, rlt_logging.EP_LEN_MEAN, rlt_logging.EVAL_MEAN_REWARD)
 """Tags of the final summary (their last logged values)."""
@@ -92,50 +99,6 @@ class TrainResult(RunOutcome):
         return self.interrupted
 
 
-# -- the loss -----------------------------------------------------------------------------------------------
-def ppo_loss(
-    new_log_prob: torch.Tensor,
-    entropy: torch.Tensor,
-    new_value: torch.Tensor,
-    aux_losses: dict[str, torch.Tensor],
-    batch: SequenceBatch,
-    ppo: PPOConfig,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped-surrogate PPO loss of one minibatch and its logged terms.
-
-    L = E[max(-A r, -A clip(r, 1-ε, 1+ε))] - c_ent H + c_v · ½ E[max((V-R)², (V_clip-R)²)] + Σ w_k aux_k, with
-    r = exp(log π - log π_old), A normalised per minibatch, V_clip = V_old + clip(V - V_old, -ε, ε).
-    """
-    logratio = new_log_prob - batch.log_probs
-    ratio = logratio.exp()
-    with torch.no_grad():
-        approx_kl = ((ratio - 1) - logratio).mean()  # Schulman's k3 estimator of KL(old || new)
-        clip_frac = ((ratio - 1.0).abs() > ppo.clip_coef).float().mean()
-    adv = batch.advantages
-    if ppo.norm_adv and adv.numel() > 1:
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - ppo.clip_coef, 1 + ppo.clip_coef)).mean()
-    if ppo.clip_vloss:
-        v_clipped = batch.values + (new_value - batch.values).clamp(-ppo.clip_coef, ppo.clip_coef)
-        v_loss = 0.5 * torch.max((new_value - batch.returns) ** 2, (v_clipped - batch.returns) ** 2).mean()
-    else:
-        v_loss = 0.5 * ((new_value - batch.returns) ** 2).mean()
-    ent = entropy.mean()
-    loss = pg_loss - ppo.ent_coef * ent + ppo.vf_coef * v_loss
-    terms = {
-        "pg": float(pg_loss.detach()),
-        "v": float(v_loss.detach()),
-        "ent": float(ent.detach()),
-        "kl": float(approx_kl),
-        "clip": float(clip_frac),
-    }
-    for name, value in aux_losses.items():
-        loss = loss + ppo.aux_weight(name) * value
-        terms[f"aux/{name}"] = float(value.detach())
-    terms["loss"] = float(loss.detach())
-    return loss, terms
-
-
 # -- the trainer --------------------------------------------------------------------------------------------
 class PPOTrainer:
     """Owns envs, policy, optimizer, storage and counters; :meth:`learn` runs the loop."""
@@ -149,7 +112,9 @@ class PPOTrainer:
         ppo = cfg.ppo
         cfg.check_aux_weights()
         seed_everything(cfg.seed, cfg.torch_deterministic)  # identical initial parameters on every rank
-        self.envs = make_vec_env(cfg.env_id, cfg.num_envs, cfg.env_kwargs, cfg.vectorization)
+        self.envs = make_vec_env(
+            cfg.env_id, cfg.num_envs, cfg.env_kwargs, cfg.vectorization, cfg.allow_env_modules
+        )
         check_same_step(self.envs)
         obs_space, act_space = self.envs.single_observation_space, self.envs.single_action_space
         self.policy: ActorCritic = make_policy(cfg.policy, obs_space, act_space).to(self.device)
@@ -197,106 +162,37 @@ class PPOTrainer:
         self, mb: SequenceBatch
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict, dict]:
         """New log-probs, entropies, values (B, W) of a minibatch, plus aux losses and info."""
-        b, w = mb.log_probs.shape
-        new_lp = mb.log_probs.new_empty(b, w)
-        ent = mb.log_probs.new_empty(b, w)
-        val = mb.log_probs.new_empty(b, w)
-        aux: dict[str, torch.Tensor] = {}
-        info: dict[str, Any] = {}
-        for rows, state in mb.state_groups:
-            sel = mb.select(rows)
-            out = self.policy.evaluate_sequence(sel["obs"], sel["actions"], state, sel["episode_starts"])
-            new_lp = new_lp.index_put((rows,), out.log_prob)
-            ent = ent.index_put((rows,), out.entropy)
-            val = val.index_put((rows,), out.value)
-            frac = len(rows) / b
-            for name, value in out.aux_losses.items():
-                aux[name] = aux.get(name, 0.0) + frac * value
-            info = info or out.info
-        return new_lp, ent, val, aux, info
+        return evaluate_minibatch(self.policy, mb)
 
     def train_epochs(self, collect_info: bool = False) -> dict[str, float]:
-        """PPO epochs over the stored rollout; returns the update's mean statistics."""
-        ppo = self.cfg.ppo
-        stats: dict[str, list[float]] = defaultdict(list)
-        infos: dict[str, list[float]] = defaultdict(list)
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        kl_stop = False
-        for epoch in range(ppo.update_epochs):
-            for i, mb in enumerate(self.storage.minibatches(ppo.num_minibatches, self.generator)):
-                self.policy.collect_info = collect_info and epoch == 0 and i == 0
-                new_lp, entropy, new_v, aux, info = self._evaluate_batch(mb)
-                self.policy.collect_info = False
-                loss, terms = ppo_loss(new_lp, entropy, new_v, aux, mb, ppo)
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                loss_value = terms["loss"]
-                nonfinite = 0.0 if math.isfinite(loss_value) else 1.0
-                shared = allreduce_gradients(
-                    self.policy, self.dist, torch.tensor([terms["kl"], nonfinite], dtype=torch.float64)
-                )
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, ppo.max_grad_norm)
-                if shared[1] > 0 or not torch.isfinite(grad_norm):
-                    what = "loss" if shared[1] > 0 else "gradient norm"
-                    raise NonFiniteError(
-                        what, self.global_step, f"loss={loss_value}, grad_norm={float(grad_norm)}"
-                    )
-                if ppo.target_kl is not None and float(shared[0]) > 1.5 * ppo.target_kl:
-                    kl_stop = True
-                    break
-                self.optimizer.step()
-                for key, value in terms.items():
-                    stats[key].append(value)
-                stats["grad_norm"].append(float(grad_norm))
-                for key, value in info.items():
-                    if isinstance(value, (int, float)) or (
-                        isinstance(value, torch.Tensor) and value.numel() == 1
-                    ):
-                        infos[key].append(float(value))
-            if kl_stop:
-                break
-        returns = self.storage.returns.flatten()
-        values = self.storage.values.flatten()
-        var = float(returns.var()) if returns.numel() > 1 else 0.0
-        explained = float("nan") if var == 0 else 1.0 - float((returns - values).var()) / var
-        out = {k: float(np.mean(v)) for k, v in stats.items() if v}
-        out["explained_variance"] = explained
-        out["n_steps"] = float(len(stats["loss"]))
-        out.update({f"info:{k}": float(np.mean(v)) for k, v in infos.items()})
-        return out
+        """PPO epochs over the stored rollout; returns the update's mean statistics
+        (:func:`~rl_transformers.algos.ppo_update.train_epochs`)."""
+        return train_epochs(
+            self.policy,
+            self.optimizer,
+            self.storage,
+            self.cfg.ppo,
+            self.generator,
+            self.dist,
+            self.global_step,
+            collect_info,
+        )
 
     # -- logging --------------------------------------------------------------------------------------------
     def _record(self, logger: Logger, metrics: dict[str, float], lr: float, fps: float) -> None:
-        L = rlt_logging
-        if self.episode_returns:
-            logger.record(L.EP_REW_MEAN, float(np.mean(self.episode_returns)))
-            logger.record(L.EP_LEN_MEAN, float(np.mean(self.episode_lengths)))
-        names = {
-            "loss": L.LOSS,
-            "pg": L.POLICY_GRADIENT_LOSS,
-            "v": L.VALUE_LOSS,
-            "kl": L.APPROX_KL,
-            "clip": L.CLIP_FRACTION,
-            "grad_norm": L.GRAD_NORM,
-        }
-        for key, tag in names.items():
-            if key in metrics:
-                logger.record(tag, metrics[key])
-        if "ent" in metrics:
-            logger.record(L.ENTROPY_LOSS, -metrics["ent"])
-        logger.record(L.EXPLAINED_VARIANCE, metrics["explained_variance"])
-        logger.record(L.LEARNING_RATE, lr)
-        logger.record(L.CLIP_RANGE, self.cfg.ppo.clip_coef)
-        logger.record(L.N_UPDATES, self.update * self.cfg.ppo.update_epochs * self.cfg.ppo.num_minibatches)
-        logger.record(L.FPS, fps)
-        logger.record(L.ITERATIONS, self.update)
-        logger.record(L.TOTAL_TIMESTEPS, self.global_step)
-        for key, value in metrics.items():
-            if key.startswith("aux/"):
-                logger.record(f"backbone/{key}", value)
-            elif key.startswith("info:"):
-                name = key[5:]
-                logger.record(name if name.startswith("backbone/") else f"backbone/{name}", value)
+        ppo = self.cfg.ppo
+        record_update(
+            logger,
+            metrics,
+            episode_returns=self.episode_returns,
+            episode_lengths=self.episode_lengths,
+            learning_rate=lr,
+            clip_range=ppo.clip_coef,
+            n_gradient_steps=self.update * ppo.update_epochs * ppo.num_minibatches,
+            fps=fps,
+            update=self.update,
+            global_step=self.global_step,
+        )
 
     def evaluate(self, n_episodes: int, deterministic: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """Returns and lengths of ``n_episodes`` fresh episodes (seeded from the run seed and the step).
@@ -318,6 +214,7 @@ class PPOTrainer:
             seq_len=self.cfg.ppo.seq_len,
             deterministic=deterministic,
             device=self.device,
+            allow_env_modules=self.cfg.allow_env_modules,
         )
 
     # -- checkpoints ----------------------------------------------------------------------------------------
@@ -415,29 +312,10 @@ class PPOTrainer:
         return {rlt_logging.EVAL_MEAN_REWARD: mean, rlt_logging.EVAL_MEAN_EP_LENGTH: float(lens.mean())}, mean
 
     def _update_obs_norm(self) -> None:
-        """Merge this rollout's observations into the policy's normaliser (after the epochs, so the update
-        trained on exactly the statistics that acted); ranks merge the same all-reduced moments."""
-        norm = self.policy.obs_norm
-        if norm is None:
-            return
-        n, total, total_sq = norm.moments(self.storage.obs)
-        flat = allreduce_sum(torch.cat([n.view(1), total.reshape(-1), total_sq.reshape(-1)]), self.dist)
-        size = total.numel()
-        norm.update_from_moments(
-            flat[0], flat[1 : 1 + size].view_as(total), flat[1 + size :].view_as(total_sq)
-        )
+        update_obs_norm(self.policy, self.storage, self.dist)
 
     def close(self) -> None:
         self.envs.close()
-
-
-def make_adam(module: torch.nn.Module, lr: float, eps: float) -> torch.optim.Adam:
-    """Adam with the fused kernel where torch has one for these parameters (several times faster on CPU for
-    the many small tensors of a policy), else the multi-tensor one."""
-    try:
-        return torch.optim.Adam(module.parameters(), lr=lr, eps=eps, fused=True)
-    except (RuntimeError, TypeError, ValueError):
-        return torch.optim.Adam(module.parameters(), lr=lr, eps=eps, foreach=True)
 
 
 def _crossed(step: int, batch: int, every: int) -> bool:
@@ -496,33 +374,11 @@ def train(
             trainer.close()
 
 
-# -- loading and measuring ----------------------------------------------------------------------------------
-def measure_throughput(cfg: TrainConfig, updates: int = 5, warmup: int = 1) -> dict[str, float]:
-    """Env steps per second of rollouts alone and of whole PPO updates (rollout + training), after warm-up."""
-    set_threads(cfg.threads or available_cores())
-    trainer = PPOTrainer(cfg, device=resolve_device(cfg.device, DistContext()))
-    ppo = cfg.ppo
-    rollout_s = train_s = 0.0
-    try:
-        for i in range(warmup + updates):
-            t0 = time.perf_counter()
-            trainer.loop, _ = collect_rollout(
-                trainer.policy, trainer.envs, trainer.storage, trainer.loop, ppo.gamma, ppo.gae_lambda
-            )
-            t1 = time.perf_counter()
-            trainer.train_epochs()
-            t2 = time.perf_counter()
-            if i >= warmup:
-                rollout_s += t1 - t0
-                train_s += t2 - t1
-    finally:
-        trainer.close()
-    steps = updates * trainer.batch_size
-    return {
-        "rollout_steps_per_s": steps / rollout_s,
-        "train_steps_per_s": steps / train_s,
-        "steps_per_s": steps / (rollout_s + train_s),
-        "threads": float(torch.get_num_threads()),
-        "num_envs": float(cfg.num_envs),
-        "parameters": float(sum(p.numel() for p in trainer.policy.parameters())),
-    }
+def __getattr__(name: str) -> Any:
+    """``measure_throughput`` moved to :mod:`rl_transformers.algos.throughput` (imported lazily: it imports
+    this module)."""
+    if name == "measure_throughput":
+        from rl_transformers.algos.throughput import measure_throughput
+
+        return measure_throughput
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

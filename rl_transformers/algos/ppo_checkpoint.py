@@ -12,15 +12,17 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import torch
 
-from rl_transformers.algos.lifecycle import run_dir_of  # noqa: F401  (re-exported)
+from rl_transformers.algos.lifecycle import run_dir_of, saved_form  # noqa: F401  (run_dir_of: re-exported)
 from rl_transformers.algos.ppo_config import TrainConfig
 from rl_transformers.algos.rollout import LoopState, reset_loop
+from rl_transformers.algos.run_config import check_module_names
 from rl_transformers.policies.encoders import tree_map
 from rl_transformers.policies.gtrxl import ActorCritic, make_policy
 from rl_transformers.utils import (
@@ -68,7 +70,7 @@ def checkpoint_state(tr: PPOTrainer) -> dict[str, Any]:
                 stacklevel=2,
             )
     return {
-        "config": to_jsonable(dataclasses.replace(tr.cfg, resume=None, trust_checkpoint=False)),
+        "config": to_jsonable(saved_form(tr.cfg)),
         "policy": tr.policy.state_dict(),
         "optimizer": tr.optimizer.state_dict(),
         "global_step": tr.global_step,
@@ -196,18 +198,22 @@ def load_policy_weights(
     )
 
 
-def load_policy(path: str | Path, device: str | torch.device = "cpu") -> tuple[ActorCritic, TrainConfig]:
-    """The policy of a checkpoint (file or run directory) and the run's config."""
+def load_policy(
+    path: str | Path, device: str | torch.device = "cpu", allow_env_modules: Sequence[str] = ()
+) -> tuple[ActorCritic, TrainConfig]:
+    """The policy of a checkpoint (file or run directory) and the run's config (whose ``allow_env_modules`` is
+    the one given here, never the file's: it names the modules the run's env may come from)."""
     source = latest_checkpoint(path) or Path(path)
     ckpt = load_checkpoint(source, map_location=device)
     cfg = saved_config(TrainConfig, ckpt, source)
+    cfg = dataclasses.replace(saved_form(cfg), allow_env_modules=check_module_names(allow_env_modules))
     if "policy" not in ckpt:
         raise UserError(
             f"checkpoint {source} has no 'policy' weights: not a PPO checkpoint of rl_transformers"
         )
     from rl_transformers.algos.env_util import make_env_thunk
 
-    env = make_env_thunk(cfg.env_id, cfg.env_kwargs)()
+    env = make_env_thunk(cfg.env_id, cfg.env_kwargs, allow_env_modules=cfg.allow_env_modules)()
     obs_space, act_space = env.observation_space, env.action_space
     env.close()
     policy = make_policy(cfg.policy, obs_space, act_space).to(device)

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from rl_transformers.backbone.options import check_int
 from rl_transformers.utils.checks import check_device
+from rl_transformers.utils.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,10 @@ class RunConfig:
     """Also print the logger's table at every log step."""
     progress: bool = True
     """Show a tqdm progress bar."""
+    allow_env_modules: tuple[str, ...] = ()
+    """Modules (and their submodules) whose environments a flag or a file may name by entry point or
+    ``module:Env-v0`` id, beyond gymnasium, envs, popgym and minigrid (envs/resolve.py). Allowing a module
+    trusts its code. Never read from a saved config: give it again with --resume."""
 
     RENAMED_FIELDS: ClassVar[dict[str, str]] = {}
     """Old field name -> new one (old saved configs load, old flags parse with a warning)."""
@@ -61,7 +66,26 @@ class RunConfig:
         check_int("seed (--seed)", self.seed, 0)
         check_int("threads (--threads)", self.threads, 1, optional=True)
         check_device(self.device)
+        object.__setattr__(self, "allow_env_modules", check_module_names(self.allow_env_modules))
 
+
+def check_module_names(modules: Any, flag: str = "--allow-env-modules") -> tuple[str, ...]:
+    """``modules`` as a tuple of dotted module names (a single string counts as one name); UserError naming
+    ``flag`` and the bad value otherwise."""
+    if isinstance(modules, str):
+        modules = (modules,)
+    try:
+        names = tuple(modules)
+    except TypeError:
+        raise UserError(f"{flag}: expected module names, got {modules!r}") from None
+    for name in names:
+        if not isinstance(name, str) or not all(part.isidentifier() for part in name.split(".")):
+            raise UserError(f"{flag}: {name!r} is not a dotted module name such as 'my_package.envs'")
+    return names
+
+
+INVOCATION_FIELDS = {"resume": None, "trust_checkpoint": False, "allow_env_modules": ()}
+"""Fields that belong to one invocation, with the value a saved config holds: never read from a file."""
 
 SHARED_RESUME_MUTABLE = ("device", "threads", "verbose", "progress")
 """RunConfig fields a ``--resume`` may change (each trainer adds its own to RESUME_MUTABLE)."""
