@@ -329,7 +329,8 @@ class LSHAttention(Attention):
         pos_k = _neighbours(pos_q, offsets, 0)
         tok_q = order.view(b, h, r, n, m)
         tok_k = _neighbours(tok_q, offsets, -1)
-        bucket_q = buckets.gather(3, order).view(b, h, r, n, m)
+        small = torch.int16 if nb < 2**15 - 1 else torch.int64  # bucket ids: less memory traffic
+        bucket_q = buckets.to(small).gather(3, order).view(b, h, r, n, m)
         bucket_k = _neighbours(bucket_q, offsets, -1)
         valid_k = _neighbours(sort_row(valid), offsets, False)
         rank_q = idx.view(1, 1, 1, n, m)  # sorted place: the same layout in every row, head and round
@@ -339,12 +340,16 @@ class LSHAttention(Attention):
             return (delta >= 0) & (delta <= w) if causal else delta.abs() <= w
 
         iq, ik = tok_q.unsqueeze(-1), tok_k.unsqueeze(-2)
-        allowed = valid_k.unsqueeze(-2) & (bucket_q.unsqueeze(-1) == bucket_k.unsqueeze(-2))
         # Causal: bucket-mates at most w places before in (bucket, index) order have index <= the query's.
-        allowed = allowed & in_window(rank_q.unsqueeze(-1) - rank_k.unsqueeze(-2))
+        met = (bucket_q.unsqueeze(-1) == bucket_k.unsqueeze(-2)) & in_window(
+            rank_q.unsqueeze(-1) - rank_k.unsqueeze(-2)
+        )
+        allowed = valid_k.unsqueeze(-2) & met
         if opts.max_cache is not None:
             allowed = allowed & (iq - ik <= opts.max_cache)
-        own = ik == iq
+        own = rank_q.unsqueeze(-1) == rank_k.unsqueeze(
+            -2
+        )  # each token sits once per round: its own sorted place
         allowed = allowed | own
 
         logits = per_head_logits(self, qs, ks, pos_q, pos_k)  # (B, H, R, n, m, W·m)
@@ -352,17 +357,18 @@ class LSHAttention(Attention):
         if r > 1:
             # N_ij = number of rounds in which j is in i's bucket window; logits - log N_ij make the merged result
             # the softmax over the union of the rounds' key sets (Kitaev 2020, §2.3, "multi-round LSH").
-            count = torch.zeros_like(logits)
-            flat_q = tok_q.reshape(b, h, -1)
-            flat_k = tok_k.clamp_min(0).reshape(b, h, -1)
+            count = met.to(logits.dtype)  # the pairs of each slice's own round
             small = torch.int32 if sp < 2**31 - 1 else torch.int64  # halves the memory traffic of the gathers
             buckets_s, rank_s = buckets.to(small), rank.to(small)
-            for r2 in range(r):
-                bq = buckets_s[:, :, r2].gather(2, flat_q).view_as(tok_q).unsqueeze(-1)
-                bk = buckets_s[:, :, r2].gather(2, flat_k).view_as(tok_k).unsqueeze(-2)
-                rq = rank_s[:, :, r2].gather(2, flat_q).view_as(tok_q).unsqueeze(-1)
-                rk = rank_s[:, :, r2].gather(2, flat_k).view_as(tok_k).unsqueeze(-2)
-                count = count + ((bq == bk) & in_window(rq - rk)).to(count.dtype)
+            for r2 in range(r):  # round r2's verdict on the pairs of the other rounds' slices
+                others = torch.tensor([r0 for r0 in range(r) if r0 != r2], device=q.device)
+                tq, tk = tok_q.index_select(2, others), tok_k.index_select(2, others).clamp_min(0)
+                fq, fk = tq.reshape(b, h, -1), tk.reshape(b, h, -1)
+                bq = buckets_s[:, :, r2].gather(2, fq).view_as(tq).unsqueeze(-1)
+                bk = buckets_s[:, :, r2].gather(2, fk).view_as(tk).unsqueeze(-2)
+                rq = rank_s[:, :, r2].gather(2, fq).view_as(tq).unsqueeze(-1)
+                rk = rank_s[:, :, r2].gather(2, fk).view_as(tk).unsqueeze(-2)
+                count.index_add_(2, others, ((bq == bk) & in_window(rq - rk)).to(count.dtype))
             logits = logits - count.clamp_min(1.0).log()
         logits = logits.masked_fill(~allowed, float("-inf"))
         lse = torch.logsumexp(logits, dim=-1)  # finite: the own key is always allowed
