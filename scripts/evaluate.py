@@ -4,6 +4,7 @@ python scripts/evaluate.py runs/ppo/rlt-TMaze-v0/<run>/             # last.pt; t
 python scripts/evaluate.py runs/ppo/.../<run> --checkpoint best --episodes 100 --stochastic
 python scripts/evaluate.py runs/dt/<dataset>/<run> --target-return 3600 1800
 python scripts/evaluate.py <run> --video videos/                    # needs rgb_array frames + moviepy
+python scripts/evaluate.py <run> --allow-env-modules my_envs        # a run whose env comes from my_envs
 
 Defaults repeat the trainer's own evaluation of that checkpoint (same seeds, episodes, envs, targets), so the
 result matches what the run logged. Per-episode returns go to <run>/eval/evaluate-<checkpoint>.json
@@ -20,6 +21,7 @@ import tyro
 
 from rl_transformers.agents import load
 from rl_transformers.agents.evaluate import default_output, evaluate_agent, write_json_atomic
+from rl_transformers.algos.run_config import check_module_names
 from rl_transformers.backbone.options import check_int
 from rl_transformers.utils import set_threads
 from rl_transformers.utils.checks import check_device, check_device_available
@@ -44,6 +46,9 @@ class EvalArgs:
     """DT: target returns (several allowed). Default: the run's targets."""
     env_id: str | None = None
     """DT: evaluation env when the run's dataset names none."""
+    allow_env_modules: tuple[str, ...] = ()
+    """Modules whose environments the run (env id, dataset env spec) may name beyond gymnasium, envs, popgym,
+    minigrid (envs/resolve.py); allowing a module trusts its code. Never read from the run's files."""
     video: Annotated[str | None, tyro.conf.arg(aliases=("--video-dir",))] = None
     """Record every episode into this folder (gymnasium RecordVideo; rgb_array env + moviepy)."""
     output: str | None = None
@@ -58,6 +63,7 @@ class EvalArgs:
         check_int("num_envs (--num-envs)", self.num_envs, 1, optional=True)
         check_int("threads (--threads)", self.threads, 1, optional=True)
         check_device(self.device)
+        check_module_names(self.allow_env_modules)
         if self.device != "auto":
             check_device_available(self.device)
 
@@ -65,7 +71,13 @@ class EvalArgs:
 def main() -> None:
     args = tyro.cli(EvalArgs, description=__doc__)
     set_threads(args.threads)
-    agent = load(args.run, args.device, checkpoint=args.checkpoint, env_id=args.env_id)
+    agent = load(
+        args.run,
+        args.device,
+        checkpoint=args.checkpoint,
+        env_id=args.env_id,
+        allow_env_modules=args.allow_env_modules,
+    )
     report = evaluate_agent(
         agent,
         episodes=args.episodes,

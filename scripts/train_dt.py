@@ -11,8 +11,8 @@ Runs go to runs/<algo>/<dataset>/<YYYYmmdd-HHMMSS>-s<seed>/ (config.json, Tensor
 progress.jsonl, checkpoints/{step_<n>,last,best}.pt, eval/step_<n>.json). Prints the parameter count at the
 start and a JSON summary at the end (the last logged eval/return_mean, eval/normalized_score, train/loss).
 Ctrl-C saves a checkpoint and stops; a non-finite loss stops the run and keeps the last good checkpoint. The run
-flags (--run-root, --seed, --threads, --device, --resume, --verbose, --progress) are the same as
-train_gtrxl.py's. Every option: ``--help``; the method and defaults: ``rl_transformers/algos/dt.py``.
+flags (--run-root, --seed, --threads, --device, --resume, --verbose, --progress, --allow-env-modules) are the
+same as train_gtrxl.py's. Every option: ``--help``; the method and defaults: ``rl_transformers/algos/dt.py``.
 """
 
 from __future__ import annotations

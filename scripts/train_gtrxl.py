@@ -12,7 +12,8 @@ Writes runs/ppo/<env>/<YYYYmmdd-HHMMSS>-s<seed>/ (config.json, TensorBoard event
 greedy evaluation every --eval-every steps (eval/mean_reward selects best.pt). Prints the parameter count at the
 start and a JSON summary at the end (the last logged rollout/ep_rew_mean and eval/mean_reward). Ctrl-C saves a
 checkpoint and exits; a non-finite loss stops the run and keeps the last good checkpoint. The run flags
-(--run-root, --seed, --threads, --device, --resume, --verbose, --progress) are the same as train_dt.py's.
+(--run-root, --seed, --threads, --device, --resume, --verbose, --progress, --allow-env-modules) are the same
+as train_dt.py's.
 """
 
 from __future__ import annotations

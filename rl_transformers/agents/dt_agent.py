@@ -162,16 +162,25 @@ class DecisionTransformerAgent:
         """A constructor ``make_env(**kwargs)`` of the evaluation env, as the trainer built it when possible.
 
         The run's ``env_id`` when given; else the dataset's own env spec when the dataset is still readable
-        (same time limit as the data); else the env id the checkpoint records."""
+        (same time limit as the data); else the env id the checkpoint records. Every env goes through
+        :mod:`envs.resolve` with the ``allow_env_modules`` given to :func:`rl_transformers.load`."""
+        allowed = self.config.allow_env_modules
         if self._env_id or self.config.env_id:
-            return _by_id(str(self.env_id))
+            return _by_id(str(self.env_id), allowed)
         try:
             from offline_data import load_episodes
 
             info = load_episodes(
-                self.config.dataset, root=self.config.dataset_root, env_id=self.config.env_id
+                self.config.dataset,
+                root=self.config.dataset_root,
+                env_id=self.config.env_id,
+                allow_env_modules=allowed,
             ).info
-        except (FileNotFoundError, OSError, ValueError):
+        except (FileNotFoundError, OSError, ValueError) as err:
+            from envs.resolve import ALLOW_FLAG
+
+            if ALLOW_FLAG in str(err):  # a refused env spec: say so rather than fall back to the bare id
+                raise
             info = None
         if info is not None and (info.eval_env_spec or info.env_spec) is not None:
             return info.make_env
@@ -179,7 +188,7 @@ class DecisionTransformerAgent:
             raise UserError(
                 "this run's dataset records no environment and is not readable here: give one (--env-id)"
             )
-        return _by_id(self.env_id)
+        return _by_id(self.env_id, allowed)
 
     def evaluate(
         self,
@@ -207,12 +216,12 @@ class DecisionTransformerAgent:
         )
 
 
-def _by_id(env_id: str) -> Any:
+def _by_id(env_id: str, allow_env_modules: Sequence[str] = ()) -> Any:
     """``make_env(render_mode=None)`` for a registered id (``rlt/`` ids included), through the safe resolver."""
-    from rl_transformers.algos.rollout import make_env_thunk
+    from rl_transformers.algos.env_util import make_env_thunk
 
     def make_env(render_mode: str | None = None) -> gym.Env:
-        return make_env_thunk(env_id, None, render_mode=render_mode)()
+        return make_env_thunk(env_id, None, render_mode=render_mode, allow_env_modules=allow_env_modules)()
 
     return make_env
 

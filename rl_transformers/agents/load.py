@@ -8,6 +8,8 @@ the files; pickled env / loop blobs that PPO checkpoints keep for exact resume a
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,6 +17,7 @@ import torch
 
 from rl_transformers.agents.dt_agent import DecisionTransformerAgent, run_dir_of
 from rl_transformers.agents.ppo_agent import PPOAgent
+from rl_transformers.algos.run_config import check_module_names
 from rl_transformers.utils.errors import UserError, choice_hint
 
 Which = Literal["last", "best"]
@@ -53,6 +56,7 @@ def load(
     *,
     checkpoint: Which = "last",
     env_id: str | None = None,
+    allow_env_modules: Sequence[str] = (),
 ) -> PPOAgent | DecisionTransformerAgent:
     """The agent of a run directory (its ``checkpoints/last.pt``, or ``best.pt``) or of a checkpoint file.
 
@@ -61,6 +65,9 @@ def load(
         device: torch device of the agent.
         checkpoint: ``"last"`` or ``"best"`` when ``path`` is a run directory.
         env_id: DT runs only: the evaluation env, when the run's dataset names none.
+        allow_env_modules: modules whose environments the run (its env id, its dataset's env spec) may name
+            beyond gymnasium, envs, popgym and minigrid (``--allow-env-modules``; envs/resolve.py). Never read
+            from the run's files: a run trained with the flag needs it again here.
 
     Returns:
         :class:`~rl_transformers.agents.ppo_agent.PPOAgent` (``predict`` as sb3-contrib's RecurrentPPO) for
@@ -69,36 +76,42 @@ def load(
     """
     from rl_transformers.utils.checkpoint import load_checkpoint
 
+    allowed = check_module_names(allow_env_modules)
     file = _checkpoint_file(Path(path), checkpoint)
     ckpt = load_checkpoint(file, map_location=device)
     if "model_kwargs" in ckpt and "model" in ckpt:
-        return _load_dt(ckpt, file, device, env_id)
+        return _load_dt(ckpt, file, device, env_id, allowed)
     if "policy" in ckpt and "config" in ckpt:
         if env_id is not None:
             raise UserError("env_id= applies to DT runs only; a PPO run evaluates in its own env")
-        return _load_ppo(ckpt, file, device)
+        return _load_ppo(ckpt, file, device, allowed)
     raise UserError(
         f"{file}: not a PPO or DT checkpoint of this library (keys: {sorted(ckpt)[:8]}; expected 'policy' + "
         "'config' or 'model' + 'model_kwargs')"
     )
 
 
-def _config(cls: type, ckpt: dict[str, Any], file: Path) -> Any:
+def _config(cls: type, ckpt: dict[str, Any], file: Path, allow_env_modules: tuple[str, ...]) -> Any:
+    """The run's config; its per-invocation fields come from this call, never from the file."""
+    from rl_transformers.algos.lifecycle import saved_form
     from rl_transformers.utils.runs import from_dict
 
     try:
-        return from_dict(cls, ckpt["config"])
+        cfg = from_dict(cls, ckpt["config"])
     except (TypeError, ValueError, KeyError) as err:
         raise UserError(f"{file}: its config does not load as {cls.__name__}: {err}") from err
+    return dataclasses.replace(saved_form(cfg), allow_env_modules=allow_env_modules)
 
 
-def _load_ppo(ckpt: dict[str, Any], file: Path, device: str | torch.device) -> PPOAgent:
+def _load_ppo(
+    ckpt: dict[str, Any], file: Path, device: str | torch.device, allowed: tuple[str, ...]
+) -> PPOAgent:
     from rl_transformers.algos.ppo_config import TrainConfig
     from rl_transformers.algos.rollout import make_env_thunk
     from rl_transformers.policies.gtrxl import make_policy
 
-    cfg = _config(TrainConfig, ckpt, file)
-    env = make_env_thunk(cfg.env_id, cfg.env_kwargs)()
+    cfg = _config(TrainConfig, ckpt, file, allowed)
+    env = make_env_thunk(cfg.env_id, cfg.env_kwargs, allow_env_modules=cfg.allow_env_modules)()
     try:
         policy = make_policy(cfg.policy, env.observation_space, env.action_space).to(device)
     finally:
@@ -113,12 +126,16 @@ def _load_ppo(ckpt: dict[str, Any], file: Path, device: str | torch.device) -> P
 
 
 def _load_dt(
-    ckpt: dict[str, Any], file: Path, device: str | torch.device, env_id: str | None
+    ckpt: dict[str, Any],
+    file: Path,
+    device: str | torch.device,
+    env_id: str | None,
+    allowed: tuple[str, ...],
 ) -> DecisionTransformerAgent:
     from rl_transformers.algos.dt_config import DTConfig
     from rl_transformers.policies.decision_transformer import DecisionTransformer
 
-    cfg = _config(DTConfig, ckpt, file)
+    cfg = _config(DTConfig, ckpt, file, allowed)
     model = DecisionTransformer.from_kwargs(ckpt["model_kwargs"])
     try:
         model.load_state_dict(ckpt["model"])

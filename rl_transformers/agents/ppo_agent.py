@@ -113,7 +113,9 @@ class PPOAgent:
         """The run's environment (``rlt/`` ids included), built through the safe resolver."""
         from rl_transformers.algos.rollout import make_env_thunk
 
-        return make_env_thunk(self.env_id, {**self.env_kwargs, **kwargs})()
+        return make_env_thunk(
+            self.env_id, {**self.env_kwargs, **kwargs}, allow_env_modules=self.config.allow_env_modules
+        )()
 
     def initial_state(self, n_envs: int = 1) -> PolicyState:
         return PolicyState(self.policy.initial_state(n_envs, self.device), 0, n_envs)
@@ -181,6 +183,7 @@ class PPOAgent:
             device=self.device,
             num_envs=num_envs,
             video_dir=video_dir,
+            allow_env_modules=self.config.allow_env_modules,
         )
 
     def trainer_eval_seed(self) -> int:
