@@ -301,7 +301,7 @@ META: dict[str, dict[str, dict[str, str]]] = {
         "shaw": {"paper": "Shaw et al. 2018, arXiv 1803.02155", "notes": "clipped relative keys and values"},
         "xl_relative": {"paper": "Dai et al. 2019, arXiv 1901.02860",
                         "notes": "R, u, v, W_R; rel-shift (a gather when rows reset at different times)"},
-        "t5": {"paper": "Raffel et al. 2020, arXiv 1910.10683", "notes": "bucketed, log-spaced beyond num_buckets/2"},
+        "t5": {"paper": "Raffel et al. 2020, arXiv 1910.10683", "notes": "bucketed, log-spaced beyond n_buckets/2"},
         "rope": {"paper": "Su et al. 2021, arXiv 2104.09864", "notes": "works with the kernel attentions too"},
         "xpos": {"paper": "Sun et al. 2022, arXiv 2212.10554",
                  "notes": "decay applied relative to the query block (no overflow on long streams)"},

@@ -23,23 +23,23 @@ NAMES = ["t5", "alibi", "kerple_power", "kerple_log", "sandwich"]
 
 
 # -- independent references (python floats, loops) -----------------------------------------------------------
-def ref_t5_bucket(n: int, bidirectional: bool, num_buckets: int, max_distance: int) -> int:
+def ref_t5_bucket(n: int, bidirectional: bool, n_buckets: int, max_distance: int) -> int:
     """T5's bucket of the distance n = query - key, written out case by case."""
     ret = 0
     if bidirectional:
-        num_buckets //= 2
+        n_buckets //= 2
         if n < 0:
-            ret += num_buckets
+            ret += n_buckets
         n = abs(n)
     else:
         n = max(n, 0)
-    max_exact = num_buckets // 2
+    max_exact = n_buckets // 2
     if n < max_exact:
         return ret + n
     large = max_exact + int(
-        math.log(n / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+        math.log(n / max_exact) / math.log(max_distance / max_exact) * (n_buckets - max_exact)
     )
-    return ret + min(large, num_buckets - 1)
+    return ret + min(large, n_buckets - 1)
 
 
 @torch.no_grad()
@@ -51,7 +51,7 @@ def ref_pair_bias(position, name: str, h: int, n: int, layer: int) -> float:
     if name == "t5":
         o = position.options
         return float(
-            position.table[ref_t5_bucket(n, not position.cfg.causal, o.num_buckets, o.max_distance), h]
+            position.table[ref_t5_bucket(n, not position.cfg.causal, o.n_buckets, o.max_distance), h]
         )
     if name == "kerple_power":
         r1 = math.log1p(math.exp(float(position.rho1[layer, h])))
@@ -87,7 +87,7 @@ def backbone(name: str, causal: bool = True, n_layers: int = 1, seed: int = 0, *
     torch.manual_seed(seed)
     options = {"dim": 16} if name == "sandwich" else {}  # d' = 16: an oscillating profile at tiny distances
     if name == "t5":
-        options = {"num_buckets": 8, "max_distance": 12}  # exact, log-spaced and clipped buckets at L <= 20
+        options = {"n_buckets": 8, "max_distance": 12}  # exact, log-spaced and clipped buckets at L <= 20
     cfg = BackboneConfig(
         d_model=16,
         n_layers=n_layers,
@@ -225,13 +225,13 @@ def test_alibi_bias_values_by_hand() -> None:
 
 
 @pytest.mark.parametrize("bidirectional", [False, True], ids=["causal", "bidirectional"])
-@pytest.mark.parametrize(("num_buckets", "max_distance"), [(32, 128), (8, 12), (6, 40)])
-def test_t5_buckets_match_reference(bidirectional: bool, num_buckets: int, max_distance: int) -> None:
+@pytest.mark.parametrize(("n_buckets", "max_distance"), [(32, 128), (8, 12), (6, 40)])
+def test_t5_buckets_match_reference(bidirectional: bool, n_buckets: int, max_distance: int) -> None:
     rel = torch.arange(-300, 301)
-    got = t5_bucket(rel, bidirectional, num_buckets, max_distance).tolist()
-    want = [ref_t5_bucket(n, bidirectional, num_buckets, max_distance) for n in rel.tolist()]
+    got = t5_bucket(rel, bidirectional, n_buckets, max_distance).tolist()
+    want = [ref_t5_bucket(n, bidirectional, n_buckets, max_distance) for n in rel.tolist()]
     assert got == want
-    assert min(got) >= 0 and max(got) == num_buckets - 1
+    assert min(got) >= 0 and max(got) == n_buckets - 1
 
 
 def test_t5_bucket_values_by_hand() -> None:
@@ -328,3 +328,26 @@ def test_float32_bias_stays_accurate_for_long_streams() -> None:
     q_pos, k_pos = positions(1, 3, 5, start=(0,))
     far = position.logits(q, k, q_pos + 1_000_000, k_pos + 1_000_000, 0)
     torch.testing.assert_close(far, position.logits(q, k, q_pos, k_pos, 0), atol=0, rtol=0)
+
+
+def test_t5_old_option_name_still_loads() -> None:
+    """``num_buckets`` (the name before the backbone's ``n_`` count prefix) maps to ``n_buckets`` with a
+    deprecation warning, so configs saved with it load; giving both names is an error."""
+    from rl_transformers.backbone.position.bias import T5Options
+    from rl_transformers.utils.errors import UserError
+    from rl_transformers.utils.runs import from_dict, to_jsonable
+
+    new = BackboneConfig(d_model=16, n_heads=2, position="t5", position_options={"n_buckets": 8})
+    saved = to_jsonable(new)
+    saved["position_options"] = {"num_buckets": 8}  # as an old config.json stores it
+    with pytest.warns(DeprecationWarning, match="'num_buckets' is deprecated, use 'n_buckets'"):
+        old = from_dict(BackboneConfig, saved)
+    assert old == new and old.position_options["n_buckets"] == 8 and "num_buckets" not in old.position_options
+    assert old.options("position") == T5Options(n_buckets=8)
+    torch.manual_seed(0)
+    weights = Backbone(new).state_dict()
+    Backbone(old).load_state_dict(weights)  # an old checkpoint's weights fit
+    with pytest.raises(UserError, match="give 'n_buckets' only"):
+        BackboneConfig(
+            d_model=16, n_heads=2, position="t5", position_options={"num_buckets": 8, "n_buckets": 8}
+        )

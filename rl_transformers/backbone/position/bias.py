@@ -6,11 +6,12 @@ with :meth:`Position.logits` (dense, banded, blocked) gets it on any sub-block, 
 positions continue across chunks, and a sliding window (``full`` with ``max_cache``) composes with it (the
 "super-baseline" of length extrapolation, Su 2023).
 
-- ``t5`` (Raffel et al. 2020, arXiv 1910.10683): the distance n = i - j falls into one of ``num_buckets``
-  buckets - one bucket per distance below ``num_buckets/2`` (exact), then log-spaced buckets up to
+- ``t5`` (Raffel et al. 2020, arXiv 1910.10683): the distance n = i - j falls into one of ``n_buckets``
+  buckets - one bucket per distance below ``n_buckets/2`` (exact), then log-spaced buckets up to
   ``max_distance`` (all longer distances share the last one). Bidirectional models give past and future keys
   separate halves of the buckets; causal models use all buckets for the past. One learned scalar per bucket
-  and head, shared by all layers.
+  and head, shared by all layers. (The option was called ``num_buckets`` before the backbone's ``n_`` count
+  prefix; configs saved with that name still load, with a deprecation warning.)
 - ``alibi`` (Press et al. 2022, arXiv 2108.12409): b = -m_h·|i - j| with fixed slopes m_h = 2^(-8h/H),
   h = 1..H; for H not a power of two, the 2^⌊log2 H⌋ slopes of that power plus every other slope of the next
   power (the paper's rule). Causal models only see i >= j, where |i - j| = i - j.
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -57,9 +58,9 @@ def alibi_slopes(n_heads: int) -> list[float]:
     return geometric(closest) + geometric(2 * closest)[0::2][: n_heads - closest]
 
 
-def t5_bucket(rel: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
-    """Bucket index in [0, num_buckets) of the distances ``rel`` = query pos - key pos (T5's bucketing)."""
-    n = num_buckets
+def t5_bucket(rel: Tensor, bidirectional: bool, n_buckets: int, max_distance: int) -> Tensor:
+    """Bucket index in [0, n_buckets) of the distances ``rel`` = query pos - key pos (T5's bucketing)."""
+    n = n_buckets
     if bidirectional:
         n //= 2
         offset = (rel < 0).long() * n  # keys after the query use the upper half of the buckets
@@ -106,17 +107,20 @@ class DistanceBias(Position):
 # -- T5 ------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class T5Options:
-    num_buckets: int = 32
+    n_buckets: int = 32
     """Number of distance buckets (split in two halves, past / future, when causal=False)."""
     max_distance: int = 128
     """Distances >= max_distance share the last bucket."""
 
+    RENAMED_OPTIONS: ClassVar[dict[str, str]] = {"num_buckets": "n_buckets"}
+    """Old option name -> new one: saved configs using the old name load, with a deprecation warning."""
+
     def __post_init__(self) -> None:
-        if self.num_buckets < 4:
-            raise ValueError(f"t5 num_buckets must be >= 4, got {self.num_buckets!r}")
-        if self.max_distance <= self.num_buckets // 2:
+        if self.n_buckets < 4:
+            raise ValueError(f"t5 n_buckets must be >= 4, got {self.n_buckets!r}")
+        if self.max_distance <= self.n_buckets // 2:
             raise ValueError(
-                f"t5 max_distance must exceed num_buckets // 2 = {self.num_buckets // 2} (where the "
+                f"t5 max_distance must exceed n_buckets // 2 = {self.n_buckets // 2} (where the "
                 f"log-spaced buckets start), got {self.max_distance!r}"
             )
 
@@ -125,12 +129,12 @@ class T5Options:
 class T5Bias(DistanceBias):
     def __init__(self, cfg: Any, options: T5Options) -> None:
         super().__init__(cfg, options)
-        self.table = nn.Parameter(torch.randn(options.num_buckets, cfg.n_heads) * 0.02)
-        """(num_buckets, H) learned bias per bucket and head, shared by all layers."""
+        self.table = nn.Parameter(torch.randn(options.n_buckets, cfg.n_heads) * 0.02)
+        """(n_buckets, H) learned bias per bucket and head, shared by all layers."""
 
     def buckets(self, rel: Tensor) -> Tensor:
         opts = self.options
-        return t5_bucket(rel, not self.cfg.causal, opts.num_buckets, opts.max_distance)
+        return t5_bucket(rel, not self.cfg.causal, opts.n_buckets, opts.max_distance)
 
     def distance_bias(self, rel: Tensor, layer: int, dtype: torch.dtype) -> Tensor:
         return heads_first(self.table.to(dtype)[self.buckets(rel)])
