@@ -284,3 +284,44 @@ def test_saves_before_an_evaluation_error(dataset: Path, tmp_path: Path) -> None
         train(tiny_config(dataset, tmp_path, env_id=env_id, total_steps=8, eval_every=4))
     last = next(tmp_path.glob("runs/dt/*/*/checkpoints/last.pt"))
     assert torch.load(last, weights_only=True)["step"] == 4
+
+
+def test_eval_scalars_tags_by_hand() -> None:
+    """Per-target tags, the first target without suffix and under PPO's eval tags, normalised scores from the
+    references; BC (target None) has no suffix."""
+    from types import SimpleNamespace
+
+    from rl_transformers.algos.dt_logging import eval_scalars
+    from rl_transformers.algos.evaluation import EvalResult
+
+    info = SimpleNamespace(
+        ref_min_score=0.0, ref_max_score=10.0, normalized_score=lambda r: 100 * (np.asarray(r) - 0.0) / 10.0
+    )
+    results = [
+        EvalResult(100.0, np.array([1.0, 3.0]), np.array([5, 7])),
+        EvalResult(10.0, np.array([4.0, 4.0]), np.array([2, 2])),
+    ]
+    got = eval_scalars(results, info)
+    assert got == {
+        "eval/return_mean@100": 2.0,
+        "eval/return_std@100": 1.0,
+        "eval/ep_length_mean@100": 6.0,
+        "eval/normalized_score@100": 20.0,
+        "eval/normalized_score": 20.0,
+        "eval/return_mean": 2.0,
+        "eval/mean_reward": 2.0,
+        "eval/mean_ep_length": 6.0,
+        "eval/return_mean@10": 4.0,
+        "eval/return_std@10": 0.0,
+        "eval/ep_length_mean@10": 2.0,
+        "eval/normalized_score@10": 40.0,
+    }
+    no_refs = SimpleNamespace(ref_min_score=None, ref_max_score=None)
+    bc = eval_scalars([EvalResult(None, np.array([6.0]), np.array([3]))], no_refs)
+    assert bc == {
+        "eval/return_mean": 6.0,
+        "eval/return_std": 0.0,
+        "eval/ep_length_mean": 3.0,
+        "eval/mean_reward": 6.0,
+        "eval/mean_ep_length": 3.0,
+    }
