@@ -15,7 +15,7 @@ The rule compares with the *saved* value, never with the flag's default, so pass
 parse flags with the saved config as the defaults (:func:`parse_cli`): flags not typed take the saved values.
 A library caller passes a config built the same way, e.g. ``dataclasses.replace(saved_config(...), ...)``.
 
-Fields in ``per_invocation`` (``resume``, ``trust_checkpoint``) are never read from a saved file: they always
+Fields in ``per_invocation`` (``resume``, ``trust_checkpoint``, ``allow_env_modules``) are never read from a saved file: they always
 come from the current invocation (a crafted checkpoint cannot switch its own trust on).
 """
 
