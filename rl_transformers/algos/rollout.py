@@ -10,6 +10,7 @@ with the pre-reset policy state to bootstrap truncations.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,7 @@ from rl_transformers.algos.storage import (  # re-exported: storage and GAE move
     compute_gae,  # noqa: F401
     state_signature,  # noqa: F401
 )
+from rl_transformers.backbone.state import State, cat_rows
 from rl_transformers.policies.encoders import Obs, obs_to_tensor
 from rl_transformers.policies.gtrxl import ActorCritic
 
@@ -85,19 +87,33 @@ def collect_rollout(
     gae_lambda: float,
     env_id: str | None = None,
     global_step: int = 0,
+    *,
+    _per_step_bootstrap: bool = False,
 ) -> tuple[LoopState, list[tuple[float, int]]]:
     """Fill ``storage`` with ``num_steps`` steps, compute GAE; return the new loop state and finished episodes.
 
     Acting runs under ``torch.inference_mode`` with one token per env per step and the carried state. A NaN /
     infinite observation or reward from the envs raises :class:`NonFiniteError` naming the env (``env_id``),
     its vector index and the step (``global_step``: the run's step when the rollout started).
+
+    Truncation bootstraps V(final observation | pre-reset state) are computed after the last step, all in one
+    batched forward per state shape (the weights do not change during a rollout; every row is evaluated from
+    its own kept state rows, so the values are those of a per-step call). ``_per_step_bootstrap`` (tests
+    only) evaluates them at their step instead, one forward per step with a truncation.
     """
     space = envs.single_observation_space
     device = storage.device
+    n_envs, n_steps = envs.num_envs, storage.num_steps
     episodes: list[tuple[float, int]] = []
     obs, starts, state = loop.obs, loop.episode_start, loop.policy_state
     ep_return, ep_length = loop.ep_return.copy(), loop.ep_length.copy()
-    for step in range(storage.num_steps):
+    # Env answers are gathered in NumPy and copied to the storage once, after the last step.
+    rewards = np.zeros((n_steps, n_envs), dtype=np.float32)
+    terminated_all = np.zeros((n_steps, n_envs), dtype=bool)
+    truncated_all = np.zeros((n_steps, n_envs), dtype=bool)
+    pending: list[_Bootstrap] = []
+    storage.final_values.zero_()  # written below only where an env was truncated
+    for step in range(n_steps):
         with torch.inference_mode():
             if step % storage.seq_len == 0:
                 state = policy.segment_start(state)
@@ -105,41 +121,91 @@ def collect_rollout(
             out = policy.act(obs, state, starts)
         next_obs, reward, terminated, truncated, info = envs.step(policy.to_env(out.action))
         _check_env_output(next_obs, reward, env_id, step, global_step)
-        final_value = None
+        terminated, truncated = np.asarray(terminated, dtype=bool), np.asarray(truncated, dtype=bool)
         boot = np.flatnonzero(truncated & ~terminated)
         if boot.size:  # bootstrap time-limit ends from V(final obs) with the pre-reset state
             final_obs = obs_to_tensor(final_observations(info, space, boot), space, device)
             idx = torch.as_tensor(boot, device=device)
             with torch.inference_mode():
-                v = policy.value(final_obs, out.state.index_select(idx), None)
-            final_value = torch.zeros(envs.num_envs, device=device)
-            final_value[idx] = v.float()
+                rows = out.state.index_select(idx)
+                if _per_step_bootstrap:
+                    storage.final_values[step, idx] = policy.value(final_obs, rows, None).float()
+                else:
+                    pending.append(_Bootstrap(step, idx, final_obs, rows))
         done = terminated | truncated
-        storage.insert(
-            step,
-            obs,
-            out.action,
-            out.log_prob,
-            out.value,
-            torch.as_tensor(reward, dtype=torch.float32, device=device),
-            torch.as_tensor(terminated, device=device),
-            torch.as_tensor(truncated, device=device),
-            starts,
-            final_value,
-        )
+        storage.insert_policy(step, obs, out.action, out.log_prob, out.value, starts)
+        rewards[step] = reward
+        terminated_all[step] = terminated
+        truncated_all[step] = truncated
         ep_return += reward
         ep_length += 1
-        for i in np.flatnonzero(done):
-            episodes.append((float(ep_return[i]), int(ep_length[i])))
-        ep_return[done] = 0.0
-        ep_length[done] = 0
+        if done.any():
+            for i in np.flatnonzero(done):
+                episodes.append((float(ep_return[i]), int(ep_length[i])))
+            ep_return[done] = 0.0
+            ep_length[done] = 0
         obs = obs_to_tensor(next_obs, space, device)
         starts = torch.as_tensor(done, device=device)
         state = out.state
+    storage.insert_env(rewards, terminated_all, truncated_all)
     with torch.inference_mode():
+        _bootstrap_values(policy, pending, storage.final_values)
         last_value = policy.value(obs, state, starts)
     storage.compute_returns(last_value.float(), gamma, gae_lambda)
     return LoopState(obs, starts, state, ep_return, ep_length), episodes
+
+
+@dataclass
+class _Bootstrap:
+    """A step's truncated envs: their final observations and pre-reset policy state rows."""
+
+    step: int
+    idx: Tensor
+    obs: Obs
+    state: Any
+
+
+def _rows_key(value: Any) -> Any:
+    """Hashable structure of a state: states with equal keys can be row-concatenated (``cat_rows``)."""
+    if isinstance(value, Tensor):
+        return (tuple(value.shape[1:]), value.dtype, value.device)
+    if isinstance(value, State):
+        return (type(value), tuple(_rows_key(getattr(value, f.name)) for f in dataclasses.fields(value)))
+    if isinstance(value, tuple | list):
+        return (type(value), tuple(_rows_key(v) for v in value))
+    try:
+        hash(value)
+    except TypeError:
+        return ("object", id(value))
+    return ("value", type(value), value)
+
+
+def _cat_obs(parts: list[Obs]) -> Obs:
+    first = parts[0]
+    if isinstance(first, dict):
+        return {k: _cat_obs([p[k] for p in parts]) for k in first}  # type: ignore[index]
+    if isinstance(first, tuple):
+        return tuple(_cat_obs([p[i] for p in parts]) for i in range(len(first)))  # type: ignore[index]
+    return torch.cat(parts, dim=0)  # type: ignore[arg-type]
+
+
+def _bootstrap_values(policy: ActorCritic, pending: list[_Bootstrap], final_values: Tensor) -> None:
+    """Write V(final obs | kept state rows) of every pending bootstrap into ``final_values`` (T, N): one
+    forward per group of row-concatenable states (no reset: the rows are the pre-reset states)."""
+    groups: dict[Any, list[_Bootstrap]] = {}
+    for b in pending:
+        groups.setdefault(_rows_key(b.state), []).append(b)
+    for group in groups.values():
+        if len(group) == 1:
+            obs, state = group[0].obs, group[0].state
+        else:
+            obs, state = _cat_obs([b.obs for b in group]), cat_rows([b.state for b in group])
+        values = policy.value(obs, state, None).float()
+        offset = 0
+        for b in group:
+            n = b.idx.shape[0]
+            final_values[b.step, b.idx] = values[offset : offset + n]
+            offset += n
 
 
 def _nonfinite_rows(x: Any) -> np.ndarray | None:
@@ -159,6 +225,13 @@ def _nonfinite_rows(x: Any) -> np.ndarray | None:
 
 def _check_env_output(obs: Any, reward: np.ndarray, env_id: str | None, step: int, global_step: int) -> None:
     """Blame the environment (not the loss) for NaN / inf observations or rewards."""
+    if (
+        isinstance(obs, np.ndarray)
+        and isinstance(reward, np.ndarray)
+        and (not np.issubdtype(obs.dtype, np.floating) or np.isfinite(obs).all())
+        and np.isfinite(reward).all()
+    ):
+        return  # the common case: one array of observations, all finite
     bad_obs = _nonfinite_rows(obs)
     bad_rew = ~np.isfinite(np.asarray(reward, dtype=np.float64))
     if (bad_obs is None or not bad_obs.any()) and not bad_rew.any():

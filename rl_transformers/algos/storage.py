@@ -49,16 +49,17 @@ def compute_gae(
     observation after the last step. ``final_values[t]`` is read only where ``truncated[t]`` (and not
     ``terminated[t]``: termination wins).
     """
-    n_steps = rewards.shape[0]
-    advantages = torch.zeros_like(rewards)
+    # Everything but the recursion is elementwise over (T, N) at once (the same operations per element as a
+    # step-by-step evaluation, hence the same numbers); the loop carries only A_t = δ_t + γλ(1 − done_t) A_{t+1}.
+    next_values = torch.cat([values[1:], last_value.unsqueeze(0)])
+    next_values = torch.where(truncated, final_values, next_values)
+    next_values = torch.where(terminated, torch.zeros_like(next_values), next_values)
+    deltas = rewards + gamma * next_values - values
+    decay = gamma * gae_lambda * (~(terminated | truncated)).to(rewards.dtype)
+    advantages = torch.empty_like(rewards)
     gae = torch.zeros_like(last_value)
-    for t in reversed(range(n_steps)):
-        next_value = last_value if t == n_steps - 1 else values[t + 1]
-        next_value = torch.where(truncated[t], final_values[t], next_value)
-        next_value = torch.where(terminated[t], torch.zeros_like(next_value), next_value)
-        delta = rewards[t] + gamma * next_value - values[t]
-        not_done = (~(terminated[t] | truncated[t])).to(rewards.dtype)
-        gae = delta + gamma * gae_lambda * not_done * gae
+    for t in reversed(range(rewards.shape[0])):
+        gae = deltas[t] + decay[t] * gae
         advantages[t] = gae
     return advantages, advantages + values
 
@@ -178,15 +179,27 @@ class RolloutStorage:
         final_value: Tensor | None = None,
     ) -> None:
         """Record step ``step``: the obs acted on, the action and its log-prob / value, the env's answer."""
+        self.insert_policy(step, obs, action, log_prob, value, episode_start)
+        self.rewards[step] = reward
+        self.terminated[step] = terminated
+        self.truncated[step] = truncated
+        self.final_values[step] = 0.0 if final_value is None else final_value
+
+    def insert_policy(
+        self, step: int, obs: Obs, action: Tensor, log_prob: Tensor, value: Tensor, episode_start: Tensor
+    ) -> None:
+        """Record the policy's side of step ``step`` (the env's answers: :meth:`insert_env`)."""
         _write(self.obs, step, obs)
         self.actions[step] = action
         self.log_probs[step] = log_prob
         self.values[step] = value
-        self.rewards[step] = reward
-        self.terminated[step] = terminated
-        self.truncated[step] = truncated
         self.episode_starts[step] = episode_start
-        self.final_values[step] = 0.0 if final_value is None else final_value
+
+    def insert_env(self, rewards: Any, terminated: Any, truncated: Any) -> None:
+        """The env's answers of the whole rollout at once: (T, N) arrays (NumPy or tensors)."""
+        self.rewards.copy_(torch.as_tensor(rewards, dtype=torch.float32))
+        self.terminated.copy_(torch.as_tensor(terminated, dtype=torch.bool))
+        self.truncated.copy_(torch.as_tensor(truncated, dtype=torch.bool))
 
     def compute_returns(self, last_value: Tensor, gamma: float, gae_lambda: float) -> None:
         self.advantages, self.returns = compute_gae(
