@@ -18,7 +18,10 @@ generic path are unchanged) and differs from it only in how the same function is
 - **2-D position-wise work**: LayerNorms, projections and the FFN run on (B·T, d) matrices (no views under
   in-place ops), the ReLU in place on the FFN hidden activation (one allocation fewer per layer).
 - **cheaper dropout**: :func:`fast_dropout` draws the same Bernoulli masks from int32 random numbers (about 3x
-  cheaper than ``bernoulli_`` on CPU); p = 0 and the FFN's hidden dropout (GPT-2 has none) cost nothing.
+  cheaper than ``bernoulli_`` on CPU) compared straight into a 0 / 1 tensor; the 1 / (1 - p) scale is folded
+  into work done anyway — the embedding LayerNorm's affine parameters, the v projection (for the attention
+  weights' dropout), ``addcmul``'s ``value`` (residual branches). p = 0 and the FFN's hidden dropout (GPT-2
+  has none) cost nothing. Tested against the generic path with every mask forced to keep.
 
 Equality with the generic path at every real state token is tested in tests/policies/test_decision_transformer.py
 (float64, dropout 0, padded batches, several depths).
@@ -61,11 +64,16 @@ _RANDOM_RANGE = 2**31
 """``Tensor.random_()`` on int32 draws uniformly from [0, 2**31)."""
 
 
-def _keep_scale(x: Tensor, p: float) -> Tensor:
-    """A no-grad tensor shaped like ``x``: 1 / (1 - p) with probability 1 - p (up to 2**-31), else 0."""
+def _keep_mask(x: Tensor, p: float) -> Tensor:
+    """A no-grad 0 / 1 tensor shaped like ``x`` (its dtype): 1 with probability 1 - p (up to 2**-31).
+
+    One int32 random number per entry compared with a threshold, the comparison written straight into a
+    tensor of ``x``'s dtype (one pass; the 1 / (1 - p) scale is applied by the caller, folded into an
+    operation it runs anyway).
+    """
     threshold = round(p * _RANDOM_RANGE)
-    keep = torch.empty(x.shape, dtype=torch.int32, device=x.device).random_() >= threshold
-    return torch.where(keep, 1.0 / (1.0 - p), 0.0).to(x.dtype)
+    draws = torch.empty(x.shape, dtype=torch.int32, device=x.device).random_()
+    return torch.ge(draws, threshold, out=torch.empty(x.shape, dtype=x.dtype, device=x.device))
 
 
 def fast_dropout(x: Tensor, p: float, training: bool) -> Tensor:
@@ -78,27 +86,32 @@ def fast_dropout(x: Tensor, p: float, training: bool) -> Tensor:
         return x
     if p >= 1:
         return x * 0.0
-    return x * _keep_scale(x, p)
+    return torch.mul(x, _keep_mask(x, p)).mul_(1.0 / (1.0 - p))
 
 
 def residual_dropout(x: Tensor, branch: Tensor, p: float, training: bool) -> Tensor:
-    """``x + fast_dropout(branch)`` in one pass (``addcmul``)."""
+    """``x + fast_dropout(branch)`` in one pass (``addcmul`` with the 1 / (1 - p) scale as its ``value``)."""
     if not training or p <= 0:
         return x + branch
     if p >= 1:
         return x + branch * 0.0
-    return torch.addcmul(x, branch, _keep_scale(branch, p))
+    return torch.addcmul(x, branch, _keep_mask(branch, p), value=1.0 / (1.0 - p))
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, p: float, training: bool) -> Tensor:
-    """Softmax attention with an additive (Tq, Tk) mask ``bias`` (0 / -inf); dropout on the weights."""
+    """Softmax attention with an additive (Tq, Tk) mask ``bias`` (0 / -inf); dropout on the weights.
+
+    With dropout, ``v`` must come already multiplied by 1 / (1 - p) (folded into its projection by
+    :func:`fused_forward`): the weights are only masked, ``(P ⊙ M) (v / (1 - p)) = (P ⊙ M / (1 - p)) v``.
+    """
     if not training or p <= 0:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
     b, h, t, d = q.shape
     scores = torch.baddbmm(
         bias, q.reshape(b * h, t, d), k.reshape(b * h, -1, d).transpose(1, 2), alpha=d**-0.5
     )
-    weights = fast_dropout(torch.softmax(scores, dim=-1), p, training)
+    probs = torch.softmax(scores, dim=-1)
+    weights = torch.mul(probs, _keep_mask(probs, p))
     return torch.bmm(weights, v.reshape(b * h, -1, d)).view(b, h, t, d)
 
 
@@ -108,6 +121,20 @@ def _mask_bias(t: int, rows: slice | None, device: torch.device, dtype: torch.dt
     q = pos if rows is None else pos[rows]
     bias = torch.zeros(q.shape[0], t, device=device, dtype=dtype)
     return bias.masked_fill_(pos[None, :] > q[:, None], float("-inf"))
+
+
+def _scaled(w: Tensor, scale: float) -> Tensor:
+    return w if scale == 1.0 else w * scale
+
+
+def _embed_norm_dropout(norm: nn.LayerNorm, x: Tensor, p: float, training: bool) -> Tensor:
+    """``fast_dropout(norm(x), p)``, the 1 / (1 - p) scale folded into the LayerNorm's affine parameters."""
+    if not training or p <= 0 or p >= 1 or norm.weight is None:
+        return fast_dropout(norm(x), p, training)
+    s = 1.0 / (1.0 - p)
+    bias = None if norm.bias is None else norm.bias * s
+    y = F.layer_norm(x, norm.normalized_shape, norm.weight * s, bias, norm.eps)
+    return torch.mul(y, _keep_mask(y, p))
 
 
 def _heads(x: Tensor, b: int, t: int, parts: int, heads: int, d_head: int) -> tuple[Tensor, ...]:
@@ -127,7 +154,9 @@ def fused_forward(model: Any, tokens: Tensor) -> Tensor:
     p = float(cfg.dropout)
     heads, d_head = cfg.n_heads, cfg.d_head
     x = tokens.reshape(b, k * n, d)[:, :t].reshape(b * t, d)
-    x = fast_dropout(model.embed_norm(x), model.embed_dropout.p, training)
+    x = _embed_norm_dropout(model.embed_norm, x, model.embed_dropout.p, training)
+    drop = training and p > 0
+    v_scale = 1.0 / (1.0 - p) if drop and p < 1 else 1.0  # attention dropout's scale, folded into v
     blocks: list[nn.Module] = list(model.backbone.depth.blocks)
     s = model.state_token
     state_rows = slice(s, None, n)
@@ -135,13 +164,13 @@ def fused_forward(model: Any, tokens: Tensor) -> Tensor:
         attn, ffn = block.attention, block.ffn
         h = block.norm1(x)
         if i < len(blocks) - 1:
-            weight = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
-            bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+            weight = torch.cat([attn.q_proj.weight, attn.k_proj.weight, _scaled(attn.v_proj.weight, v_scale)])
+            bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, _scaled(attn.v_proj.bias, v_scale)])
             q, key, v = _heads(F.linear(h, weight, bias), b, t, 3, heads, d_head)
             mask = _mask_bias(t, None, x.device, x.dtype)
         else:  # the last layer needs queries (and everything after attention) at the state tokens only
-            weight = torch.cat([attn.k_proj.weight, attn.v_proj.weight])
-            bias = torch.cat([attn.k_proj.bias, attn.v_proj.bias])
+            weight = torch.cat([attn.k_proj.weight, _scaled(attn.v_proj.weight, v_scale)])
+            bias = torch.cat([attn.k_proj.bias, _scaled(attn.v_proj.bias, v_scale)])
             key, v = _heads(F.linear(h, weight, bias), b, t, 2, heads, d_head)
             x = x.view(b, t, d)[:, state_rows].reshape(b * k, d)
             (q,) = _heads(

@@ -393,3 +393,33 @@ def test_fast_dropout_keeps_with_probability_one_minus_p_and_rescales() -> None:
         assert abs(zk.double().mean().item() - (1 - p)) < 5 * (p * (1 - p) / n) ** 0.5
     assert torch.equal(fast_dropout(x, 0.3, training=False), x)
     assert torch.equal(fast_dropout(x, 1.0, training=True), torch.zeros_like(x))
+
+
+@pytest.mark.parametrize("n_layers", [1, 3])
+def test_fused_dropout_scales_equal_scaled_weights_when_every_mask_keeps(monkeypatch, n_layers: int) -> None:
+    """Dropout p > 0 with every mask forced to keep: each dropout multiplies by 1 / (1 - p). The fused path
+    folds that scale into other operations (embedding LayerNorm, v projection, addcmul); it must equal the
+    generic path at dropout 0 with the same scale put by hand on the embedding LayerNorm, the v and output
+    projections and fc2 (float64)."""
+    from rl_transformers.policies import dt_fast
+
+    p = 0.25
+    s = 1.0 / (1.0 - p)
+    monkeypatch.setattr(dt_fast, "_keep_mask", lambda x, p: torch.ones_like(x))
+    fused_model = make_model(k=4, backbone=tiny(dropout=p, n_layers=n_layers)).double().train()
+    reference = make_model(k=4, backbone=tiny(dropout=0.0, n_layers=n_layers)).double().eval()
+    reference.load_state_dict(fused_model.state_dict())
+    with torch.no_grad():
+        for param in (reference.embed_norm.weight, reference.embed_norm.bias):
+            param.mul_(s)
+        for block in reference.backbone.depth.blocks:
+            for lin in (block.attention.v_proj, block.attention.o_proj, block.ffn.fc2):
+                lin.weight.mul_(s)
+                lin.bias.mul_(s)
+    batch = _padded_batch(4)
+    fused = fused_model(**batch)
+    assert fused.state is None
+    reference.fused = False
+    expected = reference(**batch)
+    real = batch["mask"]
+    torch.testing.assert_close(fused.hidden[real], expected.hidden[real], rtol=1e-10, atol=1e-12)
