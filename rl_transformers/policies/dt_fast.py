@@ -101,15 +101,14 @@ def residual_dropout(x: Tensor, branch: Tensor, p: float, training: bool) -> Ten
 def _attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, p: float, training: bool) -> Tensor:
     """Softmax attention with an additive (Tq, Tk) mask ``bias`` (0 / -inf); dropout on the weights.
 
-    With dropout, ``v`` must come already multiplied by 1 / (1 - p) (folded into its projection by
-    :func:`fused_forward`): the weights are only masked, ``(P ⊙ M) (v / (1 - p)) = (P ⊙ M / (1 - p)) v``.
+    With dropout, ``q`` must come already multiplied by D**-0.5 and ``v`` by 1 / (1 - p) (both folded into
+    their projections by :func:`fused_forward`, so the backward has no scaling passes): the weights are only
+    masked, ``(P ⊙ M) (v / (1 - p)) = (P ⊙ M / (1 - p)) v``.
     """
     if not training or p <= 0:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
     b, h, t, d = q.shape
-    scores = torch.baddbmm(
-        bias, q.reshape(b * h, t, d), k.reshape(b * h, -1, d).transpose(1, 2), alpha=d**-0.5
-    )
+    scores = torch.baddbmm(bias, q.reshape(b * h, t, d), k.reshape(b * h, -1, d).transpose(1, 2))
     probs = torch.softmax(scores, dim=-1)
     weights = torch.mul(probs, _keep_mask(probs, p))
     return torch.bmm(weights, v.reshape(b * h, -1, d)).view(b, h, t, d)
@@ -157,6 +156,7 @@ def fused_forward(model: Any, tokens: Tensor) -> Tensor:
     x = _embed_norm_dropout(model.embed_norm, x, model.embed_dropout.p, training)
     drop = training and p > 0
     v_scale = 1.0 / (1.0 - p) if drop and p < 1 else 1.0  # attention dropout's scale, folded into v
+    q_scale = d_head**-0.5 if drop else 1.0  # the dropout path's scores scale, folded into q
     blocks: list[nn.Module] = list(model.backbone.depth.blocks)
     s = model.state_token
     state_rows = slice(s, None, n)
@@ -164,8 +164,16 @@ def fused_forward(model: Any, tokens: Tensor) -> Tensor:
         attn, ffn = block.attention, block.ffn
         h = block.norm1(x)
         if i < len(blocks) - 1:
-            weight = torch.cat([attn.q_proj.weight, attn.k_proj.weight, _scaled(attn.v_proj.weight, v_scale)])
-            bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, _scaled(attn.v_proj.bias, v_scale)])
+            weight = torch.cat(
+                [
+                    _scaled(attn.q_proj.weight, q_scale),
+                    attn.k_proj.weight,
+                    _scaled(attn.v_proj.weight, v_scale),
+                ]
+            )
+            bias = torch.cat(
+                [_scaled(attn.q_proj.bias, q_scale), attn.k_proj.bias, _scaled(attn.v_proj.bias, v_scale)]
+            )
             q, key, v = _heads(F.linear(h, weight, bias), b, t, 3, heads, d_head)
             mask = _mask_bias(t, None, x.device, x.dtype)
         else:  # the last layer needs queries (and everything after attention) at the state tokens only
@@ -174,7 +182,16 @@ def fused_forward(model: Any, tokens: Tensor) -> Tensor:
             key, v = _heads(F.linear(h, weight, bias), b, t, 2, heads, d_head)
             x = x.view(b, t, d)[:, state_rows].reshape(b * k, d)
             (q,) = _heads(
-                attn.q_proj(h.view(b, t, d)[:, state_rows].reshape(b * k, d)), b, k, 1, heads, d_head
+                F.linear(
+                    h.view(b, t, d)[:, state_rows].reshape(b * k, d),
+                    _scaled(attn.q_proj.weight, q_scale),
+                    _scaled(attn.q_proj.bias, q_scale),
+                ),
+                b,
+                k,
+                1,
+                heads,
+                d_head,
             )
             mask = _mask_bias(t, state_rows, x.device, x.dtype)
         a = _attention(q, key, v, mask, p, training).transpose(1, 2).reshape(x.shape[0], d)
