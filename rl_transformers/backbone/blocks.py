@@ -50,7 +50,7 @@ class FeedForward(nn.Module):
 
     def _ffn(self, x: Tensor) -> Tensor:
         hidden = self.act(self.fc1(x))
-        return self.fc2(self.dropout(hidden) if self.dropout.p > 0 else hidden)
+        return self.fc2(self.dropout(hidden) if self.training and self.dropout.p > 0 else hidden)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.chunks == 1 or x.shape[1] <= 1:
@@ -73,6 +73,10 @@ class Block(nn.Module):
         self.layer = layer
         self.ffn = FeedForward(cfg, options.ffn_chunks)
         self.dropout = nn.Dropout(cfg.dropout)
+
+    def drop(self, x: Tensor) -> Tensor:
+        """Residual-branch dropout; with p = 0 (or in eval mode) x itself, without a module call."""
+        return self.dropout(x) if self.training and self.dropout.p > 0 else x
 
     def forward(self, x: Tensor, ctx: ForwardContext, state: Any) -> tuple[Tensor, Any]:
         raise NotImplementedError
@@ -105,8 +109,8 @@ class PostLNBlock(Block):
 
     def forward(self, x: Tensor, ctx: ForwardContext, state: Any) -> tuple[Tensor, Any]:
         a, state = self.attention(x, ctx, state)
-        x = self.norm1(x + self.dropout(a))
-        x = self.norm2(x + self.dropout(self.ffn(x)))
+        x = self.norm1(x + self.drop(a))
+        x = self.norm2(x + self.drop(self.ffn(x)))
         return x, state
 
 
@@ -119,8 +123,8 @@ class PreLNBlock(Block):
 
     def forward(self, x: Tensor, ctx: ForwardContext, state: Any) -> tuple[Tensor, Any]:
         a, state = self.attention(self.norm1(x), ctx, state)
-        x = x + self.dropout(a)
-        x = x + self.dropout(self.ffn(self.norm2(x)))
+        x = x + self.drop(a)
+        x = x + self.drop(self.ffn(self.norm2(x)))
         return x, state
 
 
@@ -160,8 +164,8 @@ class GTrXLBlock(Block):
 
     def forward(self, x: Tensor, ctx: ForwardContext, state: Any) -> tuple[Tensor, Any]:
         a, state = self.attention(self.norm1(x), ctx, state)
-        x, z1 = self.gate1(x, torch.relu(self.dropout(a)))
-        x, z2 = self.gate2(x, torch.relu(self.dropout(self.ffn(self.norm2(x)))))
+        x, z1 = self.gate1(x, torch.relu(self.drop(a)))
+        x, z2 = self.gate2(x, torch.relu(self.drop(self.ffn(self.norm2(x)))))
         if ctx.collect_info:
             ctx.add_info(f"backbone/gate_openness/layer{self.layer}", 0.5 * (z1.mean() + z2.mean()).detach())
         return x, state
@@ -179,8 +183,8 @@ class ReZeroBlock(Block):
 
     def forward(self, x: Tensor, ctx: ForwardContext, state: Any) -> tuple[Tensor, Any]:
         a, state = self.attention(x, ctx, state)
-        x = x + self.alpha_attn * self.dropout(a)
-        x = x + self.alpha_ffn * self.dropout(self.ffn(x))
+        x = x + self.alpha_attn * self.drop(a)
+        x = x + self.alpha_ffn * self.drop(self.ffn(x))
         return x, state
 
 
@@ -281,10 +285,10 @@ class ReversibleBlock(Block):
 
     def f(self, x: Tensor, ctx: ForwardContext, state: Any) -> tuple[Tensor, Any]:
         a, state = self.attention(self.norm1(x), ctx, state)
-        return self.dropout(a), state
+        return self.drop(a), state
 
     def g(self, x: Tensor) -> Tensor:
-        return self.dropout(self.ffn(self.norm2(x)))
+        return self.drop(self.ffn(self.norm2(x)))
 
     def forward(self, x: Tensor, ctx: ForwardContext, state: Any) -> tuple[Tensor, Any]:
         raise RuntimeError(

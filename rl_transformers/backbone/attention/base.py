@@ -15,12 +15,13 @@ always sees its own key, so no row is ever fully masked (padded queries give fin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from rl_transformers.backbone.context import ForwardContext
+from rl_transformers.backbone.context import ForwardContext, MemoryContext
 from rl_transformers.backbone.position.base import Position
 from rl_transformers.backbone.state import KVCache
 
@@ -34,6 +35,36 @@ def visible_mask(t: int, k_valid: Tensor, causal: bool) -> Tensor:
     if causal:
         allowed = allowed & (j <= i)
     return allowed | (j == i)
+
+
+def memory_keys(ctx: ForwardContext, mem: MemoryContext) -> tuple[Tensor, Tensor]:
+    """(k_pos, k_valid): ``mem``'s positions / validity followed by the new tokens' (B, M + T).
+
+    Built once per forward and shared by the layers whose memory has the same ``pos`` / ``valid`` tensors
+    (e.g. every layer of XL memory), so the layers also share the masks built from them (see
+    :func:`shared_mask`).
+    """
+    cached = ctx.extras.get("_memory_keys")
+    if cached is not None and cached[0] is mem.pos and cached[1] is mem.valid:
+        return cached[2], cached[3]
+    k_pos = torch.cat([mem.pos, ctx.pos], dim=1)
+    k_valid = torch.cat([mem.valid, ctx.valid], dim=1)
+    ctx.extras["_memory_keys"] = (mem.pos, mem.valid, k_pos, k_valid)
+    return k_pos, k_valid
+
+
+def shared_mask(
+    ctx: ForwardContext, key: tuple[Any, ...], k_valid: Tensor, build: Callable[[], Tensor]
+) -> Tensor:
+    """``build()`` cached for this forward under ``key`` and the identity of ``k_valid``: the layers of one
+    forward that see the same keys reuse one mask instead of rebuilding it."""
+    masks = ctx.extras.setdefault("_masks", {})
+    cached = masks.get(key)
+    if cached is not None and cached[0] is k_valid:
+        return cached[1]
+    mask = build()
+    masks[key] = (k_valid, mask)
+    return mask
 
 
 def attention_entropy(probs: Tensor) -> Tensor:
@@ -145,8 +176,7 @@ class Attention(nn.Module):
         mem = ctx.memory_for(application)
         if mem is not None:  # Transformer-XL style: hidden states prepended on the key/value side
             kv_in = torch.cat([mem.h.to(x.dtype), x], dim=1)
-            k_pos = torch.cat([mem.pos, pos], dim=1)
-            k_valid = torch.cat([mem.valid, valid], dim=1)
+            k_pos, k_valid = memory_keys(ctx, mem)
         else:
             kv_in, k_pos, k_valid = x, pos, valid
         k = self.position.transform_k(self.split_heads(self.k_proj(kv_in)), k_pos, self.layer)

@@ -19,6 +19,7 @@ from rl_transformers.backbone.attention.base import (
     Attention,
     attention_entropy,
     dense_attention,
+    shared_mask,
     visible_mask,
 )
 from rl_transformers.backbone.context import ForwardContext
@@ -39,9 +40,9 @@ class FullOptions:
 
 def window_limit(mask: Tensor, t: int, window: int | None) -> Tensor:
     """Restrict a (B, 1, T, S) bottom-right aligned mask to keys at most ``window`` steps before the query."""
-    if window is None:
-        return mask
     s = mask.shape[-1]
+    if window is None or window >= s - 1:  # every key is within the window (i - j <= S - 1)
+        return mask
     i = torch.arange(t, device=mask.device)[:, None] + (s - t)
     j = torch.arange(s, device=mask.device)[None, :]
     return mask & (i - j <= window)
@@ -70,7 +71,13 @@ class FullAttention(Attention):
         if plain and t == s and self.max_cache is None and (ctx.all_valid or bool(k_valid.all())):
             # No padding, no cache: the fused causal kernel (FlashAttention on GPU).
             return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, dropout_p=dropout_p)
-        mask = window_limit(visible_mask(t, k_valid, self.causal), t, self.max_cache)
+        causal, window = self.causal, self.max_cache
+        mask = shared_mask(
+            ctx,
+            ("full", t, causal, window),
+            k_valid,
+            lambda: window_limit(visible_mask(t, k_valid, causal), t, window),
+        )
         if plain:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         out, probs = dense_attention(

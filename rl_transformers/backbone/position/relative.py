@@ -21,6 +21,8 @@ O((Tq + Tk)·d_model·H·D) for xl_relative; memory O(B·H·Tq·Tk) in both.
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -133,24 +135,70 @@ class XLRelativePosition(Position):
         """(H, D) global position bias v (shared by all layers)."""
         self.r_proj = nn.ModuleList(nn.Linear(cfg.d_model, h * dh, bias=False) for _ in range(cfg.n_layers))
         """Per-layer W_R: d_model -> H·D."""
+        self._tables: dict[tuple[Any, ...], Tensor] = {}
+        """Sinusoid tables by distance range (pure functions of it; not saved)."""
+        self._layout: tuple[Any, ...] | None = None
+        """Weak references to the last (q_pos, k_pos) and their :meth:`layout` (reused across layers)."""
 
-    def projected(self, dist: Tensor, layer: int, like: Tensor) -> Tensor:
-        """W_R R_dist of distances dist (N,) as (H, 1, ..., D, N), right-multiplying ``like`` (B, H, *, T, D)."""
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()  # caches are not part of the module (copies and pickles start empty)
+        state["_tables"], state["_layout"] = {}, None
+        return state
+
+    def table(self, key: tuple[int, int, int], dist: Callable[[], Tensor], dtype: torch.dtype) -> Tensor:
+        """Sinusoid table R of the distances ``dist()`` (N,), cached under ``key`` (it depends on them only)."""
+        full_key = (*key, dtype, self.u.device, torch.is_inference_mode_enabled())
+        emb = self._tables.get(full_key)
+        if emb is None:
+            if len(self._tables) >= 256:
+                self._tables.clear()
+            emb = sinusoid_table(dist(), self.cfg.d_model).to(dtype)
+            self._tables[full_key] = emb
+        return emb
+
+    def projected(self, emb: Tensor, layer: int, like: Tensor) -> Tensor:
+        """W_R R of sinusoid rows ``emb`` (N, d) as (H, 1, ..., D, N), right-multiplying ``like`` (B, H, *, T, D)."""
         proj = cast(nn.Linear, self.r_proj[layer])
-        emb = sinusoid_table(dist, self.cfg.d_model).to(proj.weight.dtype)
         p = proj(emb).view(-1, self.n_heads, self.d_head).permute(1, 2, 0)  # (H, D, N)
         return p.reshape((self.n_heads,) + (1,) * (like.dim() - 4) + p.shape[1:]).to(like.dtype)
 
-    def position_scores(self, qv: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
-        """(q + v)·W_R R_{i-j} for every pair, (B, H, *, Tq, Tk) (unscaled)."""
+    def layout(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor | None]:
+        """(sinusoid rows (U, d), gather index or None for the rel-shift path) of these positions.
+
+        Every layer of a forward passes the same position tensors, so the analysis (with its host syncs) is
+        done once and reused while they are the same objects.
+        """
+        last, inference = self._layout, torch.is_inference_mode_enabled()
+        if last is not None and last[0]() is q_pos and last[1]() is k_pos and last[4] == inference:
+            return last[2], last[3]
         tq, tk = q_pos.shape[-1], k_pos.shape[-1]
+        device, dtype = q_pos.device, cast(nn.Linear, self.r_proj[0]).weight.dtype
         offset = contiguous_offset(q_pos, k_pos)
+        index: Tensor | None
         if offset is not None:
             # Columns: distances from the largest, offset + Tq - 1, down to the smallest, offset - (Tk - 1).
-            dist = offset + tq - 1 - torch.arange(tq + tk - 1, device=q_pos.device)
-            return rel_shift(torch.matmul(qv, self.projected(dist, layer, qv)), tk)
-        distinct, index = distinct_distances(relative(q_pos, k_pos))
-        per_distance = torch.matmul(qv, self.projected(distinct, layer, qv))  # (B, H, *, Tq, U)
+            top, n = offset + tq - 1, tq + tk - 1
+            emb = self.table((-1, top, n), lambda: top - torch.arange(n, device=device), dtype)
+            index = None
+        else:
+            rel = relative(q_pos, k_pos)
+            lo, hi = int(rel.min()), int(rel.max())
+            if hi - lo + 1 <= tq + tk:  # the dense range of distinct_distances
+                emb = self.table((1, lo, hi - lo + 1), lambda: torch.arange(lo, hi + 1, device=device), dtype)
+                index = rel - lo
+            else:
+                distinct, index = distinct_distances(rel)
+                emb = sinusoid_table(distinct, self.cfg.d_model).to(dtype)
+        self._layout = (weakref.ref(q_pos), weakref.ref(k_pos), emb, index, inference)
+        return emb, index
+
+    def position_scores(self, qv: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        """(q + v)·W_R R_{i-j} for every pair, (B, H, *, Tq, Tk) (unscaled)."""
+        tk = k_pos.shape[-1]
+        emb, index = self.layout(q_pos, k_pos)
+        per_distance = torch.matmul(qv, self.projected(emb, layer, qv))  # (B, H, *, Tq, U)
+        if index is None:
+            return rel_shift(per_distance, tk)
         return torch.gather(per_distance, -1, index.unsqueeze(1).expand(*per_distance.shape[:-1], tk))
 
     def logits(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
