@@ -60,7 +60,7 @@ from torch import Tensor, nn
 
 from rl_transformers.backbone import Backbone, BackboneConfig, capabilities
 from rl_transformers.backbone.state import BackboneState
-from rl_transformers.policies.dt_fast import fast_path_reason, fused_forward
+from rl_transformers.policies.dt_fast import fast_path_reason, fused_embed, fused_forward
 from rl_transformers.policies.dt_padding import PADDINGS, Padding, last_index, pad_steps
 from rl_transformers.policies.dt_rollout import DTAgent
 from rl_transformers.policies.dt_spaces import check_space, space_from_dict, space_to_dict
@@ -323,10 +323,11 @@ class DecisionTransformer(nn.Module):
         fused forward of :mod:`~rl_transformers.policies.dt_fast` (equal at every real step; ``state`` of the
         output is then None). ``return_state=True`` or ``model.fused = False`` forces the generic path.
         """
-        steps = self.embed_steps(returns_to_go, observations, actions, timesteps)
         if state is None and not return_state and self.fused and fast_path_reason(self) is None:
+            steps = fused_embed(self, returns_to_go, observations, actions, timesteps)
             hidden = fused_forward(self, steps)  # same function at the real steps (see dt_fast.py)
             return DTOutput(self.head(hidden), hidden, None)
+        steps = self.embed_steps(returns_to_go, observations, actions, timesteps)
         b, k, n, d = steps.shape
         kpm = None if mask is None else mask.to(torch.bool).repeat_interleave(n, dim=1)
         out = self.run_tokens(steps.reshape(b, k * n, d), key_padding_mask=kpm, state=state)

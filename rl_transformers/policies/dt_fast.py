@@ -11,6 +11,8 @@ generic path are unchanged) and differs from it only in how the same function is
   batch instead of a (B, 1, T, T) boolean mask. Outputs at padded tokens differ from the
   generic path (which lets a padded query see only itself); they are ignored by the loss and by every caller.
 - **one QKV matmul**: the q, k, v projections run as one ``linear`` over the concatenated weights.
+- **one embedding matmul**: :func:`fused_embed` embeds return, state and action (Box spaces) with one
+  block-diagonal ``addmm`` whose output is already in token order (no stack).
 - **last layer at the state tokens only**: the action is read at the state tokens, so the last block computes
   its queries, output projection, residual, FFN and the final LayerNorm for those K tokens only (keys and
   values still cover the other tokens): about a fifth of the matmul work of a 3-layer model. The window's last
@@ -139,6 +141,35 @@ def _embed_norm_dropout(norm: nn.LayerNorm, x: Tensor, p: float, training: bool)
 def _heads(x: Tensor, b: int, t: int, parts: int, heads: int, d_head: int) -> tuple[Tensor, ...]:
     """(B·T, parts·d) projections -> ``parts`` tensors (B, H, T, D) (views)."""
     return tuple(u.transpose(1, 2) for u in x.view(b, t, parts, heads, d_head).unbind(2))
+
+
+def fused_embed(
+    model: Any, returns_to_go: Tensor, observations: Tensor, actions: Tensor, timesteps: Tensor
+) -> Tensor:
+    """``model.embed_steps`` (B, K, n, d) with the n linear token embeddings as one matmul.
+
+    The return, state and action embeddings of a step are one linear map of the concatenated inputs
+    ``[R̂ · scale, normalised s, a]`` with a block-diagonal weight (``torch.block_diag`` of the three weights,
+    so gradients reach them unchanged), whose (B·K, n·d) output is already the token order. Box observations
+    and actions only (an ``nn.Embedding`` table is a lookup): otherwise ``model.embed_steps``.
+    """
+    if model.discrete_observations or model.discrete_actions:
+        return model.embed_steps(returns_to_go, observations, actions, timesteps)
+    b, k = timesteps.shape
+    d = model.embed_timestep.embedding_dim
+    dtype = model.state_mean.dtype
+    t = model.embed_timestep(timesteps.long().clamp(0, model.max_ep_len - 1))
+    obs = (observations.reshape(b, k, model.obs_dim).to(dtype) - model.state_mean) / model.state_std
+    parts = [obs, actions.reshape(b, k, model.action_dim).to(dtype)]
+    linears = [model.embed_state, model.embed_action]
+    if model.embed_return is not None:
+        parts.insert(0, returns_to_go.reshape(b, k, 1).to(dtype) * model.return_scale)
+        linears.insert(0, model.embed_return)
+    inputs = torch.cat(parts, dim=-1).reshape(b * k, -1)
+    weight = torch.block_diag(*(lin.weight for lin in linears))
+    bias = torch.cat([lin.bias for lin in linears])
+    tokens = torch.addmm(bias, inputs, weight.t()).view(b, k, len(linears), d)
+    return tokens + t.unsqueeze(2)
 
 
 def fused_forward(model: Any, tokens: Tensor) -> Tensor:
