@@ -64,7 +64,18 @@ class State:
             return self
         if not bool(mask.any()):
             return self
-        return self.map(lambda t: zero_rows(t, mask))
+        rows = mask.nonzero().squeeze(1)  # after the any() sync above; indices of the rows to clear
+        by_device: dict[torch.device, Tensor] = {}
+
+        def clear(t: Tensor) -> Tensor:
+            index = by_device.get(t.device)
+            if index is None:
+                index = by_device[t.device] = rows.to(t.device)
+            # Same values as zero_rows (a copy with +0 / False rows), a plain copy plus row fills instead of
+            # an elementwise select with a broadcast mask.
+            return t.clone().index_fill_(0, index, 0)
+
+        return self.map(clear)
 
     @property
     def batch_size(self) -> int | None:
