@@ -245,3 +245,36 @@ def test_memory_is_far_below_length_squared(causal: bool) -> None:
         assert largest <= length * length // 8, f"{name}: a tensor of {largest} elements"
     half = largest_tensor("blockwise", causal, length // 2, n_blocks=2, block_size=64)
     assert largest <= 2.2 * half
+
+
+# ------------------------------------------------------------------------------------------- shared mask
+def test_dense_pattern_mask_is_built_once_per_forward_and_rebuilt_for_new_keys() -> None:
+    from types import SimpleNamespace
+
+    from rl_transformers.backbone.attention._dense import dense_pattern, pattern_mask
+
+    att = SimpleNamespace(causal=True, training=False, attn_dropout=torch.nn.Dropout(0.0))
+    att.position = SimpleNamespace(modifies_scores=False, scale=None)
+    calls = []
+
+    def allow(qp: torch.Tensor, kp: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return (qp - kp) % 3 == 0
+
+    q, k, v = torch.randn(2, 2, 4, 8), torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8)
+    q_pos, k_pos = torch.arange(2, 6).expand(2, -1), torch.arange(6).expand(2, -1)
+    valid = torch.ones(2, 6, dtype=torch.bool)
+    ctx = SimpleNamespace(extras={})
+    first = dense_pattern(att, q, k, v, q_pos, k_pos, valid, allow, ctx, ("p",))
+    again = dense_pattern(att, q, k, v, q_pos, k_pos, valid, allow, ctx, ("p",))
+    assert len(calls) == 1 and torch.equal(first, again)
+    other = valid.clone()
+    other[0, 1] = False
+    dense_pattern(att, q, k, v, q_pos, k_pos, other, allow, ctx, ("p",))
+    assert len(calls) == 2  # new k_valid tensor: rebuilt, never the stale mask
+    out = dense_pattern(att, q, k, v, q_pos, k_pos, other, allow, ctx, ("p",))
+    assert len(calls) == 2
+    ref = pattern_mask(q_pos, k_pos, other, allow, True)  # independent reference: explicit masked softmax
+    logits = (q @ k.transpose(-1, -2)) / 8**0.5
+    expected = torch.softmax(logits.masked_fill(~ref, float("-inf")), -1) @ v
+    assert torch.allclose(out, expected, atol=1e-5)

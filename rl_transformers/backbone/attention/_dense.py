@@ -54,6 +54,8 @@ def dense_pattern(
     k_pos: Tensor,
     k_valid: Tensor,
     allow: Allow | None,
+    ctx: Any = None,
+    key: tuple[Any, ...] | None = None,
 ) -> Tensor:
     """The whole pattern as one masked softmax of the T queries over all S keys: (B, H, T, D).
 
@@ -61,23 +63,41 @@ def dense_pattern(
     (B, 1, 1, 1, S); padding, causality (by position) and the always-attended own key are added as in
     :func:`gathered_part`, so this equals the merged parts of the blocked form (softmax over the union).
     Plain position schemes use the fused SDPA kernel. Time and memory O(T·S) per head.
+
+    With ``ctx`` (the forward's context) and ``key`` (everything besides the positions that the pattern
+    depends on, e.g. the attention's name, options and layer parity), the mask is built once per forward and
+    reused by every layer that sees the same ``q_pos`` / ``k_pos`` / ``k_valid`` tensors (by identity).
     """
-    t, s = q.shape[2], k.shape[2]
-    qp = q_pos[:, None, None, :, None]
-    kp = k_pos[:, None, None, None, :]
-    mask = k_valid[:, None, None, None, :]
-    if allow is not None:
-        mask = mask & allow(qp, kp)
-    if att.causal:
-        mask = mask & (kp <= qp)
-    own = torch.arange(s, device=q.device) == (torch.arange(t, device=q.device) + (s - t))[:, None]
-    mask = (mask | own).squeeze(2)  # (B, H|1, T, S)
+    if ctx is None or key is None:
+        mask = pattern_mask(q_pos, k_pos, k_valid, allow, att.causal)
+    else:
+        masks = ctx.extras.setdefault("_pattern_masks", {})
+        cached = masks.get(key)
+        if cached is not None and cached[0] is q_pos and cached[1] is k_pos and cached[2] is k_valid:
+            mask = cached[3]
+        else:
+            mask = pattern_mask(q_pos, k_pos, k_valid, allow, att.causal)
+            masks[key] = (q_pos, k_pos, k_valid, mask)
     dropout = att.attn_dropout if att.training and att.attn_dropout.p > 0 else None
     if not att.position.modifies_scores:
         p = dropout.p if dropout is not None else 0.0
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=att.position.scale)
     out, _ = dense_attention(q, k, v, mask, att.position, q_pos, k_pos, att.layer, dropout)
     return out
+
+
+def pattern_mask(q_pos: Tensor, k_pos: Tensor, k_valid: Tensor, allow: Allow | None, causal: bool) -> Tensor:
+    """(B, H|1, T, S) bool: ``allow`` + padding + causality (by position) + the always-attended own key."""
+    t, s = q_pos.shape[1], k_pos.shape[1]
+    qp = q_pos[:, None, None, :, None]
+    kp = k_pos[:, None, None, None, :]
+    mask = k_valid[:, None, None, None, :]
+    if allow is not None:
+        mask = mask & allow(qp, kp)
+    if causal:
+        mask = mask & (kp <= qp)
+    own = torch.arange(s, device=k_pos.device) == (torch.arange(t, device=k_pos.device) + (s - t))[:, None]
+    return (mask | own).squeeze(2)
 
 
 FUSED_MIN_LEN = 1024

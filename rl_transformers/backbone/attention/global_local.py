@@ -146,7 +146,7 @@ class _GlobalLocal(Attention):
         k_valid: Tensor,
         ctx: ForwardContext,
     ) -> Tensor:
-        return self.kernel(q, k, v, q_pos, k_pos, k_valid, None)
+        return self.kernel(q, k, v, q_pos, k_pos, k_valid, None, ctx)
 
     def extra_parts(
         self, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor, k_valid: Tensor, is_global: Any
@@ -171,6 +171,7 @@ class _GlobalLocal(Attention):
         k_pos: Tensor,
         k_valid: Tensor,
         stored: tuple[Tensor, Tensor, Tensor] | None,
+        ctx: ForwardContext | None = None,
     ) -> Tensor:
         gpos = self._gpos(q.device)
         s = k.shape[2]
@@ -182,13 +183,19 @@ class _GlobalLocal(Attention):
 
         reach = self.reach()
         if stored is None and prefer_dense(s, self.keys_per_query(s)):
-            extra = self.extra_allow(q_pos, k_pos)
 
-            def union(qp: Tensor, kp: Tensor) -> Tensor:
+            def union(qp: Tensor, kp: Tensor) -> Tensor:  # called only when the mask is not cached
+                extra = self.extra_allow(q_pos, k_pos)
                 allowed = self.window_allow(qp, kp) | is_global(kp) | is_global(qp)
                 return allowed if extra is None else allowed | extra(qp, kp)
 
-            return dense_pattern(self, q, k, v, q_pos, k_pos, k_valid, union)
+            key = (
+                type(self).__name__,
+                self.options,
+                self.n_heads,
+                self.causal,
+            )  # same pattern in every layer
+            return dense_pattern(self, q, k, v, q_pos, k_pos, k_valid, union, ctx, key)
         windows = [(-reach, 0 if self.causal else reach)]
         parts = [
             band_part(

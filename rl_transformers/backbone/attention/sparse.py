@@ -77,6 +77,17 @@ class _Factorised(Attention):
         local = h < math.ceil(self.n_heads / 2)
         return local, ~local
 
+    def mask_key(self) -> tuple[Any, ...]:
+        """What the pattern depends on besides positions (layers with equal keys share one dense mask)."""
+        return (
+            type(self).__name__,
+            self.options,
+            self.uses_local,
+            self.uses_global,
+            self.n_heads,
+            self.causal,
+        )
+
     @property
     def uses_local(self) -> bool:
         return self.options.combine != "alternate" or self.layer % 2 == 0
@@ -148,7 +159,7 @@ class StridedAttention(_Factorised):
             return in_band(qp, kp) | (strided & ((qp - kp).remainder(l) == 0))
 
         if prefer_dense(k.shape[2], 2 * reach + 1 + (k.shape[2] // l if self.uses_global else 0)):
-            return dense_pattern(self, q, k, v, q_pos, k_pos, k_valid, union)
+            return dense_pattern(self, q, k, v, q_pos, k_pos, k_valid, union, ctx, self.mask_key())
         s = k.shape[2]
         fusable = self.causal and self.uses_global and not self.position.modifies_scores and q.shape[2] == s
         if fusable and prefer_fused(s) and shared_positions(k_pos):  # long: residue classes + band, fused
@@ -218,7 +229,7 @@ class FixedAttention(_Factorised):
             return same_block(qp, kp) | (summary & (kp.remainder(l) >= l - c))
 
         if prefer_dense(k.shape[2], 2 * reach + 1 + (c * (k.shape[2] // l + 1) if self.uses_global else 0)):
-            return dense_pattern(self, q, k, v, q_pos, k_pos, k_valid, union)
+            return dense_pattern(self, q, k, v, q_pos, k_pos, k_valid, union, ctx, self.mask_key())
         s = k.shape[2]
         fusable = self.causal and self.uses_global and not self.position.modifies_scores and q.shape[2] == s
         if fusable and prefer_fused(s) and shared_positions(k_pos):  # long: summary columns + blocks, fused
