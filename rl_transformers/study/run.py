@@ -40,10 +40,13 @@ resamples), score-distribution performance profiles, probability of improvement 
 `full` attention). One run = one subprocess with one torch thread; at most 2 at a time on this machine."""
 
 NOTES = """\
-- The budget is the limit: 2 CPU cores for ~8 hours for the whole grid, so PPO runs get 33k-98k env steps. Tasks
-  where even GRU stays near its starting score are budget-limited, and rankings there say little.
-- Steps/s are measured on a machine shared with other jobs (up to 2 concurrent runs plus other work), so
-  they are comparable within this study only roughly.
+- The budget is the limit: PPO runs get 131k-197k env steps (64-96 updates), about what GTrXL needs on T-Maze 10
+  (113k) and RepeatPreviousEasy (184k); the whole full grid is about 8 hours of 2 idle cores. Tasks where even
+  GRU stays near its starting score are budget-limited, and rankings there say little. Scores are means
+  over 16 greedy evaluation episodes, so they move in steps of at least 1/16.
+- Steps/s are measured on a machine shared with other jobs (up to 2 concurrent runs plus other work, e.g.
+  test suites), so they are comparable within this study only roughly; the idle-machine per-attention speed is
+  in benchmarks/results/ppo_throughput/results.md.
 - `linformer` has no causal mode and cannot be a policy or a DT encoder (listed as excluded)."""
 
 
