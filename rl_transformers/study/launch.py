@@ -84,6 +84,31 @@ def status(job: Job) -> str:
     return "failed" if (job.dir / "failed.json").exists() else "pending"
 
 
+def restore(jobs: Iterable[Job], records_file: Path) -> int:
+    """Write ``result.json`` for every job without one whose key has a record in ``records_file``.
+
+    ``records_file`` is a committed ``encoders.json`` (a JSON list of run records, read as data): a fresh
+    checkout, whose ``runs/`` is empty, resumes where the committed results end instead of re-running them.
+    A record counts only if its ``key`` equals the job's key (same task, encoder spec, seed, budget); anything
+    that is not such a record is ignored. Returns how many results were restored.
+    """
+    try:
+        records = json.loads(Path(records_file).read_text())
+    except (OSError, ValueError):
+        return 0
+    if not isinstance(records, list):
+        return 0
+    by_key = {r["key"]: r for r in records if isinstance(r, dict) and isinstance(r.get("key"), str)}
+    n = 0
+    for job in jobs:
+        record = by_key.get(job.spec["key"])
+        if record is None or record.get("score") is None or status(job) == "done":
+            continue
+        _write_json(job.dir / "result.json", {**record, "restored_from": str(records_file)})
+        n += 1
+    return n
+
+
 def pending(jobs: Iterable[Job]) -> list[Job]:
     """The jobs that are not done (pending or failed): what an invocation runs."""
     return [job for job in jobs if status(job) != "done"]

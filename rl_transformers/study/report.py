@@ -255,6 +255,10 @@ def markdown(
               f"runs, offline {n_done['dt']} / {ctx['expected'].get('dt', 0)} runs finished. "
               "Rows with fewer seeds or tasks than planned are labelled by their n; the aggregate covers only "
               "encoders with a finished run on every task of the suite.", ""]  # fmt: skip
+    if partial and ctx.get("planned"):
+        done = {t: sum(1 for r in records if r["task"] == t) for t in ctx["planned"]}
+        lines += ["Finished runs per task: " + ", ".join(f"{t} {done[t]} / {n}" for t, n in ctx["planned"].items())
+                  + ".", ""]  # fmt: skip
     lines += ["Rebuild these files from the run directories (resumes the study first unless `--report-only`):", "",
               "```bash", ctx["command"], "```", ""]  # fmt: skip
     lines += ["## Method", "", ctx.get("method", ""), "", f"Machine: {machine()}.", ""]

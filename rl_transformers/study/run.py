@@ -12,7 +12,8 @@ import json
 import shlex
 import statistics
 import sys
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -82,6 +83,9 @@ class StudyConfig:
     """Print the run count and an estimated time from measured steps/s, then exit."""
     report_only: bool = False
     """Only rebuild the documents from finished runs."""
+    restore: bool = True
+    """Before running, restore finished runs from the committed records <docs>/encoders.json (matched by job key)
+    into run directories without a result, so a fresh checkout resumes where the committed results end."""
 
 
 def plan(cfg: StudyConfig) -> tuple[list[launch.Job], dict]:
@@ -148,8 +152,16 @@ def estimate(jobs: list[launch.Job], out: Path) -> tuple[float, int]:
 
 
 def run_study(cfg: StudyConfig, log=print) -> dict:
-    jobs, ctx = plan(cfg)
+    jobs, _ = plan(cfg)
+    # The documents always describe the whole preset (both parts, every task and encoder), whatever subset
+    # this invocation runs, so running one task never drops another task's results from encoders.json.
+    every_job, ctx = plan(replace(cfg, parts=("online", "offline"), tasks=(), encoders=()))
     out = Path(cfg.out)
+    docs = cfg.docs if cfg.docs is not None else out / cfg.preset / "docs"
+    if cfg.restore and (docs / "encoders.json").exists():
+        n = launch.restore(every_job, docs / "encoders.json")
+        if n:
+            log(f"restored {n} finished runs from {docs / 'encoders.json'}")
     if cfg.rerun_encoders:
         enc.select([enc.Encoder(n, "", "") for n in {j.spec["encoder_name"] for j in jobs}], cfg.rerun_encoders,
                    "--rerun-encoders")  # fmt: skip
@@ -172,10 +184,10 @@ def run_study(cfg: StudyConfig, log=print) -> dict:
             launch.run_ray(todo, cfg.ray_address, cfg.workers, cfg.timeout_s, log)
         else:
             launch.run_local(todo, cfg.workers, cfg.timeout_s, log)
-    docs = cfg.docs if cfg.docs is not None else out / cfg.preset / "docs"
     ctx["command"] = rebuild_command(cfg, docs)
     ctx["method"], ctx["notes"] = METHOD, NOTES
-    keys = {j.spec["key"] for j in jobs}
+    ctx["planned"] = dict(Counter(j.spec["task"] for j in every_job))
+    keys = {j.spec["key"] for j in every_job}
     records = [r for r in report.collect(out, cfg.preset) if r.get("key") in keys]
     aggs = report.write_report(records, docs, ctx)
     log(f"wrote {docs}/encoders.md, encoders.json ({len(records)} runs), encoders_aggregate.json, plots/")
@@ -183,11 +195,7 @@ def run_study(cfg: StudyConfig, log=print) -> dict:
 
 
 def rebuild_command(cfg: StudyConfig, docs: Path) -> str:
-    parts = ["--preset", cfg.preset, "--parts", *cfg.parts]
-    if cfg.tasks:
-        parts += ["--tasks", *cfg.tasks]
-    if cfg.encoders:
-        parts += ["--encoders", *cfg.encoders]
+    parts = ["--preset", cfg.preset]
     if cfg.seeds is not None:
         parts += ["--seeds", *map(str, cfg.seeds)]
     parts += ["--out", str(cfg.out), "--docs", str(docs), "--report-only"]

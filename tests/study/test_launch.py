@@ -74,3 +74,23 @@ def test_ray_launcher_gives_the_local_records(tmp_path: Path) -> None:
         ra = json.loads((a.dir / "result.json").read_text())
         rb = json.loads((b.dir / "result.json").read_text())
         assert stable(ra) == stable(rb)
+
+
+def test_restore_from_committed_records_matches_keys_only(tmp_path: Path) -> None:
+    """A fresh checkout (empty runs/) resumes from a committed encoders.json: only records with the job's key."""
+    planned = jobs(tmp_path / "runs")
+    records = [
+        {"key": planned[0].spec["key"], "score": 0.5, "curve": [[128.0, 0.5]], "task": "TMaze10", "algo": "ppo"},
+        {"key": "0" * 16, "score": 1.0},  # a job that is not planned (other budget, say): ignored
+        {"key": planned[1].spec["key"], "score": None},  # an unfinished record is no result
+        "not a record",
+    ]
+    committed = tmp_path / "encoders.json"
+    committed.write_text(json.dumps(records))
+    assert launch.restore(planned, committed) == 1
+    assert [launch.status(j) for j in planned] == ["done", "pending"]
+    assert json.loads((planned[0].dir / "result.json").read_text())["score"] == 0.5
+    assert launch.restore(planned, committed) == 0  # already there: nothing overwritten
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert launch.restore(planned, bad) == 0

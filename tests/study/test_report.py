@@ -90,3 +90,6 @@ def test_partial_results_are_labelled(tmp_path: Path) -> None:
     # per-task cell: mean ± std over seeds
     vals = [r["score"] for r in recs if r["encoder_name"] == "gru" and r["task"] == "t1"]
     assert f"{np.mean(vals):.2f} ± {np.std(vals, ddof=1):.2f}" in md
+    report.write_report(recs, tmp_path, {**context(), "planned": {"t1": 9, "t2": 9, "d1": 6}})
+    md = (tmp_path / "encoders.md").read_text()
+    assert "Finished runs per task: t1 9 / 9, t2 6 / 9, d1 6 / 6." in md

@@ -1,0 +1,50 @@
+"""The driver: a subset invocation keeps the whole preset's documents; committed records restore on a fresh checkout."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rl_transformers.study import encoders as enc
+from rl_transformers.study import report, run
+
+ROWS = [enc.Encoder("gru", "policy=gru", "baseline"), enc.Encoder("mlp", "policy=mlp", "baseline")]
+DT_ROWS = [enc.Encoder("full", "attention=full", "attention")]
+
+
+@pytest.fixture()
+def captured(monkeypatch: pytest.MonkeyPatch) -> dict:
+    monkeypatch.setattr(enc, "ppo_encoders", lambda match=True: (list(ROWS), []))
+    monkeypatch.setattr(enc, "dt_encoders", lambda match=True: (list(DT_ROWS), []))
+    seen: dict = {}
+
+    def write_report(records, docs, ctx):  # the documents' inputs, without rliable's bootstrap
+        seen.update(records=list(records), ctx=ctx, docs=docs)
+        return {}
+
+    monkeypatch.setattr(report, "write_report", write_report)
+    return seen
+
+
+def test_subset_report_keeps_every_committed_task(tmp_path: Path, captured: dict) -> None:
+    every, _ = run.plan(run.StudyConfig(preset="full"))
+    tmaze = next(j for j in every if j.spec["task"] == "TMaze10" and j.spec["encoder_name"] == "gru")
+    repeat = next(j for j in every if j.spec["task"] == "RepeatPreviousEasy" and j.spec["encoder_name"] == "mlp")
+    offline = next(j for j in every if j.spec["algo"] == "dt")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    committed = [{**j.spec, "score": 0.25, "curve": [[1.0, 0.25]]} for j in (tmaze, repeat, offline)]
+    (docs / "encoders.json").write_text(json.dumps(committed))
+    cfg = run.StudyConfig(preset="full", parts=("online",), tasks=("TMaze10",), out=tmp_path / "runs",
+                          docs=docs, report_only=True)  # fmt: skip
+    run.run_study(cfg, log=lambda _msg: None)
+    assert sorted(r["key"] for r in captured["records"]) == sorted(j.spec["key"] for j in (tmaze, repeat, offline))
+    assert captured["ctx"]["planned"]["TMaze10"] == 2 * 3 and captured["ctx"]["planned"]["Pendulum-medium"] == 3
+    assert "--tasks" not in captured["ctx"]["command"] and "--report-only" in captured["ctx"]["command"]
+    assert (tmp_path / "runs" / "full" / "ppo" / "RepeatPreviousEasy").exists()  # restored into run dirs
+
+    captured.clear()  # --no-restore: the committed file is not read
+    run.run_study(run.replace(cfg, out=tmp_path / "fresh", restore=False), log=lambda _msg: None)
+    assert captured["records"] == []
