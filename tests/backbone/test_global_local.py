@@ -227,3 +227,23 @@ def test_options_are_validated() -> None:
         BackboneConfig(attention="longformer", attention_options={"dilation": (1, 2)})
     with pytest.raises(ValueError, match="n_random must be an int >= 0"):
         BackboneConfig(attention="bigbird", attention_options={"n_random": -1})
+
+
+@pytest.mark.usefixtures("kernel_path")
+@CAUSAL
+def test_bigbird_max_cache_restricts_the_pattern_to_the_window(causal: bool) -> None:
+    for window in (3, 7):
+        opts = dict(block=3, window_blocks=1, n_random=2, global_tokens=(0, 5), max_cache=window)
+        for s, t in ((23, 23), (31, 5)):
+            x = make_inputs(2, 2, s, t)
+            full = bigbird_pattern(3, 1, 2, (0, 5), causal, int(x[4].max()) // 3 + 1)
+
+            def pattern(i: int, j: int, h: int, full=full, w=window) -> bool:
+                return full(i, j, h) and (0 <= i - j <= w if causal else abs(i - j) <= w)
+
+            check_against_mask("bigbird", pattern, causal, s, t, **opts)
+
+
+@pytest.mark.usefixtures("kernel_path")
+def test_bigbird_max_cache_streams_with_a_bounded_cache() -> None:
+    check_streaming_bounded("bigbird", length=23, bound=7, block=3, n_random=1, global_tokens=(1,), max_cache=7)

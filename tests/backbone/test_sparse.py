@@ -278,3 +278,36 @@ def test_dense_pattern_mask_is_built_once_per_forward_and_rebuilt_for_new_keys()
     logits = (q @ k.transpose(-1, -2)) / 8**0.5
     expected = torch.softmax(logits.masked_fill(~ref, float("-inf")), -1) @ v
     assert torch.allclose(out, expected, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------- bounded cache (max_cache)
+def windowed(pattern: Pattern, window: int, causal: bool) -> Pattern:
+    """The pattern over the keys at most ``window`` steps back (both sides when bidirectional)."""
+    return lambda i, j, h: pattern(i, j, h) and (0 <= i - j <= window if causal else abs(i - j) <= window)
+
+
+@pytest.mark.usefixtures("kernel_path")
+@CAUSAL
+@pytest.mark.parametrize("combine", COMBINES)
+def test_max_cache_restricts_the_pattern_to_the_window(causal: bool, combine: str) -> None:
+    for window in (2, 5, 11):
+        for layer in (0, 1):
+            strided = windowed(combined(*strided_parts(3), combine, layer, 3), window, causal)
+            opts = dict(stride=3, combine=combine, n_heads=3, layer=layer, max_cache=window)
+            check_against_mask("strided", strided, causal, 23, 23, **opts)
+            check_against_mask("strided", strided, causal, 31, 5, **opts)
+            fixed = windowed(combined(*fixed_parts(4, 2), combine, layer, 3), window, causal)
+            opts = dict(stride=4, summary=2, combine=combine, n_heads=3, layer=layer, max_cache=window)
+            check_against_mask("fixed", fixed, causal, 23, 23, **opts)
+            check_against_mask("fixed", fixed, causal, 31, 5, **opts)
+
+
+@pytest.mark.usefixtures("kernel_path")
+def test_max_cache_streams_exactly_with_a_bounded_cache() -> None:
+    """The policy's bound (bound_context): chunked == one pass, and the cache keeps max_cache keys, not all."""
+    check_streaming_bounded("strided", length=23, bound=5, stride=3, max_cache=5)
+    check_streaming_bounded("fixed", length=23, bound=6, stride=4, summary=2, max_cache=6)
+    bb = inv.tiny_backbone(attention="strided", attention_options={"stride": 3, "combine": "alternate", "max_cache": 2})
+    assert [bb.depth.attention_for(i).max_cache for i in range(2)] == [2, 2]  # min(bound, local reach)
+    with pytest.raises(ValueError, match="max_cache"):
+        BackboneConfig(attention="fixed", attention_options={"max_cache": 0})

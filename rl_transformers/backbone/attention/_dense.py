@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rl_transformers.backbone.attention._banded import Allow
+from rl_transformers.backbone.attention._banded import Allow, band_part
 from rl_transformers.backbone.attention.base import dense_attention
 
 DENSE_MAX_KEYS = 256
@@ -56,6 +56,7 @@ def dense_pattern(
     allow: Allow | None,
     ctx: Any = None,
     key: tuple[Any, ...] | None = None,
+    window: int | None = None,
 ) -> Tensor:
     """The whole pattern as one masked softmax of the T queries over all S keys: (B, H, T, D).
 
@@ -67,16 +68,18 @@ def dense_pattern(
     With ``ctx`` (the forward's context) and ``key`` (everything besides the positions that the pattern
     depends on, e.g. the attention's name, options and layer parity), the mask is built once per forward and
     reused by every layer that sees the same ``q_pos`` / ``k_pos`` / ``k_valid`` tensors (by identity).
+    ``window``: see :func:`pattern_mask`.
     """
     if ctx is None or key is None:
-        mask = pattern_mask(q_pos, k_pos, k_valid, allow, att.causal)
+        mask = pattern_mask(q_pos, k_pos, k_valid, allow, att.causal, window)
     else:
         masks = ctx.extras.setdefault("_pattern_masks", {})
+        key = (*key, window)
         cached = masks.get(key)
         if cached is not None and cached[0] is q_pos and cached[1] is k_pos and cached[2] is k_valid:
             mask = cached[3]
         else:
-            mask = pattern_mask(q_pos, k_pos, k_valid, allow, att.causal)
+            mask = pattern_mask(q_pos, k_pos, k_valid, allow, att.causal, window)
             masks[key] = (q_pos, k_pos, k_valid, mask)
     dropout = att.attn_dropout if att.training and att.attn_dropout.p > 0 else None
     if not att.position.modifies_scores:
@@ -86,8 +89,15 @@ def dense_pattern(
     return out
 
 
-def pattern_mask(q_pos: Tensor, k_pos: Tensor, k_valid: Tensor, allow: Allow | None, causal: bool) -> Tensor:
-    """(B, H|1, T, S) bool: ``allow`` + padding + causality (by position) + the always-attended own key."""
+def pattern_mask(
+    q_pos: Tensor, k_pos: Tensor, k_valid: Tensor, allow: Allow | None, causal: bool, window: int | None = None
+) -> Tensor:
+    """(B, H|1, T, S) bool: ``allow`` + padding + causality (by position) + the always-attended own key.
+
+    ``window`` (the attention's ``max_cache``): only keys at most ``window`` columns before the query (both
+    sides when not causal), counted by index as the KV cache is trimmed, so a bounded streaming cache and a
+    one-pass training window see the same keys (the convention of ``full``'s ``max_cache``).
+    """
     t, s = q_pos.shape[1], k_pos.shape[1]
     qp = q_pos[:, None, None, :, None]
     kp = k_pos[:, None, None, None, :]
@@ -96,8 +106,40 @@ def pattern_mask(q_pos: Tensor, k_pos: Tensor, k_valid: Tensor, allow: Allow | N
         mask = mask & allow(qp, kp)
     if causal:
         mask = mask & (kp <= qp)
-    own = torch.arange(s, device=k_pos.device) == (torch.arange(t, device=k_pos.device) + (s - t))[:, None]
-    return (mask | own).squeeze(2)
+    qi = torch.arange(t, device=k_pos.device)[:, None] + (s - t)
+    kj = torch.arange(s, device=k_pos.device)
+    if window is not None and window < s - 1:
+        mask = mask & ((qi - kj).abs() <= window)
+    return (mask | (kj == qi)).squeeze(2)
+
+
+def windowed_pattern(
+    att: Any,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_pos: Tensor,
+    k_pos: Tensor,
+    k_valid: Tensor,
+    allow: Allow,
+    window: int,
+    ctx: Any = None,
+    key: tuple[Any, ...] | None = None,
+) -> Tensor:
+    """A pattern bounded by ``max_cache = window``: ``allow`` over the keys at most ``window`` columns back.
+
+    Few keys: the dense form with the window in its mask (by index, as the cache is trimmed); else one band of
+    ``window`` keys (both sides when not causal) under ``allow`` and the same window by position - equal to the
+    index window wherever a row's positions are consecutive; O(T·window) per head, whatever the pattern
+    reached beyond the window.
+    """
+    if prefer_dense(k.shape[2], 2 * window + 1):
+        return dense_pattern(att, q, k, v, q_pos, k_pos, k_valid, allow, ctx, key, window)
+    def near(qp: Tensor, kp: Tensor) -> Tensor:  # the band gathers whole blocks: the window is kept here
+        return allow(qp, kp) & ((qp - kp).abs() <= window)
+
+    span = [(-window, 0 if att.causal else window)]
+    return band_part(att, q, k, v, q_pos, k_pos, k_valid, span, near).out
 
 
 FUSED_MIN_LEN = 1024

@@ -49,7 +49,7 @@ from rl_transformers.backbone.attention._banded import (
     position_index,
     query_blocks,
 )
-from rl_transformers.backbone.attention._dense import dense_pattern, prefer_dense
+from rl_transformers.backbone.attention._dense import dense_pattern, prefer_dense, windowed_pattern
 from rl_transformers.backbone.attention.base import Attention
 from rl_transformers.backbone.context import ForwardContext
 from rl_transformers.backbone.options import check_int, check_positions
@@ -182,19 +182,17 @@ class _GlobalLocal(Attention):
             return (p.unsqueeze(-1) == gpos).any(dim=-1)
 
         reach = self.reach()
+
+        def union(qp: Tensor, kp: Tensor) -> Tensor:  # called only when the mask is not cached
+            extra = self.extra_allow(q_pos, k_pos)
+            allowed = self.window_allow(qp, kp) | is_global(kp) | is_global(qp)
+            return allowed if extra is None else allowed | extra(qp, kp)
+
+        key = (type(self).__name__, self.options, self.n_heads, self.causal)  # same pattern in every layer
+        bound = getattr(self.options, "max_cache", None)  # bigbird's option (the others keep their globals)
+        if stored is None and bound is not None:
+            return windowed_pattern(self, q, k, v, q_pos, k_pos, k_valid, union, bound, ctx, key)
         if stored is None and prefer_dense(s, self.keys_per_query(s)):
-
-            def union(qp: Tensor, kp: Tensor) -> Tensor:  # called only when the mask is not cached
-                extra = self.extra_allow(q_pos, k_pos)
-                allowed = self.window_allow(qp, kp) | is_global(kp) | is_global(qp)
-                return allowed if extra is None else allowed | extra(qp, kp)
-
-            key = (
-                type(self).__name__,
-                self.options,
-                self.n_heads,
-                self.causal,
-            )  # same pattern in every layer
             return dense_pattern(self, q, k, v, q_pos, k_pos, k_valid, union, ctx, key)
         windows = [(-reach, 0 if self.causal else reach)]
         parts = [
@@ -318,9 +316,14 @@ class BigBirdOptions:
     """Absolute positions of the global tokens (symmetric, as in longformer)."""
     seed: int = 0
     """Seed of the torch.Generator drawing the random blocks (the pattern is a pure function of it)."""
+    max_cache: int | None = None
+    """Keep at most this many past keys: the pattern restricted to the last max_cache keys (as ``full``'s); None =
+    the paper's pattern, whose random blocks reach the whole past (unbounded cache). RL policies set it."""
 
     def __post_init__(self) -> None:
         check_int("bigbird block", self.block, 1)
+        if self.max_cache is not None:
+            check_int("bigbird max_cache", self.max_cache, 1)
         check_int("bigbird window_blocks", self.window_blocks, 0)
         check_int("bigbird n_random", self.n_random, 0)
         check_int("bigbird seed", self.seed, 0)
@@ -357,7 +360,7 @@ class BigBirdAttention(_GlobalLocal):
 
     @property
     def max_cache(self) -> int | None:
-        return None  # random blocks reach the whole past
+        return self.options.max_cache  # None: random blocks reach the whole past
 
     def init_state(self, batch: int, device: torch.device | None, dtype: torch.dtype) -> Any:
         return KVCache.empty(batch, self.n_heads, self.d_head, device, dtype)

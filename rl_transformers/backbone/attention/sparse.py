@@ -51,6 +51,7 @@ from rl_transformers.backbone.attention._dense import (
     prefix_columns_attention,
     residue_classes_attention,
     shared_positions,
+    windowed_pattern,
 )
 from rl_transformers.backbone.attention.base import Attention
 from rl_transformers.backbone.context import ForwardContext
@@ -102,7 +103,10 @@ class _Factorised(Attention):
 
     @property
     def max_cache(self) -> int | None:
-        return None if self.uses_global else self.local_reach
+        bound = self.options.max_cache  # None: A(2) looks back without bound (the exact, unbounded cache)
+        if self.uses_global:
+            return bound
+        return self.local_reach if bound is None else min(bound, self.local_reach)
 
     @classmethod
     def check_config(cls, cfg: Any, options: Any) -> None:
@@ -120,10 +124,15 @@ class StridedOptions:
     """l: local reach of A(1) (0 <= i - j <= l) and period of A(2) ((i - j) mod l == 0); the paper uses ~sqrt(L)."""
     combine: Combine = "union"
     """How A(1) and A(2) are combined: "alternate" (per layer), "union" (every head) or "split_heads"."""
+    max_cache: int | None = None
+    """Keep at most this many past keys: the pattern restricted to the last max_cache keys (as ``full``'s); None =
+    the paper's pattern over the whole past (unbounded cache). RL policies set it (``bound_context``)."""
 
     def __post_init__(self) -> None:
         check_int("strided stride", self.stride, 1)
         check_choice("combine", self.combine, Combine)
+        if self.max_cache is not None:
+            check_int("strided max_cache", self.max_cache, 1)
 
 
 @register(
@@ -158,6 +167,10 @@ class StridedAttention(_Factorised):
         def union(qp: Tensor, kp: Tensor) -> Tensor:
             return in_band(qp, kp) | (strided & ((qp - kp).remainder(l) == 0))
 
+        if self.options.max_cache is not None:
+            return windowed_pattern(
+                self, q, k, v, q_pos, k_pos, k_valid, union, self.options.max_cache, ctx, self.mask_key()
+            )
         if prefer_dense(k.shape[2], 2 * reach + 1 + (k.shape[2] // l if self.uses_global else 0)):
             return dense_pattern(self, q, k, v, q_pos, k_pos, k_valid, union, ctx, self.mask_key())
         s = k.shape[2]
@@ -185,6 +198,9 @@ class FixedOptions:
     """c: the last c positions of every block are summary columns every query attends (A(2)); 1 <= c <= l."""
     combine: Combine = "union"
     """How A(1) and A(2) are combined: "alternate" (per layer), "union" (every head) or "split_heads"."""
+    max_cache: int | None = None
+    """Keep at most this many past keys: the pattern restricted to the last max_cache keys (as ``full``'s); None =
+    the paper's pattern over the whole past (unbounded cache). RL policies set it (``bound_context``)."""
 
     def __post_init__(self) -> None:
         check_int("fixed stride", self.stride, 1)
@@ -194,6 +210,8 @@ class FixedOptions:
                 f"fixed summary={self.summary} must be <= stride={self.stride} (valid: 1..{self.stride})"
             )
         check_choice("combine", self.combine, Combine)
+        if self.max_cache is not None:
+            check_int("fixed max_cache", self.max_cache, 1)
 
 
 @register(
@@ -228,6 +246,10 @@ class FixedAttention(_Factorised):
         def union(qp: Tensor, kp: Tensor) -> Tensor:
             return same_block(qp, kp) | (summary & (kp.remainder(l) >= l - c))
 
+        if self.options.max_cache is not None:
+            return windowed_pattern(
+                self, q, k, v, q_pos, k_pos, k_valid, union, self.options.max_cache, ctx, self.mask_key()
+            )
         if prefer_dense(k.shape[2], 2 * reach + 1 + (c * (k.shape[2] // l + 1) if self.uses_global else 0)):
             return dense_pattern(self, q, k, v, q_pos, k_pos, k_valid, union, ctx, self.mask_key())
         s = k.shape[2]
