@@ -11,7 +11,8 @@ PPO rows (read from ``available()`` at run time, so new registry entries join au
 
 - ``gtrxl``: the default, unchanged;
 - one row per causal attention: the default with that attention and **no XL memory** (each attention keeps
-  its own streaming cache, bounded to the policy's ``context_len`` = 64 past tokens), position = the first
+  its own streaming cache, bounded to the policy's ``context_len`` = 64 past tokens through ``max_cache``;
+  adaptive_span's own bound is max_span + ramp), position = the first
   of :data:`POSITION_PREFERENCE` the attention accepts (``xl_relative`` as in GTrXL, else ``rope``, else
   ``none``); attentions without causal support (``linformer``) are listed as excluded with the reason;
 - every other memory (``compressive``, ``knn``) and adaptive depth (``universal``, ``early_exit``) swapped

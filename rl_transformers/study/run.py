@@ -31,7 +31,8 @@ Transformer (d 64, 2 layers, 1 head, context 10, batch 64, lr 6e-4, warm-up 200)
 datasets; score = normalized score 100·(R − ref_min)/(ref_max − ref_min) of the final evaluation (10 episodes) at
 the fixed target return. **Encoders**: the GTrXL default (`full` + `xl` memory of 32 + `xl_relative` + `gtrxl`
 block, d 64, 2 layers, 4 heads); one row per registered causal attention = the default with that attention and
-no XL memory (each attention keeps its own streaming cache, bounded to 64 past tokens), with the first
+no XL memory (each attention keeps its own streaming cache, bounded to 64 past tokens - `max_cache`, set by
+the policy's `bound_context`; adaptive_span keeps its own bound, max_span + ramp = 288), with the first
 positional scheme it accepts from (`xl_relative`, `rope`, `none`); the other memories (`compressive`, `knn`)
 and depths (`universal`, `early_exit`) swapped into the default; GRU, LSTM and MLP cores behind the same
 actor-critic. **Parameters** are matched to the GTrXL default within ±10 % by the FFN width `d_ff`
@@ -48,6 +49,9 @@ NOTES = """\
 - Steps/s are measured on a machine shared with other jobs (up to 2 concurrent runs plus other work, e.g.
   test suites), so they are comparable within this study only roughly; the idle-machine per-attention speed is
   in benchmarks/results/ppo_throughput/results.md.
+- `fixed`, `strided` and `bigbird` kept an unbounded streaming cache until commit `4eb9e34` (their
+  context grew over the whole run, ending 5-10x slower than `full`); their earlier results were discarded and
+  re-run with the same 64-key bound (`max_cache`) as every other attention row.
 - `linformer` has no causal mode and cannot be a policy or a DT encoder (listed as excluded)."""
 
 
