@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rl_transformers.backbone import BackboneConfig
+from rl_transformers.backbone.attention import _dense, _residue_flash
 from tests.backbone import invariants as inv
 from tests.backbone.test_local import (
     LENGTHS,
@@ -60,6 +61,85 @@ def test_strided_matches_explicit_mask(causal: bool, length: int, combine: str) 
         opts = dict(stride=3, combine=combine, n_heads=3, layer=layer)
         check_against_mask("strided", pattern, causal, length, length, **opts)
         check_against_mask("strided", pattern, causal, length + 8, 5, **opts)
+
+
+def count_flash_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Force the chunked fused forms (as ``kernel_path`` "fused") and count the calls of strided's flash form."""
+    monkeypatch.setattr(_dense, "DENSE_PATH", "never")
+    monkeypatch.setattr(_dense, "FUSED_MIN_LEN", 0)
+    monkeypatch.setattr(_dense, "FUSED_CHUNK", 3)
+    calls = [0]
+    apply = _residue_flash.ResidueCausal.apply
+
+    def counted(*args: object) -> torch.Tensor:
+        calls[0] += 1
+        return apply(*args)
+
+    monkeypatch.setattr(_residue_flash.ResidueCausal, "apply", counted)
+    return calls
+
+
+def all_valid_inputs(b: int, h: int, length: int, offset: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Every key valid, rows sharing the positions offset .. offset + length - 1: the flash form's case."""
+    q, k, v, _, _, _ = make_inputs(b, h, length, length, seed=seed)
+    pos = (torch.arange(length) + offset).expand(b, length)
+    return q, k, v, pos, pos, torch.ones(b, length, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("band_block", [1, 3, 32])
+@pytest.mark.parametrize("stride", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("length", [1, 2, 7, 13, 33, 70])
+def test_strided_flash_form_matches_explicit_mask(
+    monkeypatch: pytest.MonkeyPatch, stride: int, length: int, band_block: int
+) -> None:
+    """The flash form (classes as one causal SDPA call + band windows, merged by log-sum-exp) against the float64
+    loop-built reference, for ``union`` and both layers of ``alternate``; every band block size (windows of
+    several blocks, the first blocks reaching before key 0). Padding / per-row offsets / split heads take the
+    chunked form, also checked here."""
+
+    calls = count_flash_calls(monkeypatch)
+    monkeypatch.setattr(_residue_flash, "RESIDUE_BAND_BLOCK", band_block)
+    expected = 0
+    for combine, layer in (("union", 0), ("alternate", 0), ("alternate", 1), ("split_heads", 0)):
+        pattern = combined(*strided_parts(stride), combine, layer, 3)
+        att = make_layer("strided", True, n_heads=3, layer=layer, stride=stride, combine=combine)
+        for x in (all_valid_inputs(2, 3, length, offset=5), make_inputs(2, 3, length, length)):
+            want = reference_for(pattern, True, *x)
+            torch.testing.assert_close(run_layer(att, *x), want, atol=1e-12, rtol=0)
+        expected += combine == "union" or (combine == "alternate" and layer == 1)  # A(1)-only: the band
+    assert calls[0] == expected
+
+
+@pytest.mark.parametrize("stride", [1, 3, 5])
+@pytest.mark.parametrize("combine", ["union", "alternate"])
+def test_strided_flash_form_gradients_match_dense(
+    monkeypatch: pytest.MonkeyPatch, stride: int, combine: str
+) -> None:
+    """Gradients of q, k, v through the flash form's own backward (flash backward with the merged output and
+    log-sum-exp + the band windows) equal float64 autograd through the dense T x S form; gradcheck on a small
+    call."""
+
+    calls = count_flash_calls(monkeypatch)
+    monkeypatch.setattr(_residue_flash, "RESIDUE_BAND_BLOCK", 4)
+    att = make_layer("strided", True, n_heads=2, stride=stride, combine=combine, layer=1)
+    q, k, v, q_pos, k_pos, k_valid = all_valid_inputs(2, 2, 29, offset=3, seed=1)
+    w = torch.randn(q.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+
+    def grads(path: str) -> list[torch.Tensor]:
+        monkeypatch.setattr(_dense, "DENSE_PATH", path)
+        x = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = run_layer(att, *x, q_pos, k_pos, k_valid)
+        return [out, *torch.autograd.grad((out * w).sum(), x)]
+
+    fast = grads("never")
+    assert calls[0] == 1
+    for got, want in zip(fast, grads("always")):
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+    small = [t[:1, :, :11].clone().requires_grad_() for t in (q, k, v)]
+    rest = [t[:1, :11] for t in (q_pos, k_pos, k_valid)]
+    monkeypatch.setattr(_dense, "DENSE_PATH", "never")
+    assert torch.autograd.gradcheck(lambda a, b, c: run_layer(att, a, b, c, *rest), small)
+    assert calls[0] > 1
 
 
 @pytest.mark.usefixtures("kernel_path")
@@ -307,7 +387,9 @@ def test_max_cache_streams_exactly_with_a_bounded_cache() -> None:
     """The policy's bound (bound_context): chunked == one pass, and the cache keeps max_cache keys, not all."""
     check_streaming_bounded("strided", length=23, bound=5, stride=3, max_cache=5)
     check_streaming_bounded("fixed", length=23, bound=6, stride=4, summary=2, max_cache=6)
-    bb = inv.tiny_backbone(attention="strided", attention_options={"stride": 3, "combine": "alternate", "max_cache": 2})
+    bb = inv.tiny_backbone(
+        attention="strided", attention_options={"stride": 3, "combine": "alternate", "max_cache": 2}
+    )
     assert [bb.depth.attention_for(i).max_cache for i in range(2)] == [2, 2]  # min(bound, local reach)
     with pytest.raises(ValueError, match="max_cache"):
         BackboneConfig(attention="fixed", attention_options={"max_cache": 0})

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rl_transformers.backbone.attention._banded import Allow, band_part
+from rl_transformers.backbone.attention._residue_flash import ResidueCausal, residue_fast_form
 from rl_transformers.backbone.attention.base import dense_attention
 
 DENSE_MAX_KEYS = 256
@@ -90,7 +91,12 @@ def dense_pattern(
 
 
 def pattern_mask(
-    q_pos: Tensor, k_pos: Tensor, k_valid: Tensor, allow: Allow | None, causal: bool, window: int | None = None
+    q_pos: Tensor,
+    k_pos: Tensor,
+    k_valid: Tensor,
+    allow: Allow | None,
+    causal: bool,
+    window: int | None = None,
 ) -> Tensor:
     """(B, H|1, T, S) bool: ``allow`` + padding + causality (by position) + the always-attended own key.
 
@@ -135,6 +141,7 @@ def windowed_pattern(
     """
     if prefer_dense(k.shape[2], 2 * window + 1):
         return dense_pattern(att, q, k, v, q_pos, k_pos, k_valid, allow, ctx, key, window)
+
     def near(qp: Tensor, kp: Tensor) -> Tensor:  # the band gathers whole blocks: the window is kept here
         return allow(qp, kp) & ((qp - kp).abs() <= window)
 
@@ -233,6 +240,7 @@ def residue_classes_attention(
     stride: int,
     class_heads: Tensor,
     allow: Allow,
+    band_heads: Tensor | None = None,
 ) -> Tensor:
     """Causal pattern inside "same residue class ((i - j) mod stride == 0) ∪ a band of ``stride`` keys" under
     ``allow`` (strided's A(1) ∪ A(2)), with a fused kernel.
@@ -243,8 +251,17 @@ def residue_classes_attention(
     key at positions p - stride .. p + (C - 1)·stride; the ``stride`` classes' chunk u are gathered into one
     batch (keys padded to the longest set, padding masked) and run as one SDPA call with an additive mask
     from ``allow`` + padding + causality + self. O(T·(T/stride + C·stride)) per head; no T x S mask.
+
+    With ``band_heads`` (1, H|1, 1, 1: the heads of the band A(1)) and when :func:`residue_fast_form` allows it
+    (CPU, every key valid, no dropout, all heads alike), the flash form :class:`~rl_transformers.backbone.attention._residue_flash.ResidueCausal` runs instead: the
+    classes as one causal SDPA flash call on (B, H·stride, T/stride, D) (no mask), the band-only keys
+    i - l + 1 .. i - 1 as small blocked windows, merged exactly by log-sum-exp, with its own backward.
     """
     b, h, t, d = q.shape
+    band = None if band_heads is None else residue_fast_form(att, q, k_valid, class_heads, band_heads)
+    if band is not None:  # every key valid, heads alike: the classes as one causal flash call + band windows
+        scale = att.position.scale if att.position.scale is not None else d**-0.5
+        return ResidueCausal.apply(q, k, v, stride, band, scale)
     dev = q.device
     chunk = max(1, min(RESIDUE_CHUNK, FUSED_CHUNK, RESIDUE_BAND // stride))  # band keys per query <= ~512
     n_classes = min(stride, t)

@@ -176,7 +176,9 @@ class StridedAttention(_Factorised):
         s = k.shape[2]
         fusable = self.causal and self.uses_global and not self.position.modifies_scores and q.shape[2] == s
         if fusable and prefer_fused(s) and shared_positions(k_pos):  # long: residue classes + band, fused
-            return residue_classes_attention(self, q, k, v, q_pos, k_pos, k_valid, l, strided[..., 0], union)
+            return residue_classes_attention(
+                self, q, k, v, q_pos, k_pos, k_valid, l, strided[..., 0], union, local[..., 0]
+            )
         parts = [
             band_part(self, q, k, v, q_pos, k_pos, k_valid, [(-reach, 0 if self.causal else reach)], in_band)
         ]
