@@ -19,11 +19,18 @@ generic path are unchanged) and differs from it only in how the same function is
   token (the action a_{K-1}) is seen by no state token and is dropped in every layer.
 - **2-D position-wise work**: LayerNorms, projections and the FFN run on (B·T, d) matrices (no views under
   in-place ops), the ReLU in place on the FFN hidden activation (one allocation fewer per layer).
-- **cheaper dropout**: :func:`fast_dropout` draws the same Bernoulli masks from int32 random numbers (about 3x
-  cheaper than ``bernoulli_`` on CPU) compared straight into a 0 / 1 tensor; the 1 / (1 - p) scale is folded
-  into work done anyway — the embedding LayerNorm's affine parameters, the v projection (for the attention
-  weights' dropout), ``addcmul``'s ``value`` (residual branches). p = 0 and the FFN's hidden dropout (GPT-2
-  has none) cost nothing. Tested against the generic path with every mask forced to keep.
+- **cheaper dropout**: :func:`fast_dropout` draws the same Bernoulli masks from 32-bit random integers (the
+  halves of 64-bit draws; several times cheaper than ``bernoulli_`` on CPU) compared straight into a 0 / 1
+  tensor; the 1 / (1 - p) scale is folded into work done anyway — the embedding LayerNorm's affine parameters,
+  the v projection (for the attention weights' dropout), ``addcmul``'s ``value`` (residual branches). p = 0 and
+  the FFN's hidden dropout (GPT-2 has none) cost nothing. Tested against the generic path with every mask
+  forced to keep.
+- **hand-written backward on the dropout path** (training, 0 < p < 1): the attention, the attention's output
+  projection + residual dropout and GPT-2's ReLU FFN + residual dropout are autograd Functions computing the
+  same gradients with the same matmuls but fewer memory passes (q / k / v grads written contiguously and
+  joined once instead of autograd's strided stack, dropout scales folded into the small weight operands, the
+  ReLU backward in place). Tested against the generic path (every mask forced to keep: predictions and all
+  gradients) and against autograd of the same forward with random masks (``MANUAL_BACKWARD = False``).
 
 Equality with the generic path at every real state token is tested in tests/policies/test_decision_transformer.py
 (float64, dropout 0, padded batches, several depths).
@@ -36,6 +43,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 
 def fast_path_reason(model: Any) -> str | None:
@@ -62,27 +70,31 @@ def fast_path_reason(model: Any) -> str | None:
     return None
 
 
-_RANDOM_RANGE = 2**31
-"""``Tensor.random_()`` on int32 draws uniformly from [0, 2**31)."""
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
 def _keep_mask(x: Tensor, p: float) -> Tensor:
-    """A no-grad 0 / 1 tensor shaped like ``x`` (its dtype): 1 with probability 1 - p (up to 2**-31).
+    """A no-grad 0 / 1 tensor shaped like ``x`` (its dtype): 1 with probability 1 - p (up to 2**-32).
 
-    One int32 random number per entry compared with a threshold, the comparison written straight into a
-    tensor of ``x``'s dtype (one pass; the 1 / (1 - p) scale is applied by the caller, folded into an
-    operation it runs anyway).
+    One uniform 32-bit random integer per entry compared with a threshold, the comparison written straight
+    into a tensor of ``x``'s dtype (one pass; the 1 / (1 - p) scale is applied by the caller, folded into an
+    operation it runs anyway). The 32-bit integers are the two halves of full-range 64-bit draws (two
+    Mersenne-Twister outputs each, so independent and uniform over all 2**32 values): one ``random_`` entry per
+    two mask entries, a quarter cheaper on CPU than an int32 ``random_()`` per entry.
     """
-    threshold = round(p * _RANDOM_RANGE)
-    draws = torch.empty(x.shape, dtype=torch.int32, device=x.device).random_()
+    n = x.numel()
+    threshold = min(_INT32_MIN + round(p * 2**32), _INT32_MAX)
+    words = torch.empty((n + 1) // 2, dtype=torch.int64, device=x.device).random_(-(2**63), None)
+    draws = words.view(torch.int32)[:n].view(x.shape)
     return torch.ge(draws, threshold, out=torch.empty(x.shape, dtype=x.dtype, device=x.device))
 
 
 def fast_dropout(x: Tensor, p: float, training: bool) -> Tensor:
-    """Inverted dropout: each entry kept with probability 1 - p (up to 2**-31) and scaled by 1 / (1 - p).
+    """Inverted dropout: each entry kept with probability 1 - p (up to 2**-32) and scaled by 1 / (1 - p).
 
-    The same distribution as :func:`torch.nn.functional.dropout`, drawn as one int32 per entry compared with
-    a threshold — about 3x cheaper on CPU than ``bernoulli_`` (a different random stream, so masks differ).
+    The same distribution as :func:`torch.nn.functional.dropout`, drawn as one 32-bit integer per entry
+    compared with a threshold (:func:`_keep_mask`) — several times cheaper on CPU than ``bernoulli_`` (a
+    different random stream, so masks differ).
     """
     if not training or p <= 0:
         return x
@@ -114,6 +126,138 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, p: float, training
     probs = torch.softmax(scores, dim=-1)
     weights = torch.mul(probs, _keep_mask(probs, p))
     return torch.bmm(weights, v.reshape(b * h, -1, d)).view(b, h, t, d)
+
+
+# --- hand-written backward passes of the dropout (training) path ------------------------------------------------
+#
+# Autograd of the ops above builds the attention gradient of the packed q / k / v projection by stacking three
+# grads, one of them a transposed view (a strided gather over the whole (B·T, 3d) tensor), multiplies a residual
+# branch's gradient by its mask and then by the 1 / (1 - p) scale (two passes), and allocates a fresh tensor for
+# the ReLU backward on the (B·T, 4d) FFN hidden activation. The functions below compute the same gradients with
+# the same matmuls: the attention's q / k / v grads written contiguously and joined once, the scale folded into
+# the (d, d) / (d, 4d) weights of the backward matmuls, the ReLU backward in place. ``MANUAL_BACKWARD = False``
+# runs the plain autograd of the same forward (the reference of the tests).
+
+MANUAL_BACKWARD = True
+"""Use the hand-written backward passes on the dropout path (False: autograd of the same ops)."""
+
+
+def _split(x: Tensor, b: int, t: int, parts: int, heads: int, d_head: int) -> list[Tensor]:
+    """(B·T, parts·d) projections -> ``parts`` tensors (B·H, T, D) (views when H = 1)."""
+    return [
+        u.transpose(1, 2).reshape(b * heads, t, d_head) for u in x.view(b, t, parts, heads, d_head).unbind(2)
+    ]
+
+
+def _join(parts: list[Tensor], b: int, t: int, heads: int, d_head: int) -> Tensor:
+    """Inverse of :func:`_split`: ``parts`` tensors (B·H, T, D) -> one (B·T, parts·d) tensor."""
+    views = [u.view(b, heads, t, d_head).transpose(1, 2) for u in parts]
+    if len(views) == 1:
+        return views[0].reshape(b * t, heads * d_head)
+    return torch.stack(views, dim=2).view(b * t, len(parts) * heads * d_head)
+
+
+class _DropoutAttention(torch.autograd.Function):
+    """:func:`_attention` with dropout from packed projections: (B·Tq, d) outputs, backward by hand.
+
+    ``qsrc`` is the (B·T, 3d) [q | k | v] projection when ``kvsrc`` is None, else the (B·Tq, d) q projection
+    with ``kvsrc`` the (B·T, 2d) [k | v] one. q and v come scaled as :func:`_attention` needs them.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, qsrc: Tensor, kvsrc: Tensor | None, bias: Tensor, p: float, b: int, heads: int
+    ) -> Tensor:
+        d = qsrc.shape[1] // (3 if kvsrc is None else 1)
+        d_head = d // heads
+        q, k, v = _DropoutAttention._qkv(qsrc, kvsrc, b, heads, d_head)
+        probs = torch.softmax(torch.baddbmm(bias, q, k.transpose(1, 2)), dim=-1)
+        keep = _keep_mask(probs, p)
+        weights = torch.mul(probs, keep)
+        ctx.save_for_backward(qsrc, kvsrc, probs, keep, weights)
+        ctx.b, ctx.heads, ctx.d_head = b, heads, d_head
+        return _join([torch.bmm(weights, v)], b, q.shape[1], heads, d_head)
+
+    @staticmethod
+    def _qkv(qsrc: Tensor, kvsrc: Tensor | None, b: int, heads: int, d_head: int) -> list[Tensor]:
+        if kvsrc is None:
+            return _split(qsrc, b, qsrc.shape[0] // b, 3, heads, d_head)
+        return _split(qsrc, b, qsrc.shape[0] // b, 1, heads, d_head) + _split(
+            kvsrc, b, kvsrc.shape[0] // b, 2, heads, d_head
+        )
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        qsrc, kvsrc, probs, keep, weights = ctx.saved_tensors
+        b, heads, d_head = ctx.b, ctx.heads, ctx.d_head
+        q, k, v = _DropoutAttention._qkv(qsrc, kvsrc, b, heads, d_head)
+        (g_out,) = _split(grad, b, q.shape[1], 1, heads, d_head)
+        g_weights = torch.bmm(g_out, v.transpose(1, 2)).mul_(keep)  # d probs
+        g_v = torch.bmm(weights.transpose(1, 2), g_out)
+        g_scores = torch._softmax_backward_data(g_weights, probs, -1, probs.dtype)
+        g_q = torch.bmm(g_scores, k)
+        g_k = torch.bmm(g_scores.transpose(1, 2), q)
+        t, tq = k.shape[1], q.shape[1]
+        if kvsrc is None:
+            return _join([g_q, g_k, g_v], b, t, heads, d_head), None, None, None, None, None
+        return (
+            _join([g_q], b, tq, heads, d_head),
+            _join([g_k, g_v], b, t, heads, d_head),
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+class _LinearResidualDropout(torch.autograd.Function):
+    """``x + keep ⊙ (inp Wᵀ + bias) / (1 - p)`` (a residual branch ending in a linear), backward by hand."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, inp: Tensor, weight: Tensor, bias: Tensor, p: float) -> Tensor:
+        y = torch.addmm(bias, inp, weight.t())
+        keep = _keep_mask(y, p)
+        ctx.save_for_backward(inp, weight, keep)
+        ctx.scale = 1.0 / (1.0 - p)
+        return torch.addcmul(x, y, keep, value=ctx.scale)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        inp, weight, keep = ctx.saved_tensors
+        s = ctx.scale
+        g_y = torch.mul(grad, keep)  # the branch's gradient / s: s is folded into the small matmul operands
+        g_inp = torch.mm(g_y, weight * s) if ctx.needs_input_grad[1] else None
+        return grad, g_inp, torch.mm(g_y.t(), inp).mul_(s), g_y.sum(0).mul_(s), None
+
+
+class _ReluFFNResidualDropout(torch.autograd.Function):
+    """``x + keep ⊙ fc2(relu(fc1(u))) / (1 - p)`` (GPT-2's FFN branch), backward by hand (ReLU in place)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: Tensor, u: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, p: float
+    ) -> Tensor:
+        hidden = torch.addmm(b1, u, w1.t()).relu_()
+        y = torch.addmm(b2, hidden, w2.t())
+        keep = _keep_mask(y, p)
+        ctx.save_for_backward(u, w1, hidden, w2, keep)
+        ctx.scale = 1.0 / (1.0 - p)
+        return torch.addcmul(x, y, keep, value=ctx.scale)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        u, w1, hidden, w2, keep = ctx.saved_tensors
+        s = ctx.scale
+        g_y = torch.mul(grad, keep)
+        g_hidden = torch.mm(g_y, w2 * s)
+        g_w2 = torch.mm(g_y.t(), hidden).mul_(s)
+        g_b2 = g_y.sum(0).mul_(s)
+        g_pre = torch.ops.aten.threshold_backward.grad_input(g_hidden, hidden, 0, grad_input=g_hidden)
+        g_u = torch.mm(g_pre, w1) if ctx.needs_input_grad[1] else None
+        return grad, g_u, torch.mm(g_pre.t(), u), g_pre.sum(0), g_w2, g_b2, None
 
 
 def _mask_bias(t: int, rows: slice | None, device: torch.device, dtype: torch.dtype) -> Tensor:
@@ -191,45 +335,52 @@ def fused_forward(model: Any, tokens: Tensor) -> Tensor:
     blocks: list[nn.Module] = list(model.backbone.depth.blocks)
     s = model.state_token
     state_rows = slice(s, None, n)
+    # Hand-written backward passes (autocast would hand them mixed dtypes: autograd of the same ops then).
+    manual = drop and p < 1 and MANUAL_BACKWARD and not torch.is_autocast_enabled(x.device.type)
     for i, block in enumerate(blocks):
         attn, ffn = block.attention, block.ffn
         h = block.norm1(x)
+        w_q, b_q = _scaled(attn.q_proj.weight, q_scale), _scaled(attn.q_proj.bias, q_scale)
+        w_kv = torch.cat([attn.k_proj.weight, _scaled(attn.v_proj.weight, v_scale)])
+        b_kv = torch.cat([attn.k_proj.bias, _scaled(attn.v_proj.bias, v_scale)])
         if i < len(blocks) - 1:
-            weight = torch.cat(
-                [
-                    _scaled(attn.q_proj.weight, q_scale),
-                    attn.k_proj.weight,
-                    _scaled(attn.v_proj.weight, v_scale),
-                ]
-            )
-            bias = torch.cat(
-                [_scaled(attn.q_proj.bias, q_scale), attn.k_proj.bias, _scaled(attn.v_proj.bias, v_scale)]
-            )
-            q, key, v = _heads(F.linear(h, weight, bias), b, t, 3, heads, d_head)
+            qkv = F.linear(h, torch.cat([w_q, w_kv]), torch.cat([b_q, b_kv]))
             mask = _mask_bias(t, None, x.device, x.dtype)
+            if manual:
+                a = _DropoutAttention.apply(qkv, None, mask, p, b, heads)
+            else:
+                q, key, v = _heads(qkv, b, t, 3, heads, d_head)
+                a = _attention(q, key, v, mask, p, training).transpose(1, 2).reshape(x.shape[0], d)
         else:  # the last layer needs queries (and everything after attention) at the state tokens only
-            weight = torch.cat([attn.k_proj.weight, _scaled(attn.v_proj.weight, v_scale)])
-            bias = torch.cat([attn.k_proj.bias, _scaled(attn.v_proj.bias, v_scale)])
-            key, v = _heads(F.linear(h, weight, bias), b, t, 2, heads, d_head)
+            kv = F.linear(h, w_kv, b_kv)
             x = x.view(b, t, d)[:, state_rows].reshape(b * k, d)
-            (q,) = _heads(
-                F.linear(
-                    h.view(b, t, d)[:, state_rows].reshape(b * k, d),
-                    _scaled(attn.q_proj.weight, q_scale),
-                    _scaled(attn.q_proj.bias, q_scale),
-                ),
-                b,
-                k,
-                1,
-                heads,
-                d_head,
-            )
+            q_proj = F.linear(h.view(b, t, d)[:, state_rows].reshape(b * k, d), w_q, b_q)
             mask = _mask_bias(t, state_rows, x.device, x.dtype)
-        a = _attention(q, key, v, mask, p, training).transpose(1, 2).reshape(x.shape[0], d)
-        x = residual_dropout(x, attn.o_proj(a), p, training)
-        pre = ffn.fc1(block.norm2(x))
+            if manual:
+                a = _DropoutAttention.apply(q_proj, kv, mask, p, b, heads)
+            else:
+                (q,) = _heads(q_proj, b, k, 1, heads, d_head)
+                key, v = _heads(kv, b, t, 2, heads, d_head)
+                a = _attention(q, key, v, mask, p, training).transpose(1, 2).reshape(x.shape[0], d)
+        o = attn.o_proj
+        if manual and o.bias is not None:
+            x = _LinearResidualDropout.apply(x, a, o.weight, o.bias, p)
+        else:
+            x = residual_dropout(x, o(a), p, training)
+        u = block.norm2(x)
+        fc1, fc2 = ffn.fc1, ffn.fc2
+        if (
+            manual
+            and cfg.activation == "relu"
+            and ffn.dropout.p == 0
+            and fc1.bias is not None
+            and fc2.bias is not None
+        ):
+            x = _ReluFFNResidualDropout.apply(x, u, fc1.weight, fc1.bias, fc2.weight, fc2.bias, p)
+            continue
+        pre = fc1(u)
         hidden = torch.relu_(pre) if cfg.activation == "relu" else ffn.act(pre)
         if ffn.dropout.p > 0:
             hidden = fast_dropout(hidden, ffn.dropout.p, training)
-        x = residual_dropout(x, ffn.fc2(hidden), p, training)
+        x = residual_dropout(x, fc2(hidden), p, training)
     return model.backbone.final_norm(x).view(b, k, d)
