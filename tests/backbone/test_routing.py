@@ -217,3 +217,96 @@ def test_incompatible_options_raise_at_construction() -> None:
     with pytest.raises(ValueError, match=r"routing_commitment.*recompute"):
         BackboneConfig(attention="routing", block="reversible")
     BackboneConfig(attention="routing", block="reversible", block_options={"recompute": False})
+
+
+def _dense_routing(q, k, v, mask, scale):
+    """Explicit float64 masked softmax (differentiable reference)."""
+    logits = torch.matmul(q, k.transpose(-1, -2)) * scale
+    return torch.matmul(torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1), v)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("case", ["self", "cache+padding", "one-cluster", "strided-inputs"])
+def test_flash_path_matches_reference_forward_and_gradients(causal: bool, case: str) -> None:
+    """The clusters' slots as one CPU flash call (+ own key by log-sum-exp) vs the explicit mask, float64."""
+    from rl_transformers.backbone.attention import _routing_flash
+
+    if not _routing_flash.HAS_CPU_FLASH:
+        pytest.skip("no CPU flash kernel")
+    torch.manual_seed(5)
+    n_clusters = 1 if case == "one-cluster" else 3
+    att = _layer(causal=causal, n_clusters=n_clusters)
+    b, h, t, d = 2, 2, 23, 8
+    s = t + 6 if case == "cache+padding" else t
+    if case == "strided-inputs":  # the layer's (B, T, H, D) layout, heads sliced (local heads first)
+        leaves = [torch.randn(b, n, h + 1, d, dtype=torch.float64, requires_grad=True) for n in (t, s, s)]
+        q, k, v = (x.transpose(1, 2)[:, 1:] for x in leaves)
+    else:
+        q = torch.randn(b, h, t, d, dtype=torch.float64, requires_grad=True)
+        k = torch.randn(b, h, s, d, dtype=torch.float64, requires_grad=True)
+        v = torch.randn(b, h, s, d, dtype=torch.float64, requires_grad=True)
+    valid = torch.ones(b, s, dtype=torch.bool)
+    if case == "cache+padding":
+        valid[0, [1, 7, s - 3]] = False  # one of them is a query's own key (still attended)
+        valid[1, :4] = False
+    cq, ck = _nearest(q.detach(), att.centroids), _nearest(k.detach(), att.centroids)
+    pos_q, pos_k = torch.arange(s - t, s).expand(b, t), torch.arange(s).expand(b, s)
+    got = cluster_attention(att, q, k, v, pos_q, pos_k, valid, cq, ck, n_clusters, [0, 1], path="flash")
+    mask = _cluster_mask(cq, ck, valid, causal, s_off=s - t)
+    ref = _dense_routing(q, k, v, mask, att.position.scale)
+    torch.testing.assert_close(got, ref, atol=1e-10, rtol=0)
+    g = torch.randn_like(ref)
+    grads = torch.autograd.grad(got, (q, k, v), g)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), g)
+    for a, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(a, r, atol=1e-10, rtol=0)
+
+
+def test_flash_path_is_taken_for_long_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ "auto" takes the flash form for long calls (forced at a small size) and agrees with the blocked path."""
+    from rl_transformers.backbone.attention import _routing_flash
+
+    if not _routing_flash.HAS_CPU_FLASH:
+        pytest.skip("no CPU flash kernel")
+    calls = []
+    real = _routing_flash.RoutingFlash.apply
+    monkeypatch.setattr(_routing_flash.RoutingFlash, "apply", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(_dense, "FUSED_MIN_LEN", 0)
+    monkeypatch.setattr(_dense, "DENSE_MAX_KEYS", 0)
+    torch.manual_seed(6)
+    att = _layer(causal=True, n_clusters=4)
+    b, h, t, d = 1, 2, 40, 8
+    q, k, v = (torch.randn(b, h, t, d, dtype=torch.float64) for _ in range(3))
+    pos, valid = torch.arange(t).expand(b, t), torch.ones(b, t, dtype=torch.bool)
+    cq, ck = _nearest(q, att.centroids), _nearest(k, att.centroids)
+    got = cluster_attention(att, q, k, v, pos, pos, valid, cq, ck, 4, [0, 1])
+    assert calls, "the flash form was not taken"
+    ref = cluster_attention(att, q, k, v, pos, pos, valid, cq, ck, 4, [0, 1], path="dense")
+    torch.testing.assert_close(got, ref, atol=1e-10, rtol=0)
+    # max_cache: not this form's pattern, falls back
+    calls.clear()
+    cluster_attention(att, q, k, v, pos, pos, valid, cq, ck, 4, [0, 1], max_cache=5)
+    assert not calls
+
+
+def test_flash_path_float32_gradients_are_finite_and_close() -> None:
+    """float32 (the masked slots' large negative logits must give exact zeros, no inf / nan)."""
+    from rl_transformers.backbone.attention import _routing_flash
+
+    if not _routing_flash.HAS_CPU_FLASH:
+        pytest.skip("no CPU flash kernel")
+    torch.manual_seed(7)
+    att = _layer(causal=True, n_clusters=4)
+    b, h, t, d = 2, 2, 64, 8
+    x64 = [torch.randn(b, h, t, d, dtype=torch.float64) * 3 for _ in range(3)]
+    x32 = [x.float().requires_grad_(True) for x in x64]
+    x64 = [x.requires_grad_(True) for x in x64]
+    cq, ck = _nearest(x64[0].detach(), att.centroids), _nearest(x64[1].detach(), att.centroids)
+    pos, valid = torch.arange(t).expand(b, t), torch.ones(b, t, dtype=torch.bool)
+    got = cluster_attention(att.float(), *x32, pos, pos, valid, cq, ck, 4, [0, 1], path="flash")
+    ref = _dense_routing(*x64, _cluster_mask(cq, ck, valid, True), att.position.scale)
+    torch.testing.assert_close(got.double(), ref, atol=2e-5, rtol=0)
+    g = torch.randn_like(ref)
+    for a, r in zip(torch.autograd.grad(got, x32, g.float()), torch.autograd.grad(ref, x64, g), strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a.double(), r, atol=1e-4, rtol=0)

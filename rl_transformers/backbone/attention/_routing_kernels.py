@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rl_transformers.backbone.attention import _dense
+from rl_transformers.backbone.attention._routing_flash import routing_flash, routing_flash_applies
 from rl_transformers.backbone.attention.base import Attention
 from rl_transformers.backbone.attention.lsh import per_head_logits, per_head_value_term
 
@@ -51,17 +52,26 @@ def cluster_attention(
     n_clusters: int,
     heads: list[int],
     max_cache: int | None = None,
-    path: Literal["auto", "dense", "blocked"] = "auto",
+    path: Literal["auto", "dense", "blocked", "flash"] = "auto",
 ) -> Tensor:
     """Each query attends the visible keys of its cluster plus its own key: (B, h, T, D).
 
     q (B, h, T, D), k, v (B, h, S, D); cq (B, h, T), ck (B, h, S) cluster ids; causal from ``att.causal``.
-    ``path``: "blocked" = per-cluster padded blocks, "dense" = masked T x S, "auto" = blocked unless the padded
-    blocks would be larger than the dense matrix.
+    ``path``: "blocked" = per-cluster padded blocks, "dense" = masked T x S, "flash" = the clusters' slots as
+    one CPU flash call (:mod:`~rl_transformers.backbone.attention._routing_flash`, where it applies, else
+    "auto"), "auto" = flash for long calls (``_dense.prefer_fused``) where it applies, else blocked unless the
+    padded blocks would be larger than the dense matrix.
     """
     b, h, t = q.shape[:3]
     s = k.shape[2]
     off = s - t
+    if (
+        path == "flash" or (path == "auto" and _dense.prefer_fused(t) and not _dense.prefer_dense(s, 0))
+    ) and (routing_flash_applies(att, q, max_cache)):
+        scale = att.position.scale if att.position.scale is not None else q.shape[-1] ** -0.5
+        return routing_flash(q, k, v, k_valid, cq, ck, n_clusters, att.causal, scale)
+    if path == "flash":
+        path = "auto"
     kc = torch.where(k_valid[:, None, :], ck, torch.full_like(ck, n_clusters))  # padding joins no cluster
     count_q = F.one_hot(cq, n_clusters).sum(2)  # (B, h, k)
     count_k = F.one_hot(kc, n_clusters + 1)[..., :n_clusters].sum(2)

@@ -16,8 +16,10 @@ routing and local heads).
 
 Cost: the routing heads gather each cluster's queries and keys into padded blocks, O(L²/k) time and memory for
 balanced clusters (which k-means pushes towards); when padding would make the blocks larger than the dense
-T x S matrix the kernel falls back to dense masked attention, so it is never worse than dense. Local heads are
-banded, O(L·w). Streaming: a KV cache that also stores each key's cluster id (:class:`RoutingCache`), exact.
+T x S matrix the kernel falls back to dense masked attention, so it is never worse than dense. Long calls on CPU
+(plain scores, no dropout, no max_cache) take the flash form instead (``_routing_flash``): every cluster's
+queries and keys as one time-ordered slot sequence, all clusters in one causal flash call, the own key merged by
+log-sum-exp, same key sets. Local heads are banded, O(L·w). Streaming: a KV cache that also stores each key's cluster id (:class:`RoutingCache`), exact.
 
 Shapes: q (B, H, T, D); k, v (B, H, S, D) with the new tokens last; cluster ids (B, Hr, T|S), Hr routing heads;
 blocks (B, Hr, k, M, D).
@@ -164,11 +166,12 @@ class RoutingAttention(Attention):
         cq, ck = self.assign(qn, mu), self.assign(kn, mu)
         new_k, new_valid = kn, k_valid
         if isinstance(state, RoutingCache):
-            k = torch.cat([state.k, k], dim=2)
-            v = torch.cat([state.v, v], dim=2)
-            k_pos = torch.cat([state.pos, k_pos], dim=1)
-            k_valid = torch.cat([state.valid, k_valid], dim=1)
-            ck = torch.cat([state.clusters, ck], dim=2)
+            if state.length:  # (an empty cache: no copies of k, v)
+                k = torch.cat([state.k, k], dim=2)
+                v = torch.cat([state.v, v], dim=2)
+                k_pos = torch.cat([state.pos, k_pos], dim=1)
+                k_valid = torch.cat([state.valid, k_valid], dim=1)
+                ck = torch.cat([state.clusters, ck], dim=2)
             keep = k.shape[2] if opts.max_cache is None else min(k.shape[2], opts.max_cache)
             state = RoutingCache(
                 k[:, :, -keep:], v[:, :, -keep:], k_pos[:, -keep:], k_valid[:, -keep:], ck[:, :, -keep:]
