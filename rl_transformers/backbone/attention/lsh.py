@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from rl_transformers.backbone.attention import _lsh_fast as fast
 from rl_transformers.backbone.attention.base import Attention
 from rl_transformers.backbone.context import ForwardContext
 from rl_transformers.backbone.registry import Capabilities, register
@@ -165,21 +166,6 @@ def hash_buckets(x: Tensor, rotations: Tensor) -> Tensor:
         return torch.zeros(b, h, rotations.shape[0], s, dtype=torch.long, device=x.device)
     proj = torch.einsum("bhsd,rhdn->bhrsn", x, rotations.to(x.dtype))
     return torch.cat([proj, -proj], dim=-1).argmax(dim=-1)
-
-
-def _neighbours(x: Tensor, offsets: list[int], fill: float | int | bool) -> Tensor:
-    """x (B, H, R, n, m, *) -> (B, H, R, n, len(offsets)·m, *): chunks n+o for each offset (``fill`` outside)."""
-    n = x.shape[3]
-    parts = []
-    for o in offsets:
-        if o == 0:
-            parts.append(x)
-            continue
-        pad = torch.full_like(x[:, :, :, : abs(o)], fill)
-        parts.append(
-            torch.cat([pad, x[:, :, :, : n + o]], 3) if o < 0 else torch.cat([x[:, :, :, o:], pad], 3)
-        )
-    return torch.cat(parts, dim=4)
 
 
 @register(
@@ -313,28 +299,25 @@ class LSHAttention(Attention):
         order = torch.argsort(buckets * sp + idx, dim=-1)  # sort by (bucket, index)
         rank = torch.empty_like(order).scatter_(-1, order, idx.expand_as(order))  # sorted place of each token
 
-        def sort(x: Tensor) -> Tensor:  # (B, H, Sp, D) -> (B, H, R, n, m, D)
-            xe = x.unsqueeze(2).expand(b, h, r, sp, x.shape[-1])
-            return xe.gather(3, order.unsqueeze(-1).expand(b, h, r, sp, x.shape[-1])).view(b, h, r, n, m, -1)
-
         def sort_row(x: Tensor) -> Tensor:  # (B, Sp) -> (B, H, R, n, m)
             return x[:, None, None, :].expand(b, h, r, sp).gather(3, order).view(b, h, r, n, m)
 
         causal = self.causal
         offsets = [0] if n == 1 else ([-1, 0] if causal else [-1, 0, 1])
-        qs = sort(qa)
-        ks = _neighbours(sort(kn), offsets, 0.0)
-        vs = _neighbours(sort(v), offsets, 0.0)
+        rows_q = fast.flat_rows(order, sp).view(b, h, r, n, m)  # row of each sorted token in (B·H·Sp, D)
+        qs = fast.take_rows(qa, rows_q)
+        ks = fast.chunk_windows(kn, rows_q, offsets)  # overlapping views; keys outside the rows masked below
+        vs = fast.chunk_windows(v, rows_q, offsets)
         pos_q = sort_row(pos)
-        pos_k = _neighbours(pos_q, offsets, 0)
+        pos_k = fast.neighbours(pos_q, offsets, 0)
         tok_q = order.view(b, h, r, n, m)
-        tok_k = _neighbours(tok_q, offsets, -1)
+        tok_k = fast.neighbours(tok_q, offsets, -1)
         small = torch.int16 if nb < 2**15 - 1 else torch.int64  # bucket ids: less memory traffic
         bucket_q = buckets.to(small).gather(3, order).view(b, h, r, n, m)
-        bucket_k = _neighbours(bucket_q, offsets, -1)
-        valid_k = _neighbours(sort_row(valid), offsets, False)
+        bucket_k = fast.neighbours(bucket_q, offsets, -1)
+        valid_k = fast.neighbours(sort_row(valid), offsets, False)
         rank_q = idx.view(1, 1, 1, n, m)  # sorted place: the same layout in every row, head and round
-        rank_k = _neighbours(rank_q, offsets, -(10 * sp))
+        rank_k = fast.neighbours(rank_q, offsets, -(10 * sp))
 
         def in_window(delta: Tensor) -> Tensor:
             return (delta >= 0) & (delta <= w) if causal else delta.abs() <= w
@@ -357,7 +340,7 @@ class LSHAttention(Attention):
         if r > 1:
             # N_ij = number of rounds in which j is in i's bucket window; logits - log N_ij make the merged result
             # the softmax over the union of the rounds' key sets (Kitaev 2020, §2.3, "multi-round LSH").
-            count = met.to(logits.dtype)  # the pairs of each slice's own round
+            count = met.to(torch.int8 if r < 127 else torch.int32)  # the pairs of each slice's own round
             small = torch.int32 if sp < 2**31 - 1 else torch.int64  # halves the memory traffic of the gathers
             buckets_s, rank_s = buckets.to(small), rank.to(small)
             for r2 in range(r):  # round r2's verdict on the pairs of the other rounds' slices
@@ -369,17 +352,17 @@ class LSHAttention(Attention):
                 rq = rank_s[:, :, r2].gather(2, fq).view_as(tq).unsqueeze(-1)
                 rk = rank_s[:, :, r2].gather(2, fk).view_as(tk).unsqueeze(-2)
                 count.index_add_(2, others, ((bq == bk) & in_window(rq - rk)).to(count.dtype))
-            logits = logits - count.clamp_min(1.0).log()
+            logits = fast.minus_log_count(logits, count, r)
         logits = logits.masked_fill(~allowed, float("-inf"))
         lse = torch.logsumexp(logits, dim=-1)  # finite: the own key is always allowed
-        probs = torch.exp(logits - lse.unsqueeze(-1))
+        probs = torch.softmax(logits, dim=-1)
         dropped = self.attn_dropout(probs) if self.training else probs
         out = torch.matmul(dropped, vs)
         extra = per_head_value_term(self, dropped, pos_q, pos_k)
         if extra is not None:
             out = out + extra
         # Back to token order and merge the rounds with softmax(lse_r) weights.
-        out = out.view(b, h, r, sp, d).gather(3, rank.unsqueeze(-1).expand(b, h, r, sp, d))
+        out = fast.unsort_rows(out.view(b, h, r, sp, d), rank)
         lse = lse.view(b, h, r, sp).gather(3, rank)
         merged = (torch.softmax(lse, dim=2).unsqueeze(-1) * out).sum(dim=2)
         if ctx.collect_info:
