@@ -57,6 +57,18 @@ def build_aggregates(
     return out
 
 
+def aggregate_tasks(records: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> dict[str, list[str]]:
+    """The tasks each aggregate covers: with ``ctx["planned"]`` (runs planned per task) only the tasks whose every
+    planned run finished - so a partial study aggregates its complete tasks, not a mix of seeds - else all."""
+    planned = ctx.get("planned")
+    if not planned:
+        return dict(ctx["tasks"])
+    done: dict[str, int] = defaultdict(int)
+    for r in records:
+        done[r["task"]] += 1
+    return {algo: [t for t in names if done[t] >= planned.get(t, 0)] for algo, names in ctx["tasks"].items()}
+
+
 def _cell(values: list[float]) -> str:
     if not values:
         return "–"
@@ -120,8 +132,8 @@ def machine() -> str:
 
 # -- plots ----------------------------------------------------------------------------------------------------
 def plot_all(records: Sequence[dict[str, Any]], aggs: dict[str, Any], tasks: dict[str, list[str]],
-             plots: Path) -> list[str]:  # fmt: skip
-    """Write the plots; returns their file names."""
+             plots: Path, agg_tasks: dict[str, list[str]] | None = None) -> list[str]:  # fmt: skip
+    """Write the plots; returns their file names (``agg_tasks``: the tasks the aggregates cover, default all)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -133,7 +145,7 @@ def plot_all(records: Sequence[dict[str, Any]], aggs: dict[str, Any], tasks: dic
         if suite not in aggs or not aggs[suite]["encoders"]:
             continue
         rows = [r for r in records if r["algo"] == algo]
-        scores, _ = score_matrices(rows, tasks[algo], SCALE[algo])
+        scores, _ = score_matrices(rows, (agg_tasks or tasks)[algo], SCALE[algo])
         agg = aggs[suite]["encoders"]
         order = sorted(agg, key=lambda k: agg[k]["iqm"])
         fig, ax = plt.subplots(figsize=(7, 0.28 * len(order) + 1.2))
@@ -237,9 +249,10 @@ def write_report(
     public = [{**{k: r.get(k) for k in RECORD_FIELDS}, **{k: v for k, v in r.items() if k not in RECORD_FIELDS}}
               for r in records]  # fmt: skip
     _write(docs / "encoders.json", json.dumps(public, indent=1) + "\n")
-    aggs = build_aggregates(records, tasks, context.get("reps"))
+    covered = aggregate_tasks(records, context)
+    aggs = build_aggregates(records, covered, context.get("reps"))
     _write(docs / "encoders_aggregate.json", json.dumps(aggs, indent=1) + "\n")
-    plots = plot_all(records, aggs, tasks, docs / "plots") if records else []
+    plots = plot_all(records, aggs, tasks, docs / "plots", covered) if records else []
     _write(docs / "encoders.md", markdown(records, aggs, context, plots))
     return aggs
 
@@ -281,8 +294,10 @@ def markdown(
         lines += ["", "### Per task (score: mean ± std over seeds)", "",
                   task_table(records, algo, tasks_of(ctx, algo), encs)]  # fmt: skip
         if suite in aggs:
+            covered = aggregate_tasks(records, ctx).get(algo, [])
             lines += ["### Aggregate (rliable: IQM, stratified bootstrap 95 % CI, probability of improvement)", "",
-                      aggregate_table(aggs[suite])]  # fmt: skip
+                      f"Over {len(covered)} of {len(tasks_of(ctx, algo))} tasks (those with every planned run "
+                      f"finished): {', '.join(covered)}.", "", aggregate_table(aggs[suite])]  # fmt: skip
         for p in plots:
             if p.endswith(f"_{suite}.png"):
                 lines.append(f"![{p}](plots/{p})")

@@ -246,4 +246,6 @@ def test_bigbird_max_cache_restricts_the_pattern_to_the_window(causal: bool) -> 
 
 @pytest.mark.usefixtures("kernel_path")
 def test_bigbird_max_cache_streams_with_a_bounded_cache() -> None:
-    check_streaming_bounded("bigbird", length=23, bound=7, block=3, n_random=1, global_tokens=(1,), max_cache=7)
+    check_streaming_bounded(
+        "bigbird", length=23, bound=7, block=3, n_random=1, global_tokens=(1,), max_cache=7
+    )

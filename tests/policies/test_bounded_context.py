@@ -56,4 +56,6 @@ def test_acting_state_is_bounded_by_the_context(attention: str) -> None:
     # bounded: no growth over the second half of the stream (the bound is the context, or a constant of the
     # entry's own pattern, e.g. adaptive_span's largest span or blockwise's super-block)
     half = max(sizes[: STEPS // 2])
-    assert max(sizes[STEPS // 2 :]) <= half < STEPS // 2, f"{attention}: the cache grows ({half} -> {sizes[-1]})"
+    assert max(sizes[STEPS // 2 :]) <= half < STEPS // 2, (
+        f"{attention}: the cache grows ({half} -> {sizes[-1]})"
+    )

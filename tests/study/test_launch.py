@@ -80,7 +80,13 @@ def test_restore_from_committed_records_matches_keys_only(tmp_path: Path) -> Non
     """A fresh checkout (empty runs/) resumes from a committed encoders.json: only records with the job's key."""
     planned = jobs(tmp_path / "runs")
     records = [
-        {"key": planned[0].spec["key"], "score": 0.5, "curve": [[128.0, 0.5]], "task": "TMaze10", "algo": "ppo"},
+        {
+            "key": planned[0].spec["key"],
+            "score": 0.5,
+            "curve": [[128.0, 0.5]],
+            "task": "TMaze10",
+            "algo": "ppo",
+        },
         {"key": "0" * 16, "score": 1.0},  # a job that is not planned (other budget, say): ignored
         {"key": planned[1].spec["key"], "score": None},  # an unfinished record is no result
         "not a record",

@@ -93,3 +93,18 @@ def test_partial_results_are_labelled(tmp_path: Path) -> None:
     report.write_report(recs, tmp_path, {**context(), "planned": {"t1": 9, "t2": 9, "d1": 6}})
     md = (tmp_path / "encoders.md").read_text()
     assert "Finished runs per task: t1 9 / 9, t2 6 / 9, d1 6 / 6." in md
+
+
+def test_aggregate_covers_only_complete_tasks(tmp_path: Path) -> None:
+    """A partial study aggregates the tasks whose every planned run finished (no mix of seeds and tasks)."""
+    recs = [r for r in records() if not (r["task"] == "t2" and r["seed"] == 2)]
+    ctx = {**context(), "planned": {"t1": 9, "t2": 9, "d1": 6}}
+    assert report.aggregate_tasks(recs, ctx) == {"ppo": ["t1"], "dt": ["d1"]}
+    aggs = report.write_report(recs, tmp_path, ctx)
+    t1_only = report.build_aggregates([r for r in recs if r["task"] == "t1" or r["algo"] == "dt"],
+                                      {"ppo": ["t1"], "dt": ["d1"]}, 100)  # fmt: skip
+    assert aggs["online"]["encoders"]["gru"]["iqm"] == pytest.approx(
+        t1_only["online"]["encoders"]["gru"]["iqm"]
+    )
+    md = (tmp_path / "encoders.md").read_text()
+    assert "Over 1 of 2 tasks (those with every planned run finished): t1." in md

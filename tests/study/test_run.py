@@ -31,7 +31,9 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> dict:
 def test_subset_report_keeps_every_committed_task(tmp_path: Path, captured: dict) -> None:
     every, _ = run.plan(run.StudyConfig(preset="full"))
     tmaze = next(j for j in every if j.spec["task"] == "TMaze10" and j.spec["encoder_name"] == "gru")
-    repeat = next(j for j in every if j.spec["task"] == "RepeatPreviousEasy" and j.spec["encoder_name"] == "mlp")
+    repeat = next(
+        j for j in every if j.spec["task"] == "RepeatPreviousEasy" and j.spec["encoder_name"] == "mlp"
+    )
     offline = next(j for j in every if j.spec["algo"] == "dt")
     docs = tmp_path / "docs"
     docs.mkdir()
@@ -40,8 +42,12 @@ def test_subset_report_keeps_every_committed_task(tmp_path: Path, captured: dict
     cfg = run.StudyConfig(preset="full", parts=("online",), tasks=("TMaze10",), out=tmp_path / "runs",
                           docs=docs, report_only=True)  # fmt: skip
     run.run_study(cfg, log=lambda _msg: None)
-    assert sorted(r["key"] for r in captured["records"]) == sorted(j.spec["key"] for j in (tmaze, repeat, offline))
-    assert captured["ctx"]["planned"]["TMaze10"] == 2 * 3 and captured["ctx"]["planned"]["Pendulum-medium"] == 3
+    assert sorted(r["key"] for r in captured["records"]) == sorted(
+        j.spec["key"] for j in (tmaze, repeat, offline)
+    )
+    assert (
+        captured["ctx"]["planned"]["TMaze10"] == 2 * 3 and captured["ctx"]["planned"]["Pendulum-medium"] == 3
+    )
     assert "--tasks" not in captured["ctx"]["command"] and "--report-only" in captured["ctx"]["command"]
     assert (tmp_path / "runs" / "full" / "ppo" / "RepeatPreviousEasy").exists()  # restored into run dirs
 
