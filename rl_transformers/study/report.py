@@ -266,8 +266,8 @@ def markdown(
     status = "PARTIAL RESULTS" if partial else "Complete"
     lines += [f"> **{status}** (preset `{ctx['preset']}`): online {n_done['ppo']} / {ctx['expected'].get('ppo', 0)} "
               f"runs, offline {n_done['dt']} / {ctx['expected'].get('dt', 0)} runs finished. "
-              "Rows with fewer seeds or tasks than planned are labelled by their n; the aggregate covers only "
-              "encoders with a finished run on every task of the suite.", ""]  # fmt: skip
+              "Rows with fewer seeds or tasks than planned are labelled by their n; the aggregate covers only the "
+              "tasks whose every planned run finished.", ""]  # fmt: skip
     if partial and ctx.get("planned"):
         done = {t: sum(1 for r in records if r["task"] == t) for t in ctx["planned"]}
         lines += ["Finished runs per task: " + ", ".join(f"{t} {done[t]} / {n}" for t, n in ctx["planned"].items())
