@@ -100,6 +100,26 @@ def task_table(records: Sequence[dict[str, Any]], algo: str, tasks: list[str], e
     return "\n".join(lines) + "\n"
 
 
+def budget_table(records: Sequence[dict[str, Any]], algo: str, tasks: list[str]) -> str:
+    """Does the reference learn each task within its budget? Per task, over the reference's finished seeds: the
+    mean first evaluation, the mean score and their difference (the gain), beside the memory-less MLP's score."""
+    ref = REFERENCE[algo]
+    lines = [f"| task | {ref} first evaluation | {ref} score | {ref} gain | mlp score | {ref} seeds |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for task in tasks:
+        runs = [r for r in records if r["algo"] == algo and r["task"] == task and r["encoder_name"] == ref]
+        runs = [r for r in runs if r.get("curve") and r["score"] is not None]
+        if not runs:
+            continue
+        first = statistics.fmean(r["curve"][0][1] for r in runs)
+        score = statistics.fmean(r["score"] for r in runs)
+        mlp = [r["score"] for r in records if r["algo"] == algo and r["task"] == task
+               and r["encoder_name"] == "mlp" and r["score"] is not None]  # fmt: skip
+        mtext = f"{statistics.fmean(mlp):.2f}" if mlp else "–"
+        lines.append(f"| {task} | {first:.2f} | {score:.2f} | {score - first:+.2f} | {mtext} | {len(runs)} |")
+    return "\n".join(lines) + "\n"
+
+
 def aggregate_table(agg: dict[str, Any]) -> str:
     ref = agg["reference"]
     lines = [f"| encoder | IQM | 95 % CI | P(improvement over {ref}) | 95 % CI | seeds × tasks |",
@@ -291,6 +311,9 @@ def markdown(
             lines.append(f"| {name} | `{spec or '(default)'}` | {family} | {note} |")
         for name, reason in ctx["excluded"].get(algo, []):
             lines.append(f"| {name} | – | excluded | {reason} |")
+        if algo == "ppo":
+            lines += ["", f"### Budget check: does {REFERENCE[algo]} learn each task in its budget?", "",
+                      budget_table(records, algo, tasks_of(ctx, algo)).rstrip("\n")]  # fmt: skip
         lines += ["", "### Per task (score: mean ± std over seeds)", "",
                   task_table(records, algo, tasks_of(ctx, algo), encs)]  # fmt: skip
         if suite in aggs:

@@ -108,3 +108,22 @@ def test_aggregate_covers_only_complete_tasks(tmp_path: Path) -> None:
     )
     md = (tmp_path / "encoders.md").read_text()
     assert "Over 1 of 2 tasks (those with every planned run finished): t1." in md
+
+
+def test_budget_check_reports_the_reference_gain_beside_the_mlp(tmp_path: Path) -> None:
+    """Per task: the reference's mean first evaluation, mean score and gain, and the MLP's mean score."""
+
+    def rec(name: str, seed: int, task: str, curve: list[list[float]]) -> dict:
+        return {"algo": "ppo", "task": task, "encoder": name, "encoder_name": name, "seed": seed,
+                "score": max(v for _, v in curve), "curve": curve}  # fmt: skip
+
+    recs = [rec("gru", 0, "t1", [[1, -0.5], [2, 0.5]]), rec("gru", 1, "t1", [[1, -0.3], [2, 0.1]]),
+            rec("mlp", 0, "t1", [[1, -0.4], [2, -0.2]]), rec("gru", 0, "t2", [[1, 0.2], [2, 0.1]])]  # fmt: skip
+    table = report.budget_table(recs, "ppo", ["t1", "t2", "t3"])
+    assert "| t1 | -0.40 | 0.30 | +0.70 | -0.20 | 2 |" in table
+    assert "| t2 | 0.20 | 0.20 | +0.00 | – | 1 |" in table
+    assert "t3" not in table  # no reference run: no row
+    report.write_report(records(), tmp_path, context())
+    md = (tmp_path / "encoders.md").read_text()
+    assert "### Budget check: does gru learn each task in its budget?" in md
+    assert "Budget check" not in md.split("## Offline")[1]
