@@ -288,6 +288,26 @@ def test_chunked_path_forward_and_gradients_match_the_reference(causal: bool, n_
         torch.testing.assert_close(got, ref, atol=1e-9, rtol=0)
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_chunked_path_keeps_batch_elements_apart(causal: bool) -> None:
+    """A NaN in one batch element's values never reaches another element: the chunk windows outside a row are
+    zeros, not the neighbouring row's values (a masked weight of 0 times NaN would be NaN)."""
+    torch.manual_seed(7)
+    att = _layer(causal=causal, n_buckets=4, n_hashes=2, chunk_size=3)
+    att.dense_chunks = 0
+    b, h, n, d = 3, 2, 13, 8
+    q, v = torch.randn(b, h, n, d, dtype=torch.float64), torch.randn(b, h, n, d, dtype=torch.float64)
+    v[1] = float("nan")
+    valid = torch.ones(b, n, dtype=torch.bool)
+    pos = torch.arange(n).expand(b, n)
+    out = att.attend(q, q, v, pos, pos, valid, _ctx(b, n, causal))
+    assert torch.isnan(out[1]).all()
+    for i in (0, 2):
+        alone = att.attend(q[i : i + 1], q[i : i + 1], v[i : i + 1], pos[:1], pos[:1], valid[:1], _ctx(1, n, causal))
+        assert torch.isfinite(out[i]).all()
+        torch.testing.assert_close(out[i : i + 1], alone, atol=1e-12, rtol=0)
+
+
 def test_reformer_preset_runs_reversible_and_merges_overrides() -> None:
     cfg = reformer_config(
         d_model=16, n_heads=2, n_layers=2, attention_options={"n_hashes": 3, "chunk_size": 4}
