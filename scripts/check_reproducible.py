@@ -1,0 +1,113 @@
+"""Does the current tree reproduce a published run of an older commit bit for bit?
+
+    python scripts/check_reproducible.py --commit e92ead2 \
+        --command "python scripts/train_gtrxl.py --total-timesteps 8192"
+    python scripts/check_reproducible.py --commit a2b2141 --command "python scripts/train_dt.py --algo dt \
+        --dataset rlt/pendulum/medium-v0 --dataset-root datasets/minari --total-steps 200 --eval-every 0"
+
+Runs the same training command twice - once with the package of ``--commit`` (a temporary ``git worktree``,
+first on ``PYTHONPATH``; ``scripts/...`` paths point into it) and once with the working tree - each with
+``--run-root <tmp>/<side> --no-progress`` appended and one torch thread, then compares the two runs'
+``progress.jsonl`` row by row: every logged value except timings (keys naming time, fps, per-second rates or
+wall clock) must be equal exactly. Training on the CPU with one thread is deterministic, so equal logs over a
+few updates mean the code computes the same thing, and a published table of that commit still describes this
+tree. Exit code 0: identical; 1: a difference (the first one is printed); 2: a command failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tyro
+
+from rl_transformers.utils.errors import UserError, run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMING = ("time", "fps", "per_s", "wall", "elapsed", "sps")
+
+
+@dataclass(frozen=True)
+class Args:
+    commit: str
+    """The published commit (any git revision)."""
+    command: str
+    """The training command, as in the docs (a train_gtrxl.py / train_dt.py command line)."""
+
+
+def is_timing(key: str) -> bool:
+    return any(t in key.lower() for t in TIMING)
+
+
+def first_difference(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> str | None:
+    """None when the logs agree (timings ignored), else a sentence naming the first differing row and key."""
+    if len(old) != len(new):
+        return f"{len(old)} logged rows at the commit, {len(new)} in the working tree"
+    for i, (a, b) in enumerate(zip(old, new)):
+        keys = sorted(k for k in set(a) | set(b) if not is_timing(k))
+        for k in keys:
+            if k not in a or k not in b:
+                return f"row {i} (step {a.get('step', b.get('step'))}): key {k!r} only in one log"
+            if a[k] != b[k]:
+                return f"row {i} (step {a.get('step')}): {k} = {a[k]!r} at the commit, {b[k]!r} now"
+    return None
+
+
+def read_progress(run_root: Path) -> list[dict[str, Any]]:
+    logs = sorted(run_root.rglob("progress.jsonl"))
+    if len(logs) != 1:
+        raise UserError(f"expected one progress.jsonl under {run_root}, found {len(logs)}", source="--command")
+    return [json.loads(line) for line in logs[0].read_text().splitlines() if line.strip()]
+
+
+def _run(argv: list[str], run_root: Path, pythonpath: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(pythonpath), "OMP_NUM_THREADS": "1"}
+    full = [sys.executable if argv[0] in ("python", "python3") else argv[0], *argv[1:]]
+    full += ["--run-root", str(run_root), "--no-progress"]
+    done = subprocess.run(full, cwd=ROOT, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+        raise UserError(f"{shlex.join(full)} failed (exit {done.returncode}):\n{tail}", source="--command")
+
+
+def check(args: Args) -> int:
+    argv = shlex.split(args.command)
+    if len(argv) < 2 or not argv[1].startswith("scripts/"):
+        raise UserError(f"--command must run a script under scripts/, got {args.command!r}", source="--command")
+    rev = subprocess.run(["git", "rev-parse", "--verify", f"{args.commit}^{{commit}}"], cwd=ROOT,
+                         capture_output=True, text=True)  # fmt: skip
+    if rev.returncode != 0:
+        raise UserError(f"unknown commit {args.commit!r} in {ROOT}", source="--commit")
+    with tempfile.TemporaryDirectory(prefix="reproduce-") as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), rev.stdout.strip()], cwd=ROOT,
+                       check=True)  # fmt: skip
+        try:
+            old_argv = [argv[0], str(tree / argv[1]), *argv[2:]]
+            _run(old_argv, Path(tmp) / "commit", tree)
+            _run(argv, Path(tmp) / "now", ROOT)
+            old, new = read_progress(Path(tmp) / "commit"), read_progress(Path(tmp) / "now")
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
+    diff = first_difference(old, new)
+    if diff is None:
+        print(f"identical: {len(new)} logged rows of `{args.command}` at {args.commit} and in the working tree "
+              "(timings ignored)")  # fmt: skip
+        return 0
+    print(f"differs: {diff}")
+    return 1
+
+
+def main() -> int:
+    return run_cli(lambda: check(tyro.cli(Args, description=__doc__)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
