@@ -1,8 +1,8 @@
 """Row gathers for :mod:`lsh`'s sorted chunks: flat ``index_select`` of whole D-rows instead of ``gather`` on
 R-fold expanded copies, and the chunk neighbourhoods gathered in one go (no concatenation of float tensors).
 
-Same values as ``expand(...).gather(...)`` followed by :func:`neighbours` (zeros outside a row's chunks), so
-the layer's maths is unchanged; only the memory traffic drops.
+Same values as ``expand(...).gather(...)`` followed by :func:`neighbours`, except that the (masked) keys
+outside a row's chunks are not zeros, so the layer's maths is unchanged; only the memory traffic drops.
 """
 
 from __future__ import annotations
@@ -36,27 +36,27 @@ def unsort_rows(out: Tensor, rank: Tensor) -> Tensor:
 def chunk_windows(x: Tensor, rows: Tensor, offsets: list[int]) -> Tensor:
     """The sorted chunks n+o, o in ``offsets`` (consecutive), of x (B, H, Sp, D) given rows (B, H, R, n, m).
 
-    Returns a (B, H, R, n, W·m, D) *overlapping view* (an ``unfold``, no W-fold copy): each (b, h, r) row's sorted
-    chunks lie between -offsets[0] leading and offsets[-1] trailing zero chunks, the rows end to end, and window g
-    of a row starts at its chunk g. Chunks outside a row are therefore zeros, as with :func:`neighbours`, never
-    another row's keys (a NaN in one batch element cannot reach another through a masked 0 weight); the caller
-    masks them (logits -inf: weight exactly 0, no gradient).
+    Returns a (B, H, R, n, W·m, D) *overlapping view* (an ``unfold``, no W-fold copy): the sorted rows of all
+    (B, H, R) are laid end to end between -offsets[0] leading and offsets[-1] trailing filler chunks (copies of
+    row 0), and window g starts at chunk g. Chunks outside a (b, h, r) row thus hold the neighbouring row's keys
+    or filler instead of zeros: the caller must mask them (logits -inf: weight exactly 0, no gradient). A masked
+    weight of 0 times a NaN or inf is NaN, so when x is not all finite the windows are the zero-filled copy of
+    :func:`neighbours` instead (a NaN in one batch element must not reach another); the uniform layout keeps the
+    batched matmuls on strided views, which separators between rows would break.
     """
     b, h, r, n, m = rows.shape
     d = x.shape[-1]
-    lo, hi = -offsets[0], offsets[-1]
-    n_windows = len(offsets)
-    if not (lo or hi):
+    if offsets == [0]:
         return take_rows(x, rows).view(b, h, r, n, m, d)
-    span = lo + n + hi  # chunks per row in the laid-out buffer
-    # One extra row of filler at the end so every row has `span` window starts (only the first n are used).
-    buf = x.new_zeros(b * h * r + 1, span, m, d)
-    buf[:-1, lo : lo + n] = take_rows(x, rows).view(b * h * r, n, m, d)
-    flat = buf.view(-1)
-    windows = flat.unfold(0, n_windows * m * d, m * d)  # window g starts at chunk g of the buffer
-    return windows[: b * h * r * span].view(b * h * r, span, n_windows * m * d)[:, :n].reshape(
-        b, h, r, n, n_windows * m, d
-    )
+    if not bool(torch.isfinite(x).all()):
+        return neighbours(take_rows(x, rows).view(b, h, r, n, m, d), offsets, 0.0)
+    lo, hi = -offsets[0], offsets[-1]
+    width = len(offsets) * m
+    index = rows.reshape(-1)
+    if lo or hi:  # any row will do (masked): row 0, no zero row to append
+        index = torch.cat([index.new_zeros(lo * m), index, index.new_zeros(hi * m)])
+    flat = take_rows(x, index).reshape(-1)
+    return flat.unfold(0, width * d, m * d).view(b, h, r, n, width, d)
 
 
 def neighbours(x: Tensor, offsets: list[int], fill: float | int | bool) -> Tensor:
