@@ -3,13 +3,14 @@
     python scripts/check_reproducible.py --commit e92ead2 \
         --command "python scripts/train_gtrxl.py --total-timesteps 8192"
     python scripts/check_reproducible.py --commit a2b2141 --command "python scripts/train_dt.py --algo dt \
-        --dataset rlt/pendulum/medium-v0 --dataset-root datasets/minari --total-steps 200 --eval-every 0"
+        --dataset rlt/pendulum/medium-v0 --dataset-root datasets/minari --total-steps 200 --eval-every 0" \
+        --now-flags "--backbone.ffn-dropout 0.1"
 
 Runs the same training command twice - once with the package of ``--commit`` (a temporary ``git worktree``,
 first on ``PYTHONPATH``; ``scripts/...`` paths point into it) and once with the working tree - each with
-``--run-root <tmp>/<side> --no-progress`` appended and one torch thread, then compares the two runs'
-``progress.jsonl`` row by row: every logged value except timings (keys naming time, fps, per-second rates or
-wall clock) must be equal exactly. Training on the CPU with one thread is deterministic, so equal logs over a
+``--run-root <tmp>/<side> --no-progress`` appended (and ``--now-flags`` on the working-tree side) and one
+torch thread, then compares the two runs' ``progress.jsonl`` row by row: every logged value except timings
+(keys naming time, fps, per-second rates or wall clock) must be equal exactly. Training on the CPU with one thread is deterministic, so equal logs over a
 few updates mean the code computes the same thing, and a published table of that commit still describes this
 tree. Exit code 0: identical; 1: a difference (the first one is printed); 2: a command failed.
 """
@@ -40,6 +41,9 @@ class Args:
     """The published commit (any git revision)."""
     command: str
     """The training command, as in the docs (a train_gtrxl.py / train_dt.py command line)."""
+    now_flags: str = ""
+    """Extra flags for the working-tree run only: the flags that restore a default changed since the commit
+    (e.g. ``--backbone.ffn-dropout 0.1``), as the docs name them."""
 
 
 def is_timing(key: str) -> bool:
@@ -92,14 +96,15 @@ def check(args: Args) -> int:
         try:
             old_argv = [argv[0], str(tree / argv[1]), *argv[2:]]
             _run(old_argv, Path(tmp) / "commit", tree)
-            _run(argv, Path(tmp) / "now", ROOT)
+            _run([*argv, *shlex.split(args.now_flags)], Path(tmp) / "now", ROOT)
             old, new = read_progress(Path(tmp) / "commit"), read_progress(Path(tmp) / "now")
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
     diff = first_difference(old, new)
+    now = f" (with `{args.now_flags}`)" if args.now_flags else ""
     if diff is None:
-        print(f"identical: {len(new)} logged rows of `{args.command}` at {args.commit} and in the working tree "
-              "(timings ignored)")  # fmt: skip
+        print(f"identical: {len(new)} logged rows of `{args.command}` at {args.commit} and in the working tree"
+              f"{now} (timings ignored)")  # fmt: skip
         return 0
     print(f"differs: {diff}")
     return 1
