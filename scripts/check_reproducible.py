@@ -6,13 +6,15 @@
         --dataset rlt/pendulum/medium-v0 --dataset-root datasets/minari --total-steps 200 --eval-every 0" \
         --now-flags "--backbone.ffn-dropout 0.1"
 
-Runs the same training command twice - once with the package of ``--commit`` (a temporary ``git worktree``,
-first on ``PYTHONPATH``; ``scripts/...`` paths point into it) and once with the working tree - each with
-``--run-root <tmp>/<side> --no-progress`` appended (and ``--now-flags`` on the working-tree side) and one
-torch thread, then compares the two runs' ``progress.jsonl`` row by row: every logged value except timings
-(keys naming time, fps, per-second rates or wall clock) must be equal exactly. Training on the CPU with one thread is deterministic, so equal logs over a
-few updates mean the code computes the same thing, and a published table of that commit still describes this
-tree. Exit code 0: identical; 1: a difference (the first one is printed); 2: a command failed.
+Runs the same training command twice - once with the scripts and package of ``--commit`` (a temporary
+``git worktree``, first on ``PYTHONPATH``) and once with the working tree - each in a fresh directory (its runs
+land in the default runs/ there; paths of this checkout named in the command, e.g. a dataset root, are made
+absolute) with ``--no-progress`` (and ``--now-flags`` on the working-tree side) and one torch thread, then
+compares the two runs' ``progress.jsonl`` row by row: every logged value except timings (keys naming time,
+fps, per-second rates or wall clock) must be equal exactly. Training on the CPU with one thread is
+deterministic, so equal logs over a few updates mean the code computes the same thing, and a published table of
+that commit still describes this tree. Exit code 0: identical; 1: a difference (the first one is printed);
+2: a command failed.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 
 import tyro
 
+from rl_transformers.bench.worktree import commit_tree
 from rl_transformers.utils.errors import UserError, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,39 +70,45 @@ def first_difference(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> st
 def read_progress(run_root: Path) -> list[dict[str, Any]]:
     logs = sorted(run_root.rglob("progress.jsonl"))
     if len(logs) != 1:
-        raise UserError(f"expected one progress.jsonl under {run_root}, found {len(logs)}", source="--command")
+        raise UserError(
+            f"expected one progress.jsonl under {run_root}, found {len(logs)}", source="--command"
+        )
     return [json.loads(line) for line in logs[0].read_text().splitlines() if line.strip()]
 
 
-def _run(argv: list[str], run_root: Path, pythonpath: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(pythonpath), "OMP_NUM_THREADS": "1"}
-    full = [sys.executable if argv[0] in ("python", "python3") else argv[0], *argv[1:]]
-    full += ["--run-root", str(run_root), "--no-progress"]
-    done = subprocess.run(full, cwd=ROOT, env=env, capture_output=True, text=True)
+def _run(argv: list[str], workdir: Path, tree: Path) -> None:
+    """Run ``argv`` with ``tree``'s package in a fresh ``workdir`` (the run lands in its default runs/ there)."""
+    workdir.mkdir(parents=True)
+    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
+    script = tree / argv[1]
+    if not script.is_file():
+        raise UserError(f"{argv[1]} does not exist at that commit", source="--command")
+    # Arguments naming existing files or directories of this checkout (a dataset root, say) become absolute.
+    rest = [
+        str(ROOT / a) if not a.startswith("-") and "/" in a and (ROOT / a).exists() else a for a in argv[2:]
+    ]
+    full = [
+        sys.executable if argv[0] in ("python", "python3") else argv[0],
+        str(script),
+        *rest,
+        "--no-progress",
+    ]
+    done = subprocess.run(full, cwd=workdir, env=env, capture_output=True, text=True)
     if done.returncode != 0:
-        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-8:])
         raise UserError(f"{shlex.join(full)} failed (exit {done.returncode}):\n{tail}", source="--command")
 
 
 def check(args: Args) -> int:
     argv = shlex.split(args.command)
     if len(argv) < 2 or not argv[1].startswith("scripts/"):
-        raise UserError(f"--command must run a script under scripts/, got {args.command!r}", source="--command")
-    rev = subprocess.run(["git", "rev-parse", "--verify", f"{args.commit}^{{commit}}"], cwd=ROOT,
-                         capture_output=True, text=True)  # fmt: skip
-    if rev.returncode != 0:
-        raise UserError(f"unknown commit {args.commit!r} in {ROOT}", source="--commit")
-    with tempfile.TemporaryDirectory(prefix="reproduce-") as tmp:
-        tree = Path(tmp) / "tree"
-        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), rev.stdout.strip()], cwd=ROOT,
-                       check=True)  # fmt: skip
-        try:
-            old_argv = [argv[0], str(tree / argv[1]), *argv[2:]]
-            _run(old_argv, Path(tmp) / "commit", tree)
-            _run([*argv, *shlex.split(args.now_flags)], Path(tmp) / "now", ROOT)
-            old, new = read_progress(Path(tmp) / "commit"), read_progress(Path(tmp) / "now")
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
+        raise UserError(
+            f"--command must run a script under scripts/, got {args.command!r}", source="--command"
+        )
+    with commit_tree(ROOT, args.commit) as tree, tempfile.TemporaryDirectory(prefix="reproduce-") as tmp:
+        _run(argv, Path(tmp) / "commit", tree)
+        _run([*argv, *shlex.split(args.now_flags)], Path(tmp) / "now", ROOT)
+        old, new = read_progress(Path(tmp) / "commit"), read_progress(Path(tmp) / "now")
     diff = first_difference(old, new)
     now = f" (with `{args.now_flags}`)" if args.now_flags else ""
     if diff is None:

@@ -303,7 +303,9 @@ def test_chunked_path_keeps_batch_elements_apart(causal: bool) -> None:
     out = att.attend(q, q, v, pos, pos, valid, _ctx(b, n, causal))
     assert torch.isnan(out[1]).all()
     for i in (0, 2):
-        alone = att.attend(q[i : i + 1], q[i : i + 1], v[i : i + 1], pos[:1], pos[:1], valid[:1], _ctx(1, n, causal))
+        alone = att.attend(
+            q[i : i + 1], q[i : i + 1], v[i : i + 1], pos[:1], pos[:1], valid[:1], _ctx(1, n, causal)
+        )
         assert torch.isfinite(out[i]).all()
         torch.testing.assert_close(out[i : i + 1], alone, atol=1e-12, rtol=0)
 

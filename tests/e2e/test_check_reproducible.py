@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("check_reproducible", ROOT / "scripts" / "check_reproducible.py")
+spec = importlib.util.spec_from_file_location(
+    "check_reproducible", ROOT / "scripts" / "check_reproducible.py"
+)
 assert spec is not None and spec.loader is not None
 mod = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = mod
@@ -47,7 +49,11 @@ def test_a_commit_reproduces_itself_and_bad_input_is_a_clear_error() -> None:
         assert done.returncode == 0, done.stdout + done.stderr
         assert "identical: 2 logged rows" in done.stdout
     bad = _check("--commit", "no-such-commit", "--command", cmd)
-    assert bad.returncode == 2 and "unknown commit 'no-such-commit'" in bad.stderr and "Traceback" not in bad.stderr
+    assert (
+        bad.returncode == 2
+        and "unknown commit 'no-such-commit'" in bad.stderr
+        and "Traceback" not in bad.stderr
+    )
     flagged = _check("--commit", "HEAD", "--command", cmd, "--now-flags", "--ppo.learning-rate 1e-3")
     if not dirty:  # a changed hyper-parameter on one side only: a difference, named
         assert flagged.returncode == 1 and "differs: row 0 (step 1024)" in flagged.stdout, flagged.stderr

@@ -48,7 +48,8 @@ def chunk_windows(x: Tensor, rows: Tensor, offsets: list[int]) -> Tensor:
     d = x.shape[-1]
     if offsets == [0]:
         return take_rows(x, rows).view(b, h, r, n, m, d)
-    if not bool(torch.isfinite(x.sum())):  # a finite sum implies finite entries (20x cheaper than isfinite.all)
+    # A finite sum implies finite entries (about 20x cheaper than isfinite().all() on one CPU thread).
+    if not bool(torch.isfinite(x.sum())):
         return neighbours(take_rows(x, rows).view(b, h, r, n, m, d), offsets, 0.0)
     lo, hi = -offsets[0], offsets[-1]
     width = len(offsets) * m

@@ -1,0 +1,121 @@
+"""Time one attention kernel at an older commit and in the working tree, side by side (alternating rounds).
+
+    python scripts/ab_attention_timing.py --commit 0cd9d35 --attention lsh --length 16384
+    python scripts/ab_attention_timing.py --commit HEAD~3 --attention routing --length 4096 --rounds 3
+
+Each round runs one fresh process per tree (the commit's package from a temporary ``git worktree`` first on
+``PYTHONPATH``, then the working tree's), one torch thread each. A process builds a one-layer ``Backbone`` with
+the attention (its default options, position ``none``, H heads of D = 64, causal), draws q = k and v
+(B, H, L, D) from seed 0, and times ``attention.attend`` on the chunked path (``dense_chunks = 0`` where the
+attention has it): the forward without gradients and forward + backward, ``--repeats`` timed calls after one
+warm-up, median. The report gives every round's medians and the ratio today / commit of the medians over rounds.
+Speed is only comparable within one invocation on an otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import tyro
+
+from rl_transformers.backbone import available
+from rl_transformers.bench.worktree import commit_tree
+from rl_transformers.utils.errors import UserError, choice_hint, run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = r"""
+import json, sys, time, torch
+torch.set_num_threads(1)
+from rl_transformers.backbone import Backbone, BackboneConfig
+from rl_transformers.backbone.context import ForwardContext
+name, L, heads, batch, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+cfg = BackboneConfig(d_model=64 * heads, n_layers=1, n_heads=heads, position="none", causal=True, attention=name)
+att = Backbone(cfg).eval().depth.blocks[0].attention
+if hasattr(att, "dense_chunks"):
+    att.dense_chunks = 0
+g = torch.Generator().manual_seed(0)
+q = torch.randn(batch, heads, L, 64, generator=g)
+v = torch.randn(batch, heads, L, 64, generator=g)
+pos = torch.arange(L).expand(batch, L)
+valid = torch.ones(batch, L, dtype=torch.bool)
+ctx = ForwardContext(pos=pos, valid=valid, causal=True)
+def forward():
+    with torch.no_grad():
+        att.attend(q, q, v, pos, pos, valid, ctx)
+def forward_backward():
+    qq, vv = q.clone().requires_grad_(), v.clone().requires_grad_()
+    att.attend(qq, qq, vv, pos, pos, valid, ctx).sum().backward()
+out = {}
+for key, fn in (("forward", forward), ("forward_backward", forward_backward)):
+    fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter(); fn(); times.append(time.perf_counter() - t)
+    out[key] = sorted(times)[len(times) // 2]
+print(json.dumps(out))
+"""
+
+
+@dataclass(frozen=True)
+class Args:
+    commit: str
+    """The commit to compare with (any git revision)."""
+    attention: str
+    """A registered attention name."""
+    length: int = 4096
+    """Sequence length L."""
+    heads: int = 4
+    """Heads H (head dim 64)."""
+    batch: int = 2
+    """Batch B."""
+    repeats: int = 3
+    """Timed calls per process (after one warm-up); the median is kept."""
+    rounds: int = 2
+    """Alternating rounds (commit, today) of fresh processes."""
+
+
+def _time(tree: Path, args: Args) -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-c", CHILD, args.attention, str(args.length), str(args.heads), str(args.batch),
+            str(args.repeats)]  # fmt: skip
+    done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-4:])
+        raise UserError(f"timing {args.attention!r} in {tree} failed:\n{tail}", source="--attention")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main_args(args: Args) -> int:
+    names = available()["attention"]
+    if args.attention not in names:
+        raise UserError(f"unknown attention {args.attention!r}; {choice_hint(args.attention, names)}",
+                        source="--attention")  # fmt: skip
+    runs: dict[str, list[dict[str, float]]] = {"commit": [], "today": []}
+    with commit_tree(ROOT, args.commit) as tree:
+        for _ in range(args.rounds):
+            runs["commit"].append(_time(tree, args))
+            runs["today"].append(_time(ROOT, args))
+    print(f"{args.attention}, L = {args.length}, B = {args.batch}, H = {args.heads}, D = 64, 1 thread; "
+          f"medians of {args.repeats} calls per round, {args.rounds} rounds (commit {args.commit} / today):")  # fmt: skip
+    for key in ("forward", "forward_backward"):
+        old = [r[key] for r in runs["commit"]]
+        new = [r[key] for r in runs["today"]]
+        ratio = statistics.median(new) / statistics.median(old)
+        print(f"  {key}: {' '.join(f'{x * 1e3:.2f}' for x in old)} ms / {' '.join(f'{x * 1e3:.2f}' for x in new)} ms, "
+              f"today / commit = {ratio:.2f}")  # fmt: skip
+    return 0
+
+
+def main() -> int:
+    return run_cli(lambda: main_args(tyro.cli(Args, description=__doc__)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
