@@ -4,7 +4,7 @@
         --command "python scripts/train_gtrxl.py --total-timesteps 8192"
     python scripts/check_reproducible.py --commit a2b2141 --command "python scripts/train_dt.py --algo dt \
         --dataset rlt/pendulum/medium-v0 --dataset-root datasets/minari --total-steps 200 --eval-every 0" \
-        --now-flags "--backbone.ffn-dropout 0.1"
+        --now-flags="--backbone.ffn-dropout 0.1"
 
 Runs the same training command twice - once with the scripts and package of ``--commit`` (a temporary
 ``git worktree``, first on ``PYTHONPATH``) and once with the working tree - each in a fresh directory (its runs
