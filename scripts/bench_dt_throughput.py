@@ -24,7 +24,7 @@ import tyro
 
 from rl_transformers.bench import dt_models
 from rl_transformers.bench.dt_timing import run_rounds, summarise, write_results
-from rl_transformers.bench.meta import machine_info
+from rl_transformers.bench.meta import finish_machine_info, machine_info
 
 
 @dataclass(frozen=True)
@@ -61,12 +61,13 @@ def main(args: Args) -> dict:
         else:
             built[name] = candidate
     batch = dt_models.make_batch(args.shape, device)
+    machine = machine_info(device)  # load and time at the start of the measurement
     rounds = run_rounds(built, batch, device, args.steps, args.rounds, args.warmup)
     samples = args.steps * args.shape.batch_size
     report = summarise(built, rounds, samples, reference="rl_transformers")
     report["skipped"] = skipped
     report["command"] = " ".join(["python", "scripts/bench_dt_throughput.py", *sys.argv[1:]])
-    report["machine"] = machine_info(device)
+    report["machine"] = finish_machine_info(machine)
     report["setup"] = {"device": str(device), "threads": torch.get_num_threads()} | asdict(args.shape)
     report["setup"] |= {"steps": args.steps, "rounds": args.rounds, "warmup": args.warmup}
     if args.out is not None:

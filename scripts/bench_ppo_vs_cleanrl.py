@@ -22,7 +22,7 @@ import tyro
 
 from rl_transformers.bench import ppo_reference
 from rl_transformers.bench.dt_timing import atomic_write
-from rl_transformers.bench.meta import machine_info
+from rl_transformers.bench.meta import finish_machine_info, load_text, machine_info
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ def render(report: dict) -> str:
         f"{ppo['update_epochs']} epochs; 1 torch thread each; {report['warmup']} warm-up + {report['updates']} "
         f"timed iterations per run; {report['rounds']} alternating rounds, medians",
         f"- machine: {meta['device_name']} · {meta['cores']} cores · torch {meta['torch_version']} · "
-        f"git {meta['git_sha']} · load at start {meta['loadavg_start']}",
+        f"git {meta['git_sha']} · {load_text(meta)}",
         "",
         "| model | parameters (vs cleanrl) | env steps/s | rounds | speed-up vs cleanrl |",
         "|---|---:|---:|---|---:|",
@@ -71,6 +71,7 @@ def render(report: dict) -> str:
 
 
 def main(args: Args) -> None:
+    machine = machine_info("cpu", 1)  # load and time at the start of the measurement
     result = ppo_reference.compare(
         args.cleanrl_dir, args.cleanrl_python, args.updates, args.warmup, args.rounds
     )
@@ -79,7 +80,7 @@ def main(args: Args) -> None:
         "updates": args.updates,
         "warmup": args.warmup,
         "rounds": args.rounds,
-        "machine": machine_info("cpu", 1),
+        "machine": finish_machine_info(machine),
         **result,
     }
     args.out.mkdir(parents=True, exist_ok=True)

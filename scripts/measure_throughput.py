@@ -51,6 +51,7 @@ class Args:
 def table(args: Args) -> None:
     from rl_transformers.backbone import available
     from rl_transformers.bench import ppo_throughput
+    from rl_transformers.bench.meta import machine_info
 
     registered = list(available()["attention"])
     names = list(args.attentions) or registered
@@ -64,9 +65,13 @@ def table(args: Args) -> None:
             )
     if args.config.policy.kind != "transformer":
         raise UserError(f"--all-attentions needs --policy transformer, got {args.config.policy.kind!r}")
-    result = ppo_throughput.run(args.config, names, args.updates, args.warmup, args.rounds)
+    cfg = args.config
+    machine = machine_info("cpu" if cfg.device in ("auto", "cpu") else cfg.device, cfg.threads)
+    result = ppo_throughput.run(cfg, names, args.updates, args.warmup, args.rounds)
     command = shlex.join(["python", "scripts/measure_throughput.py", *sys.argv[1:]])
-    report = ppo_throughput.build_report(result, args.config, command, args.updates, args.warmup, args.rounds)
+    report = ppo_throughput.build_report(
+        result, cfg, command, args.updates, args.warmup, args.rounds, machine=machine
+    )
     ppo_throughput.write(report, args.out)
     print(f"{len(report['rows'])} attentions -> {args.out}/results.json, results.md")
 

@@ -25,6 +25,7 @@ import torch
 
 from rl_transformers.algos.dt import FUSED_ADAMW_DEVICES
 from rl_transformers.bench.dt_models import Candidate, count_parameters
+from rl_transformers.bench.meta import load_text
 
 
 def make_update(candidate: Candidate, batch: dict[str, torch.Tensor]) -> Callable[[], None]:
@@ -123,7 +124,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         f"- shape: {', '.join(f'{k} {v}' for k, v in setup.items())}",
         f"- machine: {meta.get('device_name')} · threads {meta.get('threads')} of {meta.get('cores')} cores · "
-        f"torch {meta.get('torch_version')} · git {meta.get('git_sha')} · load {meta.get('loadavg_start')}",
+        f"torch {meta.get('torch_version')} · git {meta.get('git_sha')} · {load_text(meta)}",
         "",
         f"| candidate | parameters | samples/s (CPU time) | samples/s (wall) | {ref} speed-up (CPU) | "
         f"{ref} speed-up (wall) |",

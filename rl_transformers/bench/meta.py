@@ -73,3 +73,19 @@ def machine_info(device: torch.device | str = "cpu", threads: int | None = None)
         "loadavg_start": list(os.getloadavg()),
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def finish_machine_info(info: dict[str, Any]) -> dict[str, Any]:
+    """``info`` from :func:`machine_info` taken before a measurement, plus the load and time after it."""
+    return info | {
+        "loadavg_end": list(os.getloadavg()),
+        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def load_text(meta: dict[str, Any]) -> str:
+    """The 1-minute load average at the start of a measurement and, when recorded, at its end."""
+    text = f"load at start {meta.get('loadavg_start', ['?'])[0]}"
+    if "loadavg_end" in meta:
+        text += f", at end {meta['loadavg_end'][0]} ({meta.get('timestamp')} to {meta.get('finished')})"
+    return text

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_transformers.bench.dt_timing import atomic_write
-from rl_transformers.bench.meta import machine_info
+from rl_transformers.bench.meta import finish_machine_info, load_text, machine_info
 
 STATUS_OK, STATUS_UNSUPPORTED, STATUS_ERROR = "ok", "unsupported", "error"
 
@@ -153,15 +153,24 @@ def config_summary(cfg: Any) -> dict[str, Any]:
 
 
 def build_report(
-    table: dict[str, Any], cfg: Any, command: str, updates: int, warmup: int, rounds: int
+    table: dict[str, Any],
+    cfg: Any,
+    command: str,
+    updates: int,
+    warmup: int,
+    rounds: int,
+    machine: dict[str, Any] | None = None,
 ) -> dict:
+    """The results record; ``machine`` is :func:`machine_info` taken before the measurement (default: now)."""
+    if machine is None:
+        machine = machine_info("cpu" if cfg.device in ("auto", "cpu") else cfg.device, cfg.threads)
     report = {
         "command": command,
         "config": config_summary(cfg),
         "updates": updates,
         "warmup": warmup,
         "rounds": rounds,
-        "machine": machine_info("cpu" if cfg.device in ("auto", "cpu") else cfg.device, cfg.threads),
+        "machine": finish_machine_info(machine),
         **table,
     }
     return json.loads(json.dumps(report, default=str))
@@ -189,7 +198,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"- timing: {report['warmup']} warm-up + {report['updates']} timed updates per process, "
         f"{report['rounds']} round(s), medians",
         f"- machine: {meta['device_name']} · threads {meta['threads']} of {meta['cores']} cores · torch "
-        f"{meta['torch_version']} · git {meta['git_sha']} · load at start {meta['loadavg_start']}",
+        f"{meta['torch_version']} · git {meta['git_sha']} · {load_text(meta)}",
         "",
         "| attention | env steps/s | ratio to full | rollout steps/s | train steps/s | parameters | status |",
         "|---|---:|---:|---:|---:|---:|---|",

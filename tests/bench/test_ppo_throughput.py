@@ -44,8 +44,13 @@ def test_table_of_two_tiny_variants_and_a_refused_one(tmp_path: Path) -> None:
     assert report["command"].startswith("python scripts/measure_throughput.py --attentions local linear")
     assert report["config"]["backbone"]["position"] == "alibi" and report["config"]["num_envs"] == 2
     assert report["machine"]["git_sha"] is None or len(report["machine"]["git_sha"]) >= 40
+    # the machine record is taken before the measurement (3 processes, each importing torch: > 1 s) and
+    # completed after it, so "load at start" is the start's
+    machine = report["machine"]
+    assert machine["timestamp"] < machine["finished"] and len(machine["loadavg_end"]) == 3
     markdown = (out / "results.md").read_text()
     assert "| local |" in markdown and "| linear | — |" in markdown and "unsupported" in markdown
+    assert f"load at start {machine['loadavg_start'][0]}, at end {machine['loadavg_end'][0]}" in markdown
 
 
 def test_unknown_attention_is_refused_with_the_closest_name(tmp_path: Path) -> None:

@@ -203,3 +203,18 @@ def test_gate_length_for_rows_too_long_or_too_big_to_check() -> None:
         keeper.smaller(Shape(2, 4, 64, 512), mem_est=0.6 * budget).length == 256
     )  # too big at its own length
     assert keeper.smaller(Shape(2, 4, 64, 128), mem_est=100 * budget).length == 64  # floor
+
+
+def test_machine_record_spans_the_measurement_and_the_tables_show_both_loads(monkeypatch) -> None:
+    from rl_transformers.bench import dt_timing, meta
+
+    loads = iter([(0.5, 0.4, 0.3), (2.5, 1.0, 0.5)])
+    monkeypatch.setattr(meta.os, "getloadavg", lambda: next(loads))
+    start = meta.machine_info("cpu", 1)
+    done = meta.finish_machine_info(start)
+    assert done["loadavg_start"] == [0.5, 0.4, 0.3] and done["loadavg_end"] == [2.5, 1.0, 0.5]
+    assert done["timestamp"] == start["timestamp"] <= done["finished"]
+    assert meta.load_text(done).startswith("load at start 0.5, at end 2.5 (")
+    assert meta.load_text(start) == "load at start 0.5"  # older records without an end load still render
+    report = {"reference": "ours", "table": {}, "machine": done, "setup": {"threads": 1}}
+    assert "load at start 0.5, at end 2.5" in dt_timing.render_markdown(report)
