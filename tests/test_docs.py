@@ -314,3 +314,12 @@ def test_envs_doc_is_generated() -> None:
     assert committed == gen_envs_doc.render(), (
         "docs/envs.md is out of date: run `python scripts/gen_envs_doc.py`"
     )
+
+
+README_MAX_BYTES = 25_000
+"""The README is a user guide (issue 15: at most 25 KB); results, design and env notes live in docs/."""
+
+
+def test_readme_stays_a_short_user_guide() -> None:
+    size = len((ROOT / "README.md").read_bytes())
+    assert size <= README_MAX_BYTES, f"README.md is {size:,} bytes (limit {README_MAX_BYTES:,}): move detail to docs/"
