@@ -3,8 +3,8 @@
 A job is one (algo, task, encoder, seed) of a preset; it owns ``<out>/<preset>/<algo>/<task>/<encoder>/s<seed>/``
 holding ``job.json`` (everything the worker needs), ``stdout.log`` / ``stderr.log``, the trainer's run
 directory ``run/`` and, at the end, ``result.json`` (done) or ``failed.json`` (failed). Resume: a job whose
-``result.json`` exists with the same job key (a hash of the job) is skipped; failed, unfinished and changed
-jobs run again. ``invalidate`` moves the results of named encoders aside (``result.stale.json``) so they run
+``result.json`` exists with the same job key (a hash of the job) and the whole budget run is skipped; failed,
+unfinished, stopped-early and changed jobs run again. ``invalidate`` moves the results of named encoders aside (``result.stale.json``) so they run
 again, e.g. after an attention was made faster.
 
 Each job is a subprocess ``python -m rl_transformers.study.worker job.json`` with one torch thread
@@ -30,10 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rl_transformers.algos.ppo_config import PPOConfig
 from rl_transformers.study.encoders import Encoder, label
 from rl_transformers.study.suite import DATASET_ROOT, DT_ARGS, Task
 
 ROOT = Path(__file__).resolve().parents[2]
+PPO_NUM_STEPS = PPOConfig().num_steps
 
 
 @dataclass(frozen=True)
@@ -72,15 +74,37 @@ def make_job(task: Task, encoder: Encoder, seed: int, preset: str, out: Path, **
     return Job(spec, directory)
 
 
+def expected_steps(spec: dict[str, Any]) -> int:
+    """What a complete run of the job reaches: PPO env steps of its whole updates (the trainer stops after the
+    last whole update within the budget), DT / BC gradient updates."""
+    if spec["algo"] == "ppo":
+        per_update = int(spec.get("num_envs", 32)) * int(spec.get("ppo", {}).get("num_steps", PPO_NUM_STEPS))
+        return int(spec["budget"]) // per_update * per_update
+    return int(spec["budget"])
+
+
+def complete(record: dict[str, Any], spec: dict[str, Any]) -> bool:
+    """A record of this job that ran its whole budget (a run stopped early, e.g. by SIGTERM, is no result)."""
+    steps = record.get("env_steps") if spec["algo"] == "ppo" else record.get("updates")
+    return (
+        record.get("key") == spec["key"]
+        and record.get("score") is not None
+        and isinstance(steps, int | float)
+        and steps >= expected_steps(spec)
+    )
+
+
 def status(job: Job) -> str:
-    """done (result.json with this job's key), failed, or pending."""
+    """done (result.json of this job that ran its whole budget), incomplete (one that stopped early: it runs
+    again), failed, or pending."""
     result = job.dir / "result.json"
     if result.exists():
         try:
-            if json.loads(result.read_text()).get("key") == job.spec["key"]:
-                return "done"
+            record = json.loads(result.read_text())
         except (OSError, ValueError):
-            pass
+            record = None
+        if isinstance(record, dict) and record.get("key") == job.spec["key"]:
+            return "done" if complete(record, job.spec) else "incomplete"
     return "failed" if (job.dir / "failed.json").exists() else "pending"
 
 
@@ -89,8 +113,8 @@ def restore(jobs: Iterable[Job], records_file: Path) -> int:
 
     ``records_file`` is a committed ``encoders.json`` (a JSON list of run records, read as data): a fresh
     checkout, whose ``runs/`` is empty, resumes where the committed results end instead of re-running them.
-    A record counts only if its ``key`` equals the job's key (same task, encoder spec, seed, budget); anything
-    that is not such a record is ignored. Returns how many results were restored.
+    A record counts only if its ``key`` equals the job's key (same task, encoder spec, seed, budget) and it ran
+    the whole budget (:func:`complete`); anything else is ignored. Returns how many results were restored.
     """
     try:
         records = json.loads(Path(records_file).read_text())
@@ -102,7 +126,7 @@ def restore(jobs: Iterable[Job], records_file: Path) -> int:
     n = 0
     for job in jobs:
         record = by_key.get(job.spec["key"])
-        if record is None or record.get("score") is None or status(job) == "done":
+        if record is None or not complete(record, job.spec) or status(job) == "done":
             continue
         _write_json(job.dir / "result.json", {**record, "restored_from": str(records_file)})
         n += 1

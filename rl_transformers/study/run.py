@@ -187,8 +187,9 @@ def run_study(cfg: StudyConfig, log=print) -> dict:
     states = {j.dir: launch.status(j) for j in jobs}
     todo = [j for j in jobs if states[j.dir] != "done"]
     n_failed = sum(1 for j in todo if states[j.dir] == "failed")
+    n_short = sum(1 for j in todo if states[j.dir] == "incomplete")
     log(f"study {cfg.preset}: {len(jobs)} runs, {len(jobs) - len(todo)} finished, {len(todo)} to run "
-        f"({n_failed} failed before)")  # fmt: skip
+        f"({n_failed} failed before, {n_short} stopped before their budget)")  # fmt: skip
     if cfg.dry_run:
         seconds, unknown = estimate(todo, out)
         log(f"estimated {seconds / 3600:.2f} h on 1 worker, {seconds / 3600 / max(1, cfg.workers):.2f} h on "
@@ -203,8 +204,12 @@ def run_study(cfg: StudyConfig, log=print) -> dict:
     ctx["command"] = rebuild_command(cfg, docs)
     ctx["method"], ctx["notes"] = METHOD, NOTES
     ctx["planned"] = dict(Counter(j.spec["task"] for j in every_job))
-    keys = {j.spec["key"] for j in every_job}
-    records = [r for r in report.collect(out, cfg.preset) if r.get("key") in keys]
+    specs = {j.spec["key"]: j.spec for j in every_job}
+    records = [
+        r
+        for r in report.collect(out, cfg.preset)
+        if r.get("key") in specs and launch.complete(r, specs[r["key"]])
+    ]
     aggs = report.write_report(records, docs, ctx)
     log(f"wrote {docs}/encoders.md, encoders.json ({len(records)} runs), encoders_aggregate.json, plots/")
     return {"jobs": len(jobs), "records": len(records), "aggregates": aggs}

@@ -3,7 +3,9 @@
 Reads the job (algo, task, encoder spec, seed, budget), calls the trainer's public ``train`` function
 (:func:`rl_transformers.algos.ppo.train` / :func:`rl_transformers.algos.dt.train`) with the run directory
 ``<run dir>/run``, then reads the evaluation series the trainer logged to ``progress.jsonl`` and writes
-``<run dir>/result.json`` atomically (the record of :func:`make_record`). Exit code 0 only with a result.
+``<run dir>/result.json`` atomically (the record of :func:`make_record`). Exit code 0 only with a result: a
+run that the trainer stopped early (SIGTERM or Ctrl-C: it saves and returns) writes no result and exits with
+:data:`EXIT_INTERRUPTED`, so the study runs it again instead of scoring a shortened run.
 """
 
 from __future__ import annotations
@@ -15,6 +17,18 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+EXIT_INTERRUPTED = 3
+"""Exit code of a run that the trainer stopped before its budget (no result.json written)."""
+
+
+class Interrupted(RuntimeError):
+    """The trainer returned early (``interrupted``): the run is no result."""
+
+
+def _check_complete(result: Any) -> None:
+    if result.interrupted:
+        raise Interrupted(f"the trainer stopped at step {result.step} before the budget (interrupted)")
 
 
 def read_series(progress: Path, key: str) -> list[tuple[float, float]]:
@@ -54,6 +68,7 @@ def _ppo(job: dict[str, Any], run: Path) -> dict[str, Any]:
     start = time.perf_counter()
     result = train(cfg, run_dir=run)
     wall = time.perf_counter() - start
+    _check_complete(result)
     obs_space, act_space = _spaces(job["env_id"]) if not job.get("env_kwargs") else _env_spaces(job)
     policy = make_policy(cfg.policy, obs_space, act_space)
     curve = read_series(run / "progress.jsonl", "eval/mean_reward")
@@ -95,6 +110,7 @@ def _dt(job: dict[str, Any], run: Path) -> dict[str, Any]:
     start = time.perf_counter()
     result = train(cfg, run_dir=run)
     wall = time.perf_counter() - start
+    _check_complete(result)
     curve = read_series(run / "progress.jsonl", "eval/normalized_score")
     returns = read_series(run / "progress.jsonl", "eval/return_mean")
     record = make_record(job, curve, result.step, wall, sum(p.numel() for p in result.model.parameters()))
@@ -139,7 +155,11 @@ def main(argv: list[str]) -> int:
     import shutil
 
     shutil.rmtree(run, ignore_errors=True)  # a previous failed attempt
-    record = _dt(job, run) if job["algo"] == "dt" else _ppo(job, run)
+    try:
+        record = _dt(job, run) if job["algo"] == "dt" else _ppo(job, run)
+    except Interrupted as err:
+        print(f"no result: {err}; the study runs this job again", file=sys.stderr)
+        return EXIT_INTERRUPTED
     tmp = job_path.parent / "result.json.tmp"
     tmp.write_text(json.dumps(record, indent=1) + "\n")
     os.replace(tmp, job_path.parent / "result.json")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -83,12 +85,15 @@ def test_restore_from_committed_records_matches_keys_only(tmp_path: Path) -> Non
         {
             "key": planned[0].spec["key"],
             "score": 0.5,
+            "env_steps": 256,
             "curve": [[128.0, 0.5]],
             "task": "TMaze10",
             "algo": "ppo",
         },
         {"key": "0" * 16, "score": 1.0},  # a job that is not planned (other budget, say): ignored
         {"key": planned[1].spec["key"], "score": None},  # an unfinished record is no result
+        # a run stopped before its budget (by SIGTERM, say) is no result either: only 128 of 256 steps
+        {"key": planned[1].spec["key"], "score": 0.9, "env_steps": 128, "curve": [[128.0, 0.9]]},
         "not a record",
     ]
     committed = tmp_path / "encoders.json"
@@ -100,3 +105,33 @@ def test_restore_from_committed_records_matches_keys_only(tmp_path: Path) -> Non
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     assert launch.restore(planned, bad) == 0
+
+
+def test_a_run_stopped_early_is_no_result_and_runs_again(tmp_path: Path, monkeypatch) -> None:
+    """SIGTERM makes the trainer save and return early; the worker must not score that shortened run."""
+    from rl_transformers.algos import ppo
+    from rl_transformers.study import worker
+
+    job = launch.make_job(TMAZE, GRU, 0, "quick", tmp_path, **{**TINY, "budget": 512})  # 4 updates
+    job.dir.mkdir(parents=True)
+    (job.dir / "job.json").write_text(json.dumps(job.spec))
+    real_train, sent = ppo.train, []
+
+    def terminated_after_the_first_update(cfg, run_dir=None):
+        def callback(trainer) -> None:
+            if not sent:  # one SIGTERM, as `kill` sends (a second one aborts the save)
+                sent.append(True)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        return real_train(cfg, run_dir=run_dir, callback=callback)
+
+    monkeypatch.setattr(ppo, "train", terminated_after_the_first_update)
+    assert worker.main([str(job.dir / "job.json")]) == worker.EXIT_INTERRUPTED
+    assert sent and not (job.dir / "result.json").exists()
+    assert launch.status(job) == "pending" and launch.pending([job]) == [job]
+
+    # a result.json left by such a run (the worker before this rule wrote one) is "incomplete" and runs again
+    short = {"key": job.spec["key"], "score": 0.5, "env_steps": 128, "curve": [[128.0, 0.5]], "algo": "ppo"}
+    (job.dir / "result.json").write_text(json.dumps(short))
+    assert launch.status(job) == "incomplete" and launch.pending([job]) == [job]
+    assert launch.expected_steps(job.spec) == 512 and launch.complete({**short, "env_steps": 512}, job.spec)

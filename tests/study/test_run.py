@@ -37,7 +37,18 @@ def test_subset_report_keeps_every_committed_task(tmp_path: Path, captured: dict
     offline = next(j for j in every if j.spec["algo"] == "dt")
     docs = tmp_path / "docs"
     docs.mkdir()
-    committed = [{**j.spec, "score": 0.25, "curve": [[1.0, 0.25]]} for j in (tmaze, repeat, offline)]
+    committed = [  # each ran its whole budget
+        {
+            **j.spec,
+            "score": 0.25,
+            "curve": [[1.0, 0.25]],
+            "env_steps": j.spec["budget"],
+            "updates": j.spec["budget"],
+        }
+        for j in (tmaze, repeat, offline)
+    ]
+    short = next(j for j in every if j.spec["task"] == "TMaze10" and j.spec["encoder_name"] == "mlp")
+    committed.append({**short.spec, "score": 1.0, "curve": [[1.0, 1.0]], "env_steps": 2048})  # stopped early
     (docs / "encoders.json").write_text(json.dumps(committed))
     cfg = run.StudyConfig(preset="full", parts=("online",), tasks=("TMaze10",), out=tmp_path / "runs",
                           docs=docs, report_only=True)  # fmt: skip
