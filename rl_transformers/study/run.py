@@ -64,6 +64,11 @@ NOTES = """\
   runs on CartPole (seed by seed: their patterns coincide on 30 tokens), and `full` differs from them in
   principle only by the random stream of its fused training path's dropout masks (`policies/dt_fast.py`); the
   spread between these rows (18.3 vs 23.2 IQM) is seed noise, and most offline differences are within it.
+- Until commit `e74a8fd` a run stopped by SIGTERM (the study killed at the end of a working session) was
+  scored on the steps it had done: the trainer saves and returns, and the worker wrote a result. Nine committed
+  records were such runs (RepeatPreviousEasy `block_local`, `block_local_2d`, `blockwise`, `gaussian_prior`
+  seed 0; T-Maze 10 `early_exit`, `knn`, `universal` seed 1; CartPole DT `linear`, `memory_compressed` seed 0).
+  They were discarded and re-run; a result now needs its whole budget.
 - `linformer` has no causal mode and cannot be a policy or a DT encoder (listed as excluded)."""
 
 
