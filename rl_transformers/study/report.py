@@ -320,7 +320,9 @@ def markdown(
             covered = aggregate_tasks(records, ctx).get(algo, [])
             lines += ["### Aggregate (rliable: IQM, stratified bootstrap 95 % CI, probability of improvement)", "",
                       f"Over {len(covered)} of {len(tasks_of(ctx, algo))} tasks (those with every planned run "
-                      f"finished): {', '.join(covered)}.", "", aggregate_table(aggs[suite])]  # fmt: skip
+                      f"finished): {', '.join(covered)}."
+                      + (" Scores are the normalized scores / 100 (1 = the target return)." if algo == "dt" else ""),
+                      "", aggregate_table(aggs[suite])]  # fmt: skip
         for p in plots:
             if p.endswith(f"_{suite}.png"):
                 lines.append(f"![{p}](plots/{p})")

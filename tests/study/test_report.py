@@ -108,6 +108,11 @@ def test_aggregate_covers_only_complete_tasks(tmp_path: Path) -> None:
     )
     md = (tmp_path / "encoders.md").read_text()
     assert "Over 1 of 2 tasks (those with every planned run finished): t1." in md
+    offline = md.split("## Offline")[1]  # the DT aggregate says its scale; the online one needs no note
+    assert (
+        "Over 1 of 1 tasks (those with every planned run finished): d1. Scores are the normalized" in offline
+    )
+    assert "normalized scores / 100" not in md.split("## Offline")[0]
 
 
 def test_budget_check_reports_the_reference_gain_beside_the_mlp(tmp_path: Path) -> None:
