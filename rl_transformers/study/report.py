@@ -229,14 +229,18 @@ def plot_all(records: Sequence[dict[str, Any]], aggs: dict[str, Any], tasks: dic
         for r in records:
             if r["task"] == task and r.get("curve"):
                 by[r["encoder_name"]].append(r["curve"])
-        for k, curves in sorted(by.items()):
+        # one colour per encoder (tab20 + Dark2: 28), so no two legend entries look alike
+        palette = list(plt.get_cmap("tab20").colors) + list(plt.get_cmap("Dark2").colors)
+        for i, (k, curves) in enumerate(sorted(by.items())):
             steps = sorted({c[0] for curve in curves for c in curve})
             mean = [
                 statistics.fmean(v for s2, v in (p for curve in curves for p in curve) if s2 == s)
                 for s in steps
             ]
             style = "-" if k in ("gru", "gtrxl", "full") else "--"
-            ax.plot(steps, mean, style, lw=1.1, label=f"{k} (n={len(curves)})")
+            ax.plot(
+                steps, mean, style, lw=1.1, color=palette[i % len(palette)], label=f"{k} (n={len(curves)})"
+            )
         ax.set_xlabel(
             "env steps" if any(r["algo"] == "ppo" and r["task"] == task for r in records) else "updates"
         )
