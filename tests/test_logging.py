@@ -14,7 +14,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
 import rl_transformers.logging as rl_logging
-from rl_transformers.logging import STANDARD_TAGS, Logger, hparams_markdown, measure_time
+from rl_transformers.logging import Logger, hparams_markdown, measure_time
+from rl_transformers.tags import STANDARD_TAGS
 
 
 def _read_jsonl(path: Path) -> list[dict]:

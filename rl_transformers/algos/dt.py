@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from rl_transformers import logging as L
+from rl_transformers import tags as T
 from rl_transformers.algos.distributed import DistContext
 from rl_transformers.algos.dt_checkpoint import (  # load_policy: re-exported
     REQUIRED_KEYS,
@@ -83,12 +84,12 @@ __all__ = [
     "train",
 ]
 
-BEST_METRIC = L.EVAL_RETURN_MEAN
+BEST_METRIC = T.EVAL_RETURN_MEAN
 FUSED_ADAMW_DEVICES = frozenset({"cpu", "cuda"})
 """Devices where AdamW runs ``fused=True`` (one kernel per step instead of one loop per parameter; the same
 update, tested against the per-parameter loop in tests/algos/test_dt_optimizer.py)."""
 """The tag that selects best.pt: the mean return of the first (highest) target."""
-HEADLINE = (L.EVAL_RETURN_MEAN, L.EVAL_NORMALIZED_SCORE, L.LOSS)
+HEADLINE = (T.EVAL_RETURN_MEAN, T.EVAL_NORMALIZED_SCORE, T.LOSS)
 """Tags of the final summary (their last logged values)."""
 evaluate = evaluate_dt
 """Old name of :func:`rl_transformers.algos.evaluation.evaluate_dt`."""
@@ -254,7 +255,7 @@ class DTTrainer:
                 save_now = self.step % config.save_every == 0
                 postfix = {}
                 if log_now or save_now or eval_now:  # never log or save a non-finite model
-                    mean_loss = check_finite(self._window.mean("loss"), L.LOSS, self.step)
+                    mean_loss = check_finite(self._window.mean("loss"), T.LOSS, self.step)
                     postfix = {"loss": f"{mean_loss:.4f}"}
                 if log_now:
                     if run.logger is not None:
@@ -357,7 +358,7 @@ def train(
                 resumed=resumed,
                 run_dir=run_dir,
                 best_metric=BEST_METRIC,
-                hparam_metrics=(BEST_METRIC, L.EVAL_NORMALIZED_SCORE, L.LOSS),
+                hparam_metrics=(BEST_METRIC, T.EVAL_NORMALIZED_SCORE, T.LOSS),
                 headline=HEADLINE,
                 keep_checkpoints=config.keep_checkpoints,
             )

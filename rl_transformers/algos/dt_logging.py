@@ -1,6 +1,6 @@
 """What a Decision Transformer / BC run logs: the training window's means and the evaluation scalars.
 
-Tags come from :mod:`rl_transformers.logging` (the vocabulary is tabulated in docs/design.md). Training, every
+Tags come from :mod:`rl_transformers.tags` (the vocabulary is tabulated in docs/design.md). Training, every
 ``log_every`` updates: ``train/loss``, ``train/action_loss``, ``train/grad_norm``, ``train/learning_rate``,
 ``train/n_updates``, ``train/aux_<name>`` (backbone aux losses), the backbone's diagnostics of the last update,
 ``time/samples_per_second`` and ``time/time_elapsed``. Evaluation, per target ``@<target>``:
@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from rl_transformers import logging as L
+from rl_transformers import tags as T
 from rl_transformers.algos.dt_setup import target_label
 from rl_transformers.algos.evaluation import EvalResult
 from rl_transformers.utils.runs import save_config
@@ -62,11 +63,11 @@ def record_training(
 ) -> None:
     """Record the window's means, the last update's backbone diagnostics and the throughput (not written yet:
     the run's ``dump`` writes the row)."""
-    logger.record(L.LOSS, window.mean("loss"))
-    logger.record(L.ACTION_LOSS, window.mean("action_loss"))
-    logger.record(L.GRAD_NORM, window.mean("grad_norm"))
-    logger.record(L.LEARNING_RATE, learning_rate)
-    logger.record(L.N_UPDATES, step)
+    logger.record(T.LOSS, window.mean("loss"))
+    logger.record(T.ACTION_LOSS, window.mean("action_loss"))
+    logger.record(T.GRAD_NORM, window.mean("grad_norm"))
+    logger.record(T.LEARNING_RATE, learning_rate)
+    logger.record(T.N_UPDATES, step)
     for name in window.aux:
         logger.record(f"{AUX_PREFIX}{name}", window.mean(name, aux=True))
     for key, value in last["info"].items():  # backbone diagnostics of the last update
@@ -75,8 +76,8 @@ def record_training(
         elif isinstance(value, int | float):
             logger.record(key, value)
     elapsed = time.perf_counter() - window.start
-    logger.record(L.SAMPLES_PER_SECOND, window.n * batch_size / max(elapsed, 1e-9))
-    logger.record(L.TIME_ELAPSED, time.perf_counter() - started)
+    logger.record(T.SAMPLES_PER_SECOND, window.n * batch_size / max(elapsed, 1e-9))
+    logger.record(T.TIME_ELAPSED, time.perf_counter() - started)
 
 
 def eval_scalars(results: Sequence[EvalResult], info: Any) -> dict[str, float]:
@@ -85,18 +86,18 @@ def eval_scalars(results: Sequence[EvalResult], info: Any) -> dict[str, float]:
     for i, res in enumerate(results):
         label = target_label(res.target)
         mean = float(res.returns.mean())
-        values[f"{L.EVAL_RETURN_MEAN}{label}"] = mean
-        values[f"{L.EVAL_RETURN_STD}{label}"] = float(res.returns.std())
-        values[f"{L.EVAL_EP_LENGTH_MEAN}{label}"] = float(res.lengths.mean())
+        values[f"{T.EVAL_RETURN_MEAN}{label}"] = mean
+        values[f"{T.EVAL_RETURN_STD}{label}"] = float(res.returns.std())
+        values[f"{T.EVAL_EP_LENGTH_MEAN}{label}"] = float(res.lengths.mean())
         if info.ref_min_score is not None and info.ref_max_score is not None:
             score = float(np.mean(info.normalized_score(res.returns)))
-            values[f"{L.EVAL_NORMALIZED_SCORE}{label}"] = score
+            values[f"{T.EVAL_NORMALIZED_SCORE}{label}"] = score
             if i == 0:
-                values[L.EVAL_NORMALIZED_SCORE] = score
+                values[T.EVAL_NORMALIZED_SCORE] = score
         if i == 0:  # the first (highest) target: selects best.pt; also under PPO's tags
-            values[L.EVAL_RETURN_MEAN] = mean
-            values[L.EVAL_MEAN_REWARD] = mean
-            values[L.EVAL_MEAN_EP_LENGTH] = float(res.lengths.mean())
+            values[T.EVAL_RETURN_MEAN] = mean
+            values[T.EVAL_MEAN_REWARD] = mean
+            values[T.EVAL_MEAN_EP_LENGTH] = float(res.lengths.mean())
     return values
 
 

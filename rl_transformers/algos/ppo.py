@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rl_transformers import logging as rlt_logging
+from rl_transformers import tags as T
 from rl_transformers.algos.distributed import (
     DistContext,
     broadcast_parameters,
@@ -79,7 +79,7 @@ from rl_transformers.utils import (
 
 __all__ = ["PPOTrainer", "TrainResult", "load_policy", "make_adam", "ppo_loss", "run_dir_of", "train"]
 
-HEADLINE = (rlt_logging.EP_REW_MEAN, rlt_logging.EP_LEN_MEAN, rlt_logging.EVAL_MEAN_REWARD)
+HEADLINE = (T.EP_REW_MEAN, T.EP_LEN_MEAN, T.EVAL_MEAN_REWARD)
 """Tags of the final summary (their last logged values)."""
 
 
@@ -309,7 +309,7 @@ class PPOTrainer:
         """Greedy evaluation: logged scalars and the value that ranks best.pt."""
         rets, lens = self.evaluate(self.cfg.eval_episodes)
         mean = float(rets.mean())
-        return {rlt_logging.EVAL_MEAN_REWARD: mean, rlt_logging.EVAL_MEAN_EP_LENGTH: float(lens.mean())}, mean
+        return {T.EVAL_MEAN_REWARD: mean, T.EVAL_MEAN_EP_LENGTH: float(lens.mean())}, mean
 
     def _update_obs_norm(self) -> None:
         update_obs_norm(self.policy, self.storage, self.dist)
@@ -356,8 +356,8 @@ def train(
                 step=trainer.global_step,
                 resumed=resumed,
                 run_dir=run_dir,
-                best_metric=rlt_logging.EVAL_MEAN_REWARD if cfg.eval_every else None,
-                hparam_metrics=(rlt_logging.EP_REW_MEAN, rlt_logging.EVAL_MEAN_REWARD),
+                best_metric=T.EVAL_MEAN_REWARD if cfg.eval_every else None,
+                hparam_metrics=(T.EP_REW_MEAN, T.EVAL_MEAN_REWARD),
                 headline=HEADLINE,
                 keep_checkpoints=cfg.keep_checkpoints,
             )

@@ -1,6 +1,6 @@
 """What a PPO run logs after each update: stable-baselines3's tags (rollout/, train/, time/) and the backbone's.
 
-Tags come from :mod:`rl_transformers.logging` (the vocabulary is tabulated in docs/design.md):
+Tags come from :mod:`rl_transformers.tags` (the vocabulary is tabulated in docs/design.md):
 ``rollout/ep_rew_mean`` / ``rollout/ep_len_mean`` (last 100 training episodes), the loss terms
 (``train/loss``, ``train/policy_gradient_loss``, ``train/value_loss``, ``train/entropy_loss``,
 ``train/approx_kl``, ``train/clip_fraction``, ``train/grad_norm``, ``train/explained_variance``),
@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from rl_transformers import logging as L
+from rl_transformers import tags as T
 
 __all__ = ["AUX_PREFIX", "record_update"]
 
@@ -25,12 +26,12 @@ AUX_PREFIX = "backbone/aux/"
 """PPO's tag prefix of backbone aux losses (DT logs them as ``train/aux_<name>``)."""
 
 _LOSS_TAGS = {
-    "loss": L.LOSS,
-    "pg": L.POLICY_GRADIENT_LOSS,
-    "v": L.VALUE_LOSS,
-    "kl": L.APPROX_KL,
-    "clip": L.CLIP_FRACTION,
-    "grad_norm": L.GRAD_NORM,
+    "loss": T.LOSS,
+    "pg": T.POLICY_GRADIENT_LOSS,
+    "v": T.VALUE_LOSS,
+    "kl": T.APPROX_KL,
+    "clip": T.CLIP_FRACTION,
+    "grad_norm": T.GRAD_NORM,
 }
 
 
@@ -50,20 +51,20 @@ def record_update(
     """Record one update's scalars (``metrics``: what ``PPOTrainer.train_epochs`` returned); the run's
     ``dump`` writes the row."""
     if len(episode_returns):
-        logger.record(L.EP_REW_MEAN, float(np.mean(episode_returns)))
-        logger.record(L.EP_LEN_MEAN, float(np.mean(episode_lengths)))
+        logger.record(T.EP_REW_MEAN, float(np.mean(episode_returns)))
+        logger.record(T.EP_LEN_MEAN, float(np.mean(episode_lengths)))
     for key, tag in _LOSS_TAGS.items():
         if key in metrics:
             logger.record(tag, metrics[key])
     if "ent" in metrics:
-        logger.record(L.ENTROPY_LOSS, -metrics["ent"])
-    logger.record(L.EXPLAINED_VARIANCE, metrics["explained_variance"])
-    logger.record(L.LEARNING_RATE, learning_rate)
-    logger.record(L.CLIP_RANGE, clip_range)
-    logger.record(L.N_UPDATES, n_gradient_steps)
-    logger.record(L.FPS, fps)
-    logger.record(L.ITERATIONS, update)
-    logger.record(L.TOTAL_TIMESTEPS, global_step)
+        logger.record(T.ENTROPY_LOSS, -metrics["ent"])
+    logger.record(T.EXPLAINED_VARIANCE, metrics["explained_variance"])
+    logger.record(T.LEARNING_RATE, learning_rate)
+    logger.record(T.CLIP_RANGE, clip_range)
+    logger.record(T.N_UPDATES, n_gradient_steps)
+    logger.record(T.FPS, fps)
+    logger.record(T.ITERATIONS, update)
+    logger.record(T.TOTAL_TIMESTEPS, global_step)
     for key, value in metrics.items():
         _record_backbone(logger, key, value)
 
