@@ -23,7 +23,7 @@ missing install raises an ``ImportError`` naming ``pip install rl-transformers[m
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 from gymnasium import spaces
@@ -65,10 +65,12 @@ class MiniGridMemoryWrapper(gym.Wrapper):
     def step(self, action: Any) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         a = int(action)
         if not self.action_space.contains(a):
-            raise ValueError(f"action must be in 0..{self.action_space.n - 1}, got {action!r}")
+            raise ValueError(
+                f"action must be in 0..{cast(spaces.Discrete, self.action_space).n - 1}, got {action!r}"
+            )
         obs, reward, terminated, truncated, info = self.env.step(a)
         if terminated or truncated:
-            info = {**info, "success": bool(terminated and reward > 0)}
+            info = {**info, "success": bool(terminated and cast(float, reward) > 0)}
         return self._strip(obs), float(reward), terminated, truncated, info
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import difflib
-from typing import Any
+from typing import Any, SupportsFloat
 
 import gymnasium as gym
 
@@ -100,6 +100,6 @@ class FreshInfo(gym.Wrapper):
         obs, info = self.env.reset(seed=seed, options=options)
         return obs, copy.deepcopy(info)
 
-    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.env.step(action)
         return obs, reward, terminated, truncated, copy.deepcopy(info)

@@ -144,6 +144,7 @@ def _preflight(config: BuildConfig, train: bool, policy_dir: Path, build_fp: str
     """Refuse existing targets (unless overwrite); returns the kinds an interrupted run of this build wrote."""
     done: set[str] = set()
     in_progress = _journal(config, build_fp).is_file()
+    path: Path | None  # a dataset path, then the optional policy zips
     for kind in config.kinds:
         path = dataset_path(config.dataset_id(kind), config.root)
         if not path.exists() or config.overwrite:

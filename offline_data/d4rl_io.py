@@ -132,7 +132,7 @@ def read_d4rl_hdf5(
             if arr.ndim != 1:
                 raise DatasetError(f"D4RL file {str(path)!r}: {key!r} must be 1-D, got shape {arr.shape}")
         if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
-            index = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
+            index: tuple[int, ...] | int = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
             raise DatasetError(
                 f"D4RL file {str(path)!r}: {key!r} holds a non-finite value {arr[index].item()!r} at index {index}"
             )
@@ -151,7 +151,7 @@ def read_d4rl_hdf5(
     if len(ends) == 0 or ends[-1] != n:
         ends = np.append(ends, n)  # trailing unfinished episode: kept, marked truncated below
     episodes: list[Episode] = []
-    start = 0
+    start: int | np.integer[Any] = 0
     for index, stop in enumerate(ends):
         obs = data["observations"][start:stop]
         if "next_observations" in data:
@@ -189,6 +189,7 @@ def read_d4rl_hdf5(
         if file_spec is not None and file_spec.id == spec.id:
             spec = file_spec  # same env: keep the file's time limit / kwargs
     env_id = spec.id if spec is not None else (env_id or meta.get("env_id"))
+    obs_space: gym.spaces.Space
     obs_space, inferred_act = infer_spaces(episodes)
     if action_space is None and isinstance(meta.get("action_space"), str):
         action_space = _stored_space(meta["action_space"], f"{where} (metadata action_space)")

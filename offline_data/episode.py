@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
+from numpy.typing import ArrayLike
 
 from offline_data.scores import normalized_score
 
@@ -118,11 +119,11 @@ class Episode:
     @classmethod
     def from_observation_sequence(
         cls,
-        observations: np.ndarray,
-        actions: np.ndarray,
-        rewards: np.ndarray,
-        terminations: np.ndarray,
-        truncations: np.ndarray,
+        observations: ArrayLike,
+        actions: ArrayLike,
+        rewards: ArrayLike,
+        terminations: ArrayLike,
+        truncations: ArrayLike,
         seed: int | None = None,
     ) -> Episode:
         """Build from the Minari layout: `observations` has T + 1 rows, the other arrays T."""
@@ -135,10 +136,10 @@ class Episode:
             )
         return cls(
             observations=obs[:-1],
-            actions=actions,
-            rewards=rewards,
-            terminations=terminations,
-            truncations=truncations,
+            actions=np.asarray(actions),
+            rewards=np.asarray(rewards),
+            terminations=np.asarray(terminations),
+            truncations=np.asarray(truncations),
             next_observations=obs[1:],
             seed=seed,
         )

@@ -20,7 +20,7 @@ import shutil
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -248,8 +248,8 @@ def read_minari(
         env_spec=env_spec,
         eval_env_spec=eval_spec,
         allow_env_modules=tuple(allow_env_modules),
-        ref_min_score=float(ref_min) if has_refs else None,
-        ref_max_score=float(ref_max) if has_refs else None,
+        ref_min_score=float(cast(Any, ref_min)) if has_refs else None,
+        ref_max_score=float(cast(Any, ref_max)) if has_refs else None,
         ref_scores_source="dataset" if has_refs else None,
         observations_flattened=flattened,
         metadata=raw_meta,

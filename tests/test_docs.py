@@ -322,4 +322,6 @@ README_MAX_BYTES = 25_000
 
 def test_readme_stays_a_short_user_guide() -> None:
     size = len((ROOT / "README.md").read_bytes())
-    assert size <= README_MAX_BYTES, f"README.md is {size:,} bytes (limit {README_MAX_BYTES:,}): move detail to docs/"
+    assert size <= README_MAX_BYTES, (
+        f"README.md is {size:,} bytes (limit {README_MAX_BYTES:,}): move detail to docs/"
+    )

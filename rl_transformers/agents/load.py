@@ -97,7 +97,7 @@ def _config(cls: type, ckpt: dict[str, Any], file: Path, allow_env_modules: tupl
     from rl_transformers.utils.runs import from_dict
 
     try:
-        cfg = from_dict(cls, ckpt["config"])
+        cfg: Any = from_dict(cls, ckpt["config"])
     except (TypeError, ValueError, KeyError) as err:
         raise UserError(f"{file}: its config does not load as {cls.__name__}: {err}") from err
     return dataclasses.replace(saved_form(cfg), allow_env_modules=allow_env_modules)

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -286,7 +286,7 @@ class DTTrainer:
             logger,
             self._window,
             last,
-            learning_rate=self.scheduler.get_last_lr()[0],
+            learning_rate=cast(float, self.scheduler.get_last_lr()[0]),
             step=self.step,
             batch_size=self.config.batch_size,
             started=self._t0,

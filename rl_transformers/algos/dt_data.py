@@ -33,9 +33,13 @@ from rl_transformers.policies.decision_transformer import Padding, pad_steps
 class EpisodeLike(Protocol):
     """What the batcher needs from an episode (``offline_data.Episode`` satisfies it)."""
 
-    observations: np.ndarray
-    actions: np.ndarray
-    rewards: np.ndarray
+    # Read-only members, so that frozen dataclasses such as ``Episode`` satisfy the protocol.
+    @property
+    def observations(self) -> np.ndarray: ...
+    @property
+    def actions(self) -> np.ndarray: ...
+    @property
+    def rewards(self) -> np.ndarray: ...
 
 
 def returns_to_go(rewards: np.ndarray) -> np.ndarray:
@@ -57,6 +61,7 @@ def top_fraction_episodes(lengths: np.ndarray, returns: np.ndarray, fraction: fl
         return np.arange(len(lengths))
     budget = math.ceil(fraction * int(lengths.sum()))
     order = np.argsort(-np.asarray(returns, dtype=np.float64), kind="stable")
+    kept: list[int]
     kept, used = [], 0
     for i in order:
         if kept and used + lengths[i] > budget:

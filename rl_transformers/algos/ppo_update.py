@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -168,7 +168,7 @@ def update_obs_norm(policy: ActorCritic, storage: RolloutStorage, dist: DistCont
     norm = policy.obs_norm
     if norm is None:
         return
-    n, total, total_sq = norm.moments(storage.obs)
+    n, total, total_sq = norm.moments(cast(torch.Tensor, storage.obs))
     flat = allreduce_sum(torch.cat([n.view(1), total.reshape(-1), total_sq.reshape(-1)]), dist)
     size = total.numel()
     norm.update_from_moments(flat[0], flat[1 : 1 + size].view_as(total), flat[1 + size :].view_as(total_sq))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -43,7 +43,7 @@ from rl_transformers.policies.gtrxl import ActorCritic
 def final_observations(info: dict[str, Any], space: spaces.Space, done_idx: np.ndarray) -> Any:
     """Batch the final observations of envs ``done_idx`` from a SAME_STEP ``info``."""
     items = [info["final_obs"][i] for i in done_idx]
-    return concatenate(space, items, create_empty_array(space, len(items)))
+    return concatenate(space, items, cast(Any, create_empty_array(space, len(items))))
 
 
 # -- the rollout loop -----------------------------------------------------------------------------------------
@@ -183,7 +183,7 @@ def _rows_key(value: Any) -> Any:
 def _cat_obs(parts: list[Obs]) -> Obs:
     first = parts[0]
     if isinstance(first, dict):
-        return {k: _cat_obs([p[k] for p in parts]) for k in first}  # type: ignore[index]
+        return {k: _cat_obs([p[k] for p in parts]) for k in first}  # type: ignore[index, call-overload]
     if isinstance(first, tuple):
         return tuple(_cat_obs([p[i] for p in parts]) for i in range(len(first)))  # type: ignore[index]
     return torch.cat(parts, dim=0)  # type: ignore[arg-type]
@@ -220,7 +220,7 @@ def _nonfinite_rows(x: Any) -> np.ndarray | None:
             return None
         return (~np.isfinite(a)).reshape(a.shape[0], -1).sum(axis=1) if a.ndim else None
     parts = [q for q in parts if q is not None]
-    return np.sum(parts, axis=0) if parts else None
+    return np.sum(cast("list[np.ndarray]", parts), axis=0) if parts else None
 
 
 def _check_env_output(obs: Any, reward: np.ndarray, env_id: str | None, step: int, global_step: int) -> None:

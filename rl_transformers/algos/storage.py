@@ -18,9 +18,9 @@ V(s_{t+1}) otherwise (``last_value`` after the last step). Returns R_t = A_t + V
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from gymnasium import spaces
@@ -77,12 +77,12 @@ def _empty_obs(space: spaces.Space, lead: tuple[int, ...], device: torch.device 
 def _write(buffer: Obs, index: Any, value: Obs) -> None:
     if isinstance(buffer, dict):
         for k in buffer:
-            _write(buffer[k], index, value[k])  # type: ignore[index]
+            _write(buffer[k], index, value[k])  # type: ignore[index, call-overload]
     elif isinstance(buffer, tuple):
         for b, v in zip(buffer, value):  # type: ignore[arg-type]
             _write(b, index, v)
     else:
-        buffer[index] = value
+        buffer[index] = value  # type: ignore[assignment]  # value mirrors buffer's structure: a Tensor leaf here
 
 
 def state_signature(state: Any) -> tuple[Any, ...]:
@@ -145,17 +145,17 @@ class RolloutStorage:
         t, n = num_steps, num_envs
         self.obs = _empty_obs(observation_space, (t, n), self.device)
         self.actions = torch.zeros(t, n, *action_shape, dtype=action_dtype, device=self.device)
-        zeros = dict(dtype=torch.float32, device=self.device)
-        self.log_probs = torch.zeros(t, n, **zeros)  # type: ignore[arg-type]
-        self.values = torch.zeros(t, n, **zeros)  # type: ignore[arg-type]
-        self.rewards = torch.zeros(t, n, **zeros)  # type: ignore[arg-type]
-        self.final_values = torch.zeros(t, n, **zeros)  # type: ignore[arg-type]
-        self.advantages = torch.zeros(t, n, **zeros)  # type: ignore[arg-type]
-        self.returns = torch.zeros(t, n, **zeros)  # type: ignore[arg-type]
-        flags = dict(dtype=torch.bool, device=self.device)
-        self.terminated = torch.zeros(t, n, **flags)  # type: ignore[arg-type]
-        self.truncated = torch.zeros(t, n, **flags)  # type: ignore[arg-type]
-        self.episode_starts = torch.zeros(t, n, **flags)  # type: ignore[arg-type]
+        zeros: dict[str, Any] = dict(dtype=torch.float32, device=self.device)
+        self.log_probs = torch.zeros(t, n, **zeros)
+        self.values = torch.zeros(t, n, **zeros)
+        self.rewards = torch.zeros(t, n, **zeros)
+        self.final_values = torch.zeros(t, n, **zeros)
+        self.advantages = torch.zeros(t, n, **zeros)
+        self.returns = torch.zeros(t, n, **zeros)
+        flags: dict[str, Any] = dict(dtype=torch.bool, device=self.device)
+        self.terminated = torch.zeros(t, n, **flags)
+        self.truncated = torch.zeros(t, n, **flags)
+        self.episode_starts = torch.zeros(t, n, **flags)
         self.states: list[Any] = [None] * self.num_seq_starts
 
     # -- writing --------------------------------------------------------------------------------------------
@@ -275,7 +275,7 @@ class RolloutStorage:
             ids = order[i * size : (i + 1) * size]
             dev_ids = ids.to(self.device)
             yield SequenceBatch(
-                obs=tree_map(lambda x, r=dev_ids: x[r], data["obs"]),
+                obs=tree_map(cast("Callable[[Any], Any]", lambda x, r=dev_ids: x[r]), data["obs"]),
                 actions=data["actions"][dev_ids],
                 log_probs=data["log_probs"][dev_ids],
                 values=data["values"][dev_ids],

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -119,6 +119,11 @@ class DecisionTransformer(nn.Module):
             :class:`~rl_transformers.policies.dt_rollout.DTAgent`.
     """
 
+    state_mean: Tensor
+    state_std: Tensor
+    action_low: Tensor
+    action_high: Tensor
+
     def __init__(
         self,
         observation_space: gym.spaces.Space,
@@ -164,7 +169,7 @@ class DecisionTransformer(nn.Module):
             self.embed_state: nn.Module = nn.Embedding(int(observation_space.n), d)
             obs_dim = 1
         else:
-            self.obs_shape = tuple(observation_space.shape)
+            self.obs_shape = tuple(cast("tuple[int, ...]", observation_space.shape))
             obs_dim = int(np.prod(self.obs_shape)) if self.obs_shape else 1
             self.embed_state = nn.Linear(obs_dim, d)
         self.obs_dim = obs_dim
@@ -183,11 +188,11 @@ class DecisionTransformer(nn.Module):
         else:
             self.n_actions = 0
             self.action_start = 0
-            self.action_dim = int(np.prod(action_space.shape))
+            self.action_dim = int(np.prod(cast("tuple[int, ...]", action_space.shape)))
             self.embed_action = nn.Linear(self.action_dim, d)
             self.action_head = nn.Linear(d, self.action_dim)
-            low = np.asarray(action_space.low, dtype=np.float64).reshape(-1)
-            high = np.asarray(action_space.high, dtype=np.float64).reshape(-1)
+            low = np.asarray(cast(gym.spaces.Box, action_space).low, dtype=np.float64).reshape(-1)
+            high = np.asarray(cast(gym.spaces.Box, action_space).high, dtype=np.float64).reshape(-1)
             # Tanh rescaled to [low, high] when the bounds are finite (the paper's Linear -> Tanh).
             self.squash = bool(np.isfinite(low).all() and np.isfinite(high).all())
             self.register_buffer("action_low", torch.as_tensor(np.where(self.squash, low, -1.0)).float())
@@ -212,9 +217,9 @@ class DecisionTransformer(nn.Module):
         ):
             if module is None:
                 continue
-            nn.init.normal_(module.weight, std=0.02)
+            nn.init.normal_(cast(Tensor, module.weight), std=0.02)
             if getattr(module, "bias", None) is not None:
-                nn.init.zeros_(module.bias)
+                nn.init.zeros_(cast(Tensor, module.bias))
 
     # -- configuration --------------------------------------------------------------------------------------
     def set_state_normalization(self, mean: np.ndarray | Tensor, std: np.ndarray | Tensor) -> None:

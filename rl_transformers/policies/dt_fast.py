@@ -38,12 +38,15 @@ Equality with the generic path at every real state token is tested in tests/poli
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
+
+if TYPE_CHECKING:
+    from rl_transformers.backbone.blocks import PreLNBlock
 
 
 def fast_path_reason(model: Any) -> str | None:
@@ -332,7 +335,7 @@ def fused_forward(model: Any, tokens: Tensor) -> Tensor:
     drop = training and p > 0
     v_scale = 1.0 / (1.0 - p) if drop and p < 1 else 1.0  # attention dropout's scale, folded into v
     q_scale = d_head**-0.5 if drop else 1.0  # the dropout path's scores scale, folded into q
-    blocks: list[nn.Module] = list(model.backbone.depth.blocks)
+    blocks: list[PreLNBlock] = list(model.backbone.depth.blocks)
     s = model.state_token
     state_rows = slice(s, None, n)
     # Hand-written backward passes (autocast would hand them mixed dtypes: autograd of the same ops then).

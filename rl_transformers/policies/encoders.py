@@ -21,7 +21,7 @@ observations.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
@@ -85,7 +85,7 @@ class MLPEncoder(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         lead = x.shape[: x.dim() - len(self.shape)]
-        return self.net(x.reshape(*lead, -1).to(self.net[0].weight.dtype))
+        return self.net(x.reshape(*lead, -1).to(cast(nn.Linear, self.net[0]).weight.dtype))
 
 
 class RunningNorm(nn.Module):
@@ -96,6 +96,10 @@ class RunningNorm(nn.Module):
     updates. PPO updates it once per rollout, *after* the epochs, so acting and training see the same
     statistics (like SB3's ``VecNormalize`` / Gymnasium's ``NormalizeObservation``, which update every step).
     """
+
+    mean: Tensor
+    var: Tensor
+    count: Tensor
 
     def __init__(self, shape: tuple[int, ...], clip: float = 10.0, eps: float = 1e-8) -> None:
         super().__init__()
@@ -137,6 +141,9 @@ class RunningNorm(nn.Module):
 class OneHotEncoder(nn.Module):
     """One-hot of each discrete entry (``nvec`` values each, offset by ``start``), concatenated, then Linear."""
 
+    offsets: Tensor
+    start: Tensor
+
     def __init__(self, nvec: np.ndarray, start: np.ndarray, d_out: int) -> None:
         super().__init__()
         nvec = np.asarray(nvec, dtype=np.int64)
@@ -177,7 +184,7 @@ class CNNEncoder(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         lead = x.shape[: x.dim() - 3]
-        img = x.reshape(-1, *self.shape).to(self.out[0].weight.dtype) / 255.0
+        img = x.reshape(-1, *self.shape).to(cast(nn.Linear, self.out[0]).weight.dtype) / 255.0
         if self.layout == "HWC":
             img = img.permute(0, 3, 1, 2)
         return self.out(self.convs(img)).reshape(*lead, -1)
@@ -197,7 +204,7 @@ class CompositeEncoder(nn.Module):
         if self.is_tuple:
             parts = [self.children_enc[k](obs[int(k)]) for k in self.keys]  # type: ignore[index]
         else:
-            parts = [self.children_enc[k](obs[k]) for k in self.keys]  # type: ignore[index]
+            parts = [self.children_enc[k](obs[k]) for k in self.keys]  # type: ignore[call-overload]
         return self.out(torch.cat(parts, dim=-1))
 
 
@@ -208,7 +215,7 @@ def make_encoder(observation_space: spaces.Space, d_out: int) -> nn.Module:
         raise ValueError(f"d_out must be >= 1, got {d_out}")
     layout = image_layout(space)
     if layout is not None:
-        return CNNEncoder(tuple(space.shape), layout, d_out)
+        return CNNEncoder(tuple(cast(spaces.Box, space).shape), layout, d_out)
     if isinstance(space, (spaces.Box, spaces.MultiBinary)):
         return MLPEncoder(tuple(space.shape), d_out)
     if isinstance(space, spaces.Discrete):

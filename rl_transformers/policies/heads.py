@@ -16,6 +16,7 @@ float for Box / MultiBinary; ``log_prob`` and ``entropy`` are (*batch).
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 import torch
@@ -120,6 +121,8 @@ def _init_linear(layer: nn.Linear, gain: float) -> nn.Linear:
 class ActionHead(nn.Module):
     """Linear map from features to the parameters of the action distribution of ``action_space``."""
 
+    action_shape: tuple[int, ...]
+
     def __init__(self, action_space: spaces.Space, d_in: int, log_std_init: float = 0.0) -> None:
         super().__init__()
         self.space = action_space
@@ -167,9 +170,11 @@ class ActionHead(nn.Module):
         """Actions as the env takes them: NumPy, ``start`` offsets added, Box actions clipped to the bounds."""
         a = action.detach().cpu().numpy()
         if self.kind == "discrete":
-            return a.astype(np.int64) + int(self.space.start)
+            return a.astype(np.int64) + int(cast(spaces.Discrete, self.space).start)
         if self.kind == "multi_discrete":
-            return a.astype(np.int64) + np.asarray(self.space.start, dtype=np.int64)
+            return a.astype(np.int64) + np.asarray(
+                cast(spaces.MultiDiscrete, self.space).start, dtype=np.int64
+            )
         if self.kind == "multi_binary":
             return a.astype(self.space.dtype)
         return np.clip(a, self.low, self.high).astype(self.space.dtype)

@@ -25,7 +25,7 @@ import dataclasses
 import sys
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from rl_transformers.utils.checkpoint import latest_checkpoint, load_checkpoint
 from rl_transformers.utils.errors import UserError
@@ -177,5 +177,5 @@ def parse_cli(
     saved = saved_config(cls, load_checkpoint(path), path)
     blank = cls()
     fresh = {name: getattr(blank, name) for name in per_invocation if hasattr(blank, name)}
-    defaults = dataclasses.replace(saved, **fresh)
+    defaults = dataclasses.replace(cast(Any, saved), **fresh)
     return tyro.cli(cls, args=args, default=defaults, **tyro_kwargs)

@@ -258,7 +258,9 @@ def residue_classes_attention(
     i - l + 1 .. i - 1 as small blocked windows, merged exactly by log-sum-exp, with its own backward.
     """
     b, h, t, d = q.shape
-    band = None if band_heads is None else residue_fast_form(att, q, k_valid, class_heads, band_heads)
+    band: bool | Tensor | None = (
+        None if band_heads is None else residue_fast_form(att, q, k_valid, class_heads, band_heads)
+    )
     if band is not None:  # every key valid, heads alike: the classes as one causal flash call + band windows
         scale = att.position.scale if att.position.scale is not None else d**-0.5
         return ResidueCausal.apply(q, k, v, stride, band, scale)
