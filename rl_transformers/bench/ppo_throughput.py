@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_transformers.bench.dt_timing import atomic_write
-from rl_transformers.bench.meta import finish_machine_info, load_text, machine_info
+from rl_transformers.bench.meta import finish_machine_info, load_text
 
 STATUS_OK, STATUS_UNSUPPORTED, STATUS_ERROR = "ok", "unsupported", "error"
 
@@ -159,11 +159,9 @@ def build_report(
     updates: int,
     warmup: int,
     rounds: int,
-    machine: dict[str, Any] | None = None,
+    machine: dict[str, Any],
 ) -> dict:
-    """The results record; ``machine`` is :func:`machine_info` taken before the measurement (default: now)."""
-    if machine is None:
-        machine = machine_info("cpu" if cfg.device in ("auto", "cpu") else cfg.device, cfg.threads)
+    """The results record; ``machine`` is :func:`machine_info` taken before the measurement."""
     report = {
         "command": command,
         "config": config_summary(cfg),

@@ -30,12 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rl_transformers.algos.ppo_config import PPOConfig
+from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
 from rl_transformers.study.encoders import Encoder, label
 from rl_transformers.study.suite import DATASET_ROOT, DT_ARGS, Task
 
 ROOT = Path(__file__).resolve().parents[2]
 PPO_NUM_STEPS = PPOConfig().num_steps
+PPO_NUM_ENVS: int = TrainConfig.__dataclass_fields__["num_envs"].default  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,9 @@ def expected_steps(spec: dict[str, Any]) -> int:
     """What a complete run of the job reaches: PPO env steps of its whole updates (the trainer stops after the
     last whole update within the budget), DT / BC gradient updates."""
     if spec["algo"] == "ppo":
-        per_update = int(spec.get("num_envs", 32)) * int(spec.get("ppo", {}).get("num_steps", PPO_NUM_STEPS))
+        per_update = int(spec.get("num_envs", PPO_NUM_ENVS)) * int(
+            spec.get("ppo", {}).get("num_steps", PPO_NUM_STEPS)
+        )
         return int(spec["budget"]) // per_update * per_update
     return int(spec["budget"])
 

@@ -48,12 +48,13 @@ def _ppo(job: dict[str, Any], run: Path) -> dict[str, Any]:
     from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
     from rl_transformers.policies.gtrxl import make_policy
     from rl_transformers.study.encoders import _spaces, policy_config
+    from rl_transformers.study.launch import PPO_NUM_ENVS
 
     cfg = TrainConfig(
         env_id=job["env_id"],
         env_kwargs=job.get("env_kwargs", {}),
         total_timesteps=job["budget"],
-        num_envs=job.get("num_envs", 32),
+        num_envs=job.get("num_envs", PPO_NUM_ENVS),
         seed=job["seed"],
         policy=policy_config(job["encoder"]),
         ppo=PPOConfig(**job.get("ppo", {})),
