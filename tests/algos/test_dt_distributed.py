@@ -1,9 +1,10 @@
-"""Data-parallel DT training: 2 gloo ranks on CPU (torch.multiprocessing.spawn) end with identical weights."""
+"""Data-parallel DT training: 2 gloo ranks on CPU (torch.multiprocessing, spawn start method) end with identical weights."""
 
 from __future__ import annotations
 
 import os
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -43,10 +44,19 @@ def _worker(rank: int, world: int, port: int, dataset: str, out: str) -> None:
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
 def test_two_gloo_ranks_keep_identical_parameters(tmp_path: Path) -> None:
     dataset = cartpole_dataset(tmp_path / "cartpole.hdf5", n_good=2, n_random=4, max_steps=40)
-    # fork: the children reuse the imported torch (spawn would re-import it, seconds per rank)
-    mp.start_processes(
-        _worker, args=(2, _free_port(), str(dataset), str(tmp_path)), nprocs=2, start_method="fork"
+    # spawn, not fork: a fork of the pytest worker copies its threads' held locks (execnet I/O, torch's pool),
+    # which can deadlock a child; and a deadline, so a stuck rendezvous fails the test instead of hanging CI
+    context = mp.start_processes(
+        _worker, args=(2, _free_port(), str(dataset), str(tmp_path)), nprocs=2, start_method="spawn", join=False
     )
+    deadline = time.monotonic() + 300
+    try:
+        while not context.join(timeout=1):
+            assert time.monotonic() < deadline, "the two ranks did not finish within 300 s"
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
     s0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
     s1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
     for name in s0:

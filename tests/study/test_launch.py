@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -107,31 +110,41 @@ def test_restore_from_committed_records_matches_keys_only(tmp_path: Path) -> Non
     assert launch.restore(planned, bad) == 0
 
 
-def test_a_run_stopped_early_is_no_result_and_runs_again(tmp_path: Path, monkeypatch) -> None:
-    """SIGTERM makes the trainer save and return early; the worker must not score that shortened run."""
-    from rl_transformers.algos import ppo
+def test_a_run_stopped_early_is_no_result_and_runs_again(tmp_path: Path) -> None:
+    """SIGTERM makes the trainer save and return early; the worker must not score that shortened run.
+
+    The signal goes to a real worker subprocess (as the study's pool runs it), never to the test process: a
+    signal that reached a pytest-xdist worker outside the trainer's handler would kill it, and xdist's
+    loadfile scheduler can hang after a crashed worker."""
     from rl_transformers.study import worker
 
-    job = launch.make_job(TMAZE, GRU, 0, "quick", tmp_path, **{**TINY, "budget": 512})  # 4 updates
+    job = launch.make_job(TMAZE, GRU, 0, "quick", tmp_path, **{**TINY, "budget": 128 * 10_000})  # never ends
     job.dir.mkdir(parents=True)
     (job.dir / "job.json").write_text(json.dumps(job.spec))
-    real_train, sent = ppo.train, []
-
-    def terminated_after_the_first_update(cfg, run_dir=None):
-        def callback(trainer) -> None:
-            if not sent:  # one SIGTERM, as `kill` sends (a second one aborts the save)
-                sent.append(True)
-                os.kill(os.getpid(), signal.SIGTERM)
-
-        return real_train(cfg, run_dir=run_dir, callback=callback)
-
-    monkeypatch.setattr(ppo, "train", terminated_after_the_first_update)
-    assert worker.main([str(job.dir / "job.json")]) == worker.EXIT_INTERRUPTED
-    assert sent and not (job.dir / "result.json").exists()
+    progress = job.dir / "run" / "progress.jsonl"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    cmd = [sys.executable, "-m", "rl_transformers.study.worker", str(job.dir / "job.json")]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (progress.is_file() and progress.read_text().strip()):  # the first update is logged
+            assert proc.poll() is None, f"worker exited early ({proc.returncode})"
+            assert time.monotonic() < deadline, "no update logged within 240 s"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)  # one SIGTERM, as `kill` sends (a second one aborts the save)
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == worker.EXIT_INTERRUPTED, err
+    assert "no result" in err and not (job.dir / "result.json").exists()
+    assert (job.dir / "run" / "checkpoints" / "last.pt").is_file()  # the trainer saved before it returned
     assert launch.status(job) == "pending" and launch.pending([job]) == [job]
 
     # a result.json left by such a run (the worker before this rule wrote one) is "incomplete" and runs again
     short = {"key": job.spec["key"], "score": 0.5, "env_steps": 128, "curve": [[128.0, 0.5]], "algo": "ppo"}
     (job.dir / "result.json").write_text(json.dumps(short))
     assert launch.status(job) == "incomplete" and launch.pending([job]) == [job]
-    assert launch.expected_steps(job.spec) == 512 and launch.complete({**short, "env_steps": 512}, job.spec)
+    whole = 128 * 10_000
+    assert launch.expected_steps(job.spec) == whole and launch.complete({**short, "env_steps": whole}, job.spec)
