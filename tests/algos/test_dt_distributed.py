@@ -47,7 +47,11 @@ def test_two_gloo_ranks_keep_identical_parameters(tmp_path: Path) -> None:
     # spawn, not fork: a fork of the pytest worker copies its threads' held locks (execnet I/O, torch's pool),
     # which can deadlock a child; and a deadline, so a stuck rendezvous fails the test instead of hanging CI
     context = mp.start_processes(
-        _worker, args=(2, _free_port(), str(dataset), str(tmp_path)), nprocs=2, start_method="spawn", join=False
+        _worker,
+        args=(2, _free_port(), str(dataset), str(tmp_path)),
+        nprocs=2,
+        start_method="spawn",
+        join=False,
     )
     deadline = time.monotonic() + 300
     try:

@@ -147,4 +147,6 @@ def test_a_run_stopped_early_is_no_result_and_runs_again(tmp_path: Path) -> None
     (job.dir / "result.json").write_text(json.dumps(short))
     assert launch.status(job) == "incomplete" and launch.pending([job]) == [job]
     whole = 128 * 10_000
-    assert launch.expected_steps(job.spec) == whole and launch.complete({**short, "env_steps": whole}, job.spec)
+    assert launch.expected_steps(job.spec) == whole and launch.complete(
+        {**short, "env_steps": whole}, job.spec
+    )
