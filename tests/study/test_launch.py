@@ -124,7 +124,9 @@ def test_a_run_stopped_early_is_no_result_and_runs_again(tmp_path: Path) -> None
     progress = job.dir / "run" / "progress.jsonl"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     cmd = [sys.executable, "-m", "rl_transformers.study.worker", str(job.dir / "job.json")]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "worker.err"  # a file, not a pipe: a full pipe would block the worker while we poll
+    with log.open("w") as stderr:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
     try:
         deadline = time.monotonic() + 240
         while not (progress.is_file() and progress.read_text().strip()):  # the first update is logged
@@ -132,11 +134,12 @@ def test_a_run_stopped_early_is_no_result_and_runs_again(tmp_path: Path) -> None
             assert time.monotonic() < deadline, "no update logged within 240 s"
             time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)  # one SIGTERM, as `kill` sends (a second one aborts the save)
-        _, err = proc.communicate(timeout=240)
+        proc.wait(timeout=240)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    err = log.read_text()
     assert proc.returncode == worker.EXIT_INTERRUPTED, err
     assert "no result" in err and not (job.dir / "result.json").exists()
     assert (job.dir / "run" / "checkpoints" / "last.pt").is_file()  # the trainer saved before it returned
