@@ -238,7 +238,7 @@ class _ReversibleStack(torch.autograd.Function):
         return (x1 + x2) / 2
 
     @staticmethod
-    def backward(fctx, grad_out):  # type: ignore[override]
+    def backward(fctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         y1, y2 = fctx.saved_tensors
         params = fctx.params
         dy1 = dy2 = grad_out / 2

@@ -203,6 +203,8 @@ def evil_checkpoints(tmp_path: Path, marker: Path, run: Path) -> list[Path]:
     return [*files, plain]
 
 
+# the hostile files are written with pickle protocol 4; torch warns about it before refusing them
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol:UserWarning")
 def test_hostile_objects_through_library_loaders(ppo_run: Path, tmp_path: Path) -> None:
     from rl_transformers.algos import dt
 
