@@ -16,7 +16,7 @@ import torch
 from rl_transformers.algos.distributed import parameter_checksum
 from rl_transformers.algos.ppo import PPOConfig, PPOTrainer, TrainConfig, load_policy, train
 from rl_transformers.policies import PolicyConfig, gtrxl_backbone
-from rl_transformers.utils import NonFiniteError, load_checkpoint
+from rl_transformers.utils import GracefulInterrupt, NonFiniteError, load_checkpoint
 
 BATCH = 2 * 16  # num_envs * num_steps
 
@@ -163,6 +163,8 @@ def test_best_checkpoint_is_the_best_evaluated_model(tmp_path: Path) -> None:
 def test_ctrl_c_saves_a_checkpoint_and_stops(tmp_path: Path) -> None:
     def interrupt(trainer: PPOTrainer) -> None:
         if trainer.update == 2:
+            # only under the trainer's handler: outside it SIGINT would interrupt the pytest worker itself
+            assert isinstance(getattr(signal.getsignal(signal.SIGINT), "__self__", None), GracefulInterrupt)
             os.kill(os.getpid(), signal.SIGINT)  # handled by GracefulInterrupt: finish the update, save, stop
 
     result = train(tiny(tmp_path, updates=6), callback=interrupt)

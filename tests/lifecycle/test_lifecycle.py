@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rl_transformers.algos.lifecycle import count_parameters, summary_text
-from rl_transformers.utils import NonFiniteError, load_checkpoint
+from rl_transformers.utils import GracefulInterrupt, NonFiniteError, load_checkpoint
 from tests.lifecycle.conftest import Family, progress, replace
 
 
@@ -42,6 +42,8 @@ def test_resume_continues_bit_exactly(family: Family, tmp_path: Path) -> None:
 def test_ctrl_c_saves_and_stops(family: Family, tmp_path: Path) -> None:
     def interrupt(trainer) -> None:
         if family.iteration(trainer) == 2:
+            # only under the trainer's handler: outside it SIGINT would interrupt the pytest worker itself
+            assert isinstance(getattr(signal.getsignal(signal.SIGINT), "__self__", None), GracefulInterrupt)
             os.kill(os.getpid(), signal.SIGINT)  # GracefulInterrupt: finish the iteration, save, stop
 
     result = family.train(family.make(tmp_path, 6), callback=interrupt)
