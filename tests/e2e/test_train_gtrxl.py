@@ -81,6 +81,21 @@ def test_train_resume_evaluate_cli(tmp_path: Path) -> None:
     assert "rlt/TMaze-v0: return" in out and "over 3 episodes" in out
 
 
+def test_async_vectorization_logs_what_sync_logs(tmp_path: Path) -> None:
+    """--vectorization async (env copies in worker processes) is the same experiment as sync: same seeds, same
+    rollouts, same updates. Run as subprocesses, so the async workers fork the script, not the pytest worker."""
+    logs = {}
+    for mode in ("sync", "async"):
+        root = tmp_path / mode
+        run("train_gtrxl.py", "--env-id", "rlt/TMaze-v0", "--env-kwargs", '{"corridor_length": 3}',
+            "--total-timesteps", "96", "--vectorization", mode, "--run-root", str(root), *TINY)  # fmt: skip
+        rows = [
+            json.loads(line) for line in next(root.glob("ppo/*/*/progress.jsonl")).read_text().splitlines()
+        ]
+        logs[mode] = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+    assert len(logs["sync"]) == 3 and logs["async"] == logs["sync"]
+
+
 def test_cli_rejects_bad_backbone_names(tmp_path: Path) -> None:
     proc = subprocess.run(
         [
