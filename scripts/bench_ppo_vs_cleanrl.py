@@ -41,6 +41,14 @@ class Args:
     """Directory of results.json / results.md."""
 
 
+def cleanrl_text(source: dict | None) -> str:
+    """The cleanrl code measured (results from before it was recorded say so)."""
+    if not source:
+        return "code not recorded"
+    hashes = ", ".join(f"{name} sha256 {digest[:12]}" for name, digest in source["sha256"].items())
+    return f"commit {source['git_commit'] or 'unknown (not a git checkout)'}; {hashes}"
+
+
 def render(report: dict) -> str:
     meta, ppo = report["machine"], report["ppo"]
     lines = [
@@ -53,6 +61,7 @@ def render(report: dict) -> str:
         f"timed iterations per run; {report['rounds']} alternating rounds, medians",
         f"- machine: {meta['device_name']} · {meta['cores']} cores · torch {meta['torch_version']} · "
         f"git {meta['git_sha']} · {load_text(meta)}",
+        f"- cleanrl: {cleanrl_text(report.get('cleanrl'))}",
         "",
         "| model | parameters (vs cleanrl) | env steps/s | rounds | speed-up vs cleanrl |",
         "|---|---:|---:|---|---:|",

@@ -19,6 +19,7 @@ the last one. Measurements alternate between the candidates (rotated each round)
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
 import shutil
@@ -138,13 +139,31 @@ def cleanrl_parameters(cleanrl_dir: Path, python: str) -> int:
     return int(out.stdout.strip().splitlines()[-1])
 
 
+CLEANRL_FILES = ("ppo_trxl.py", "pom_env.py")
+
+
+def cleanrl_source(cleanrl_dir: Path) -> dict[str, Any]:
+    """Which cleanrl code was measured: the sha256 of each file run and, in a git checkout, its commit (else
+    None), so a published comparison names the exact cleanrl code it ran."""
+    files = {name: hashlib.sha256((cleanrl_dir / name).read_bytes()).hexdigest() for name in CLEANRL_FILES}
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(cleanrl_dir), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30
+        )
+        commit = out.stdout.strip() if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        commit = None
+    return {"git_commit": commit, "sha256": files}
+
+
 def compare(
     cleanrl_dir: Path, cleanrl_python: str, updates: int, warmup: int, rounds: int, log: Any = print
 ) -> dict[str, Any]:
     """Side-by-side rounds of cleanrl and each of :data:`OUR_MODELS`; rows with medians and speed-ups."""
     cleanrl_dir = cleanrl_dir.resolve()
-    if not (cleanrl_dir / "ppo_trxl.py").is_file() or not (cleanrl_dir / "pom_env.py").is_file():
+    if not all((cleanrl_dir / name).is_file() for name in CLEANRL_FILES):
         raise FileNotFoundError(f"{cleanrl_dir} must hold cleanrl's ppo_trxl.py and pom_env.py")
+    source = cleanrl_source(cleanrl_dir)  # before the runs: what is measured is what is named
     if str(cleanrl_dir) not in sys.path:
         sys.path.insert(0, str(cleanrl_dir))  # pom_env for our envs (spawned workers inherit sys.path)
     names = ["cleanrl ppo_trxl", *OUR_MODELS]
@@ -182,5 +201,6 @@ def compare(
     shape = dataclasses.asdict(our_config(next(iter(OUR_MODELS.values()))).ppo)
     return {
         "rows": rows,
+        "cleanrl": source,
         "ppo": {k: shape[k] for k in ("num_steps", "seq_len", "num_minibatches", "update_epochs")},
     }

@@ -58,3 +58,26 @@ def test_count_parameters_counts_shared_tensors_once_and_skips_frozen() -> None:
     assert (
         format_parameters(88_579) == "88,579 (88.6k)" and format_parameters(2_500_000) == "2,500,000 (2.50M)"
     )
+
+
+def test_cleanrl_source_names_the_files_and_commit(tmp_path) -> None:
+    import hashlib
+    import subprocess
+
+    from rl_transformers.bench.ppo_reference import cleanrl_source
+
+    for name, text in (("ppo_trxl.py", "print('trxl')\n"), ("pom_env.py", "ENV = 1\n")):
+        (tmp_path / name).write_text(text)
+    outside = cleanrl_source(tmp_path)
+    assert outside["git_commit"] is None
+    assert outside["sha256"] == {
+        "ppo_trxl.py": hashlib.sha256(b"print('trxl')\n").hexdigest(),
+        "pom_env.py": hashlib.sha256(b"ENV = 1\n").hexdigest(),
+    }
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for cmd in (["init", "-q"], ["add", "."], ["commit", "-qm", "cleanrl"]):
+        subprocess.run([*git, *cmd], check=True)
+    head = subprocess.run(
+        [*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert cleanrl_source(tmp_path) == {**outside, "git_commit": head}
