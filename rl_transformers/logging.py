@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import math
 import numbers
-import os
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -44,6 +43,7 @@ import numpy as np
 import torch
 
 from rl_transformers import tags as _tags
+from rl_transformers.utils.atomic import atomic_write_text
 from rl_transformers.utils.runs import to_jsonable
 
 __all__ = [
@@ -332,9 +332,7 @@ def _purge_jsonl(path: Path, purge_step: int) -> None:
             continue
         if step is None or step < purge_step:
             kept.append(line + "\n")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(kept), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(kept))
 
 
 def _table(step: int, values: Mapping[str, float | int | str]) -> str:

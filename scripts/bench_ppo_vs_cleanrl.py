@@ -21,8 +21,8 @@ from pathlib import Path
 import tyro
 
 from rl_transformers.bench import ppo_reference
-from rl_transformers.bench.dt_timing import atomic_write
 from rl_transformers.bench.meta import finish_machine_info, load_text, machine_info
+from rl_transformers.utils.atomic import atomic_write_text
 
 
 @dataclass(frozen=True)
@@ -93,8 +93,8 @@ def main(args: Args) -> None:
         **result,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write(args.out / "results.json", json.dumps(report, indent=2, sort_keys=True) + "\n")
-    atomic_write(args.out / "results.md", render(report))
+    atomic_write_text(args.out / "results.json", json.dumps(report, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(args.out / "results.md", render(report))
     print(render(report))
 
 

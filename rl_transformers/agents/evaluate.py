@@ -9,9 +9,6 @@ resets with ``eval_seed + i``), ``eval_episodes`` and the run's targets, as ``ev
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +19,7 @@ import numpy as np
 
 from rl_transformers.agents.dt_agent import DecisionTransformerAgent, run_dir_of
 from rl_transformers.agents.ppo_agent import PPOAgent
+from rl_transformers.utils.atomic import atomic_write_json
 from rl_transformers.utils.errors import UserError
 
 
@@ -196,19 +194,8 @@ def default_output(checkpoint: Path | None) -> Path:
 
 
 def write_json_atomic(data: Any, path: Path) -> Path:
-    """Write ``data`` as JSON to ``path`` through a temporary file and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write ``data`` as JSON to ``path`` atomically (:mod:`rl_transformers.utils.atomic`)."""
+    return atomic_write_json(path, data)
 
 
 __all__ = ["EvaluationReport", "TargetResult", "default_output", "evaluate_agent", "write_json_atomic"]

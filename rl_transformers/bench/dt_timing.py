@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ import torch
 from rl_transformers.algos.dt import FUSED_ADAMW_DEVICES
 from rl_transformers.bench.dt_models import Candidate, count_parameters
 from rl_transformers.bench.meta import load_text
+from rl_transformers.utils.atomic import atomic_write_text
 
 
 def make_update(candidate: Candidate, batch: dict[str, torch.Tensor]) -> Callable[[], None]:
@@ -110,8 +110,8 @@ def summarise(
 def write_results(report: dict[str, Any], out: Path) -> None:
     """results.json and results.md under ``out`` (atomic writes)."""
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "results.json", json.dumps(report, indent=2, sort_keys=True) + "\n")
-    atomic_write(out / "results.md", render_markdown(report))
+    atomic_write_text(out / "results.json", json.dumps(report, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(out / "results.md", render_markdown(report))
 
 
 def render_markdown(report: dict[str, Any]) -> str:
@@ -140,10 +140,3 @@ def render_markdown(report: dict[str, Any]) -> str:
     for name, why in report.get("skipped", {}).items():
         lines.append(f"| {name} | — | skipped: {why} | | | |")
     return "\n".join(lines) + "\n"
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and ``os.replace``."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

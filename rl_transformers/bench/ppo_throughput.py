@@ -20,8 +20,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from rl_transformers.bench.dt_timing import atomic_write
 from rl_transformers.bench.meta import finish_machine_info, load_text
+from rl_transformers.utils.atomic import atomic_write_text
 
 STATUS_OK, STATUS_UNSUPPORTED, STATUS_ERROR = "ok", "unsupported", "error"
 
@@ -177,8 +177,8 @@ def build_report(
 def write(report: dict[str, Any], out: Path) -> None:
     """``out``/results.json and results.md (atomic writes)."""
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "results.json", json.dumps(report, indent=2, sort_keys=True) + "\n")
-    atomic_write(out / "results.md", render_markdown(report))
+    atomic_write_text(out / "results.json", json.dumps(report, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(out / "results.md", render_markdown(report))
 
 
 def render_markdown(report: dict[str, Any]) -> str:

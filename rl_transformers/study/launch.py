@@ -33,6 +33,7 @@ from typing import Any
 from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
 from rl_transformers.study.encoders import Encoder, label
 from rl_transformers.study.suite import DATASET_ROOT, DT_ARGS, Task
+from rl_transformers.utils.atomic import atomic_write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 PPO_NUM_STEPS = PPOConfig().num_steps
@@ -131,7 +132,7 @@ def restore(jobs: Iterable[Job], records_file: Path) -> int:
         record = by_key.get(job.spec["key"])
         if record is None or not complete(record, job.spec) or status(job) == "done":
             continue
-        _write_json(job.dir / "result.json", {**record, "restored_from": str(records_file)})
+        atomic_write_json(job.dir / "result.json", {**record, "restored_from": str(records_file)}, indent=1)
         n += 1
     return n
 
@@ -153,13 +154,6 @@ def invalidate(jobs: Iterable[Job], encoder_names: Iterable[str]) -> int:
     return n
 
 
-def _write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
-
-
 def execute(spec: dict[str, Any], directory: str, timeout_s: float | None = None) -> dict[str, Any]:
     """Run one job in a worker subprocess; returns its record or a failure dict (``"status"`` says which).
 
@@ -168,7 +162,7 @@ def execute(spec: dict[str, Any], directory: str, timeout_s: float | None = None
     run_dir = Path(directory)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "result.json").unlink(missing_ok=True)
-    _write_json(run_dir / "job.json", spec)
+    atomic_write_json(run_dir / "job.json", spec, indent=1)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     cmd = [sys.executable, "-m", "rl_transformers.study.worker", str(run_dir / "job.json")]
@@ -192,7 +186,7 @@ def record_outcome(job: Job, outcome: dict[str, Any]) -> None:
     """Write result.json (done) or failed.json (with the attempt count) for a job's outcome."""
     outcome = {k: v for k, v in outcome.items() if k != "status"}
     if "score" in outcome:
-        _write_json(job.dir / "result.json", outcome)
+        atomic_write_json(job.dir / "result.json", outcome, indent=1)
         (job.dir / "failed.json").unlink(missing_ok=True)
         return
     previous = job.dir / "failed.json"
@@ -200,7 +194,7 @@ def record_outcome(job: Job, outcome: dict[str, Any]) -> None:
     if previous.exists():
         with contextlib.suppress(OSError, ValueError):
             attempts += int(json.loads(previous.read_text()).get("attempts", 1))
-    _write_json(previous, {**outcome, "job": job.name, "attempts": attempts})
+    atomic_write_json(previous, {**outcome, "job": job.name, "attempts": attempts}, indent=1)
 
 
 def run_local(

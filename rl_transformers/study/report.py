@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from rl_transformers.study.aggregate import REPS, aggregate, performance_profiles, score_matrices
+from rl_transformers.utils.atomic import atomic_write_text
 
 RECORD_FIELDS = ("algo", "task", "encoder", "seed", "score", "final_return", "env_steps", "steps_per_s",
                  "parameters")  # fmt: skip
@@ -36,13 +37,6 @@ def collect(out: Path, preset: str) -> list[dict[str, Any]]:
     for path in sorted((Path(out) / preset).rglob("result.json")):
         records.append(json.loads(path.read_text()))
     return sorted(records, key=lambda r: (r["algo"], r["task"], r["encoder_name"], r["seed"]))
-
-
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def build_aggregates(
@@ -272,12 +266,12 @@ def write_report(
     tasks = context["tasks"]
     public = [{**{k: r.get(k) for k in RECORD_FIELDS}, **{k: v for k, v in r.items() if k not in RECORD_FIELDS}}
               for r in records]  # fmt: skip
-    _write(docs / "encoders.json", json.dumps(public, indent=1) + "\n")
+    atomic_write_text(docs / "encoders.json", json.dumps(public, indent=1) + "\n")
     covered = aggregate_tasks(records, context)
     aggs = build_aggregates(records, covered, context.get("reps"))
-    _write(docs / "encoders_aggregate.json", json.dumps(aggs, indent=1) + "\n")
+    atomic_write_text(docs / "encoders_aggregate.json", json.dumps(aggs, indent=1) + "\n")
     plots = plot_all(records, aggs, tasks, docs / "plots", covered) if records else []
-    _write(docs / "encoders.md", markdown(records, aggs, context, plots))
+    atomic_write_text(docs / "encoders.md", markdown(records, aggs, context, plots))
     return aggs
 
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from rl_transformers.utils.atomic import atomic_write_json
 
 EXIT_INTERRUPTED = 3
 """Exit code of a run that the trainer stopped before its budget (no result.json written)."""
@@ -161,9 +162,7 @@ def main(argv: list[str]) -> int:
     except Interrupted as err:
         print(f"no result: {err}; the study runs this job again", file=sys.stderr)
         return EXIT_INTERRUPTED
-    tmp = job_path.parent / "result.json.tmp"
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(tmp, job_path.parent / "result.json")
+    atomic_write_json(job_path.parent / "result.json", record, indent=1)
     return 0
 
 

@@ -30,10 +30,7 @@ from __future__ import annotations
 import errno
 import json
 import math
-import os
 import re
-import shutil
-import tempfile
 import time
 import warnings
 import zipfile
@@ -43,6 +40,7 @@ from typing import Any, Literal
 
 import torch
 
+from rl_transformers.utils.atomic import atomic_link, atomic_write, atomic_write_json, fsync_dir
 from rl_transformers.utils.errors import UserError
 from rl_transformers.utils.rng import capture_rng_state, restore_rng_state
 
@@ -61,61 +59,11 @@ _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 META_KEY = "checkpoint_meta"
 
 
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename in ``directory`` durable (POSIX); silently skipped where directories can't be opened."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _temp_path(path: Path) -> tuple[int, Path]:
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    return fd, Path(name)
-
-
 def atomic_save(obj: Any, path: str | Path) -> Path:
-    """``torch.save(obj)`` to ``path`` atomically: temp file in the same directory, fsync, ``os.replace``.
-
-    On any failure (including ``KeyboardInterrupt``) the temp file is removed and ``path`` is untouched.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _temp_path(path)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; match what a plain torch.save would give
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-    return path
-
-
-def _atomic_link(src: Path, dst: Path) -> None:
-    """Make ``dst`` an (atomic) hard link to ``src``, or a copy where hard links are not supported."""
-    fd, tmp = _temp_path(dst)
-    os.close(fd)
-    tmp.unlink()
-    try:
-        try:
-            os.link(src, tmp)
-        except OSError:
-            shutil.copyfile(src, tmp)
-        os.replace(tmp, dst)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """``torch.save(obj)`` to ``path`` atomically (:func:`rl_transformers.utils.atomic.atomic_write`: temp file
+    in the same directory, fsync, ``os.replace``). On any failure (including ``KeyboardInterrupt``) the temp
+    file is removed and ``path`` is untouched."""
+    return atomic_write(path, lambda f: torch.save(obj, f))
 
 
 class InvalidCheckpointError(UserError):
@@ -320,7 +268,7 @@ class CheckpointManager:
         try:
             primary = atomic_save(payload, target)
             if self.keep_last != 0:
-                _atomic_link(primary, self.last_path)
+                atomic_link(primary, self.last_path)
         except OSError as err:
             self._write_failed(target, err)
         self.last_step = step
@@ -347,7 +295,7 @@ class CheckpointManager:
 
     def _link_best(self, source: Path, step: int, value: float | None) -> None:
         try:
-            _atomic_link(source, self.best_path)
+            atomic_link(source, self.best_path)
         except OSError as err:
             self._write_failed(self.best_path, err)
         self.best_step, self.best_value = step, value
@@ -357,7 +305,7 @@ class CheckpointManager:
             self._write_index(step, value)
         except OSError as err:
             self._write_failed(self.index_path, err)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
 
     def _write_failed(self, target: Path, err: OSError) -> None:
         reason = "no space left on device" if err.errno == errno.ENOSPC else (err.strerror or str(err))
@@ -421,13 +369,4 @@ class CheckpointManager:
             "best": best,
             "steps": self.kept_steps(),
         }
-        fd, tmp = _temp_path(self.index_path)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(index, f, indent=2)
-                f.write("\n")
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, self.index_path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        atomic_write_json(self.index_path, index)

@@ -16,7 +16,6 @@ import dataclasses
 import difflib
 import enum
 import json
-import os
 import re
 import types
 import typing
@@ -24,6 +23,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path, PurePath
 from typing import Any, TypeVar
+
+from rl_transformers.utils.atomic import atomic_write_json
 
 __all__ = ["from_dict", "load_config", "make_run_dir", "sanitize_name", "save_config", "to_jsonable"]
 
@@ -121,15 +122,7 @@ def _key(key: Any) -> str:
 
 def save_config(run_dir: str | Path, config: Any, filename: str = "config.json") -> Path:
     """Write ``to_jsonable(config)`` to ``run_dir/filename`` (indented, atomically) and return its path."""
-    path = Path(run_dir) / filename
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(to_jsonable(config), indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return atomic_write_json(Path(run_dir) / filename, to_jsonable(config))
 
 
 def load_config(path: str | Path, cls: type[T] | None = None) -> T | dict[str, Any]:
