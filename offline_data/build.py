@@ -43,7 +43,7 @@ from typing import Any
 import gymnasium as gym
 from tqdm.auto import tqdm
 
-from offline_data.atomic import clean_stale
+from offline_data.atomic import atomic_file, clean_stale
 from offline_data.behaviour import Training, algo_class, load_policy, train_behaviour_policy
 from offline_data.build_config import KINDS, SEED_OFFSETS, BuildConfig, BuildResult, Kind
 from offline_data.episode import Episode, episode_returns
@@ -263,8 +263,8 @@ def build_datasets(config: BuildConfig) -> BuildResult:
     build_fp = build_fingerprint(config)
     done = _preflight(config, train, policy_dir, build_fp)
     journal = _journal(config, build_fp)
-    journal.parent.mkdir(parents=True, exist_ok=True)
-    journal.write_text(json.dumps({"kinds": list(config.kinds), "policy_dir": str(policy_dir)}))
+    with atomic_file(journal) as temp:
+        temp.write_text(json.dumps({"kinds": list(config.kinds), "policy_dir": str(policy_dir)}))
 
     training = Training()
     if train:

@@ -20,6 +20,7 @@ import gymnasium as gym
 
 import envs
 from envs.scores import random_policy_score
+from rl_transformers.utils.atomic import atomic_write_text
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "envs.md"
 EPISODES, SEED = 100, 0
@@ -120,10 +121,7 @@ def main() -> None:
     text = render()
     if args.check:
         sys.exit(0 if DOC.exists() and DOC.read_text(encoding="utf-8") == text else 1)
-    DOC.parent.mkdir(parents=True, exist_ok=True)
-    tmp = DOC.with_suffix(".md.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(DOC)
+    atomic_write_text(DOC, text)
     print(f"wrote {DOC}")
 
 

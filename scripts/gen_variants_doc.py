@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from rl_transformers.backbone import Backbone, BackboneConfig, available, registry
+from rl_transformers.utils.atomic import atomic_write_text
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "variants.md"
 KIND_EXAMPLE = {"none": "none", "input": "sinusoidal", "qk": "rope", "bias": "alibi", "scores": "xl_relative"}
@@ -188,10 +189,7 @@ def main() -> None:
     if args.check:
         current = DOC.read_text(encoding="utf-8") if DOC.exists() else ""
         sys.exit(0 if current == text else 1)
-    DOC.parent.mkdir(parents=True, exist_ok=True)
-    tmp = DOC.with_suffix(".md.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(DOC)
+    atomic_write_text(DOC, text)
     print(f"wrote {DOC}")
 
 

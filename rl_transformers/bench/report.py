@@ -17,6 +17,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from rl_transformers.utils.atomic import atomic_write_text
+
 ROW_SCHEMA: dict[str, tuple[type, ...]] = {
     "variant": (str,),
     "kind": (str,),
@@ -378,8 +380,8 @@ def write_all(results: dict[str, Any], out: Path, plots: bool = True) -> dict[st
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "results.json", "markdown": out / "results.md"}
-    paths["json"].write_text(json.dumps(results, indent=1, default=_json_default) + "\n")
-    paths["markdown"].write_text(markdown(results))
+    atomic_write_text(paths["json"], json.dumps(results, indent=1, default=_json_default) + "\n")
+    atomic_write_text(paths["markdown"], markdown(results))
     if plots:
         plot(results, out / "plots")
         paths["plots"] = out / "plots"
