@@ -14,7 +14,8 @@ is the normalized score ``100 (R - ref_min) / (ref_max - ref_min)`` at the fixed
 Every encoder on a task gets the same hyper-parameters (as POPGym did): the PPO defaults of
 :class:`~rl_transformers.algos.ppo_config.PPOConfig` (32 envs x 64 steps, 16-step training windows) and
 the DT settings in :data:`DT_ARGS`. Budgets are whole PPO updates (multiples of 2,048 env steps) with an
-evaluation (16 greedy episodes) every ``eval_every`` steps and at the last update.
+evaluation (16 greedy episodes) every ``eval_every`` steps: at the last update where the budget is a multiple of
+it (the POPGym tasks), not on T-Maze 10 (64 updates, every 5: the last evaluation is after update 60).
 """
 
 from __future__ import annotations
