@@ -81,3 +81,36 @@ def test_cleanrl_source_names_the_files_and_commit(tmp_path) -> None:
         [*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
     ).stdout.strip()
     assert cleanrl_source(tmp_path) == {**outside, "git_commit": head}
+
+
+def test_results_md_names_the_cleanrl_code_or_says_it_was_not_recorded() -> None:
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_ppo_vs_cleanrl.py"
+    spec = importlib.util.spec_from_file_location("bench_ppo_vs_cleanrl", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    machine = {
+        "device_name": "cpu",
+        "cores": 2,
+        "torch_version": "2.13.0",
+        "git_sha": "abc",
+        "loadavg": [0.5],
+    }
+    row = {"model": "cleanrl ppo_trxl", "status": "ok", "parameters": 88_579, "steps_per_s": 2000.0,
+           "steps_per_s_rounds": [2000.0]}  # fmt: skip
+    report = {"command": "python scripts/bench_ppo_vs_cleanrl.py", "machine": machine, "warmup": 1, "updates": 4,
+              "rounds": 1, "rows": [row], "ppo": {"num_steps": 128, "num_minibatches": 8, "update_epochs": 4}}  # fmt: skip
+    assert "- cleanrl: code not recorded" in module.render(report)
+    source = {"git_commit": "f" * 40, "sha256": {"ppo_trxl.py": "a" * 64, "pom_env.py": "b" * 64}}
+    text = module.render({**report, "cleanrl": source})
+    assert (
+        f"- cleanrl: commit {'f' * 40}; ppo_trxl.py sha256 {'a' * 12}, pom_env.py sha256 {'b' * 12}" in text
+    )
