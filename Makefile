@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: venv
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --max-worker-restart 0 --timeout 900 --timeout-method signal
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --max-worker-restart 0 --timeout 900 --timeout-method signal --durations 10
 
 train: venv
 	$(BIN)/python scripts/train_gtrxl.py
