@@ -145,6 +145,16 @@ def machine() -> str:
 
 
 # -- plots ----------------------------------------------------------------------------------------------------
+def _save(fig: Any, path: Path, dpi: int) -> str:
+    """Lay out, write and close ``fig``; returns the file name (the Markdown links it)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path.name
+
+
 def plot_all(records: Sequence[dict[str, Any]], aggs: dict[str, Any], tasks: dict[str, list[str]],
              plots: Path, agg_tasks: dict[str, list[str]] | None = None) -> list[str]:  # fmt: skip
     """Write the plots; returns their file names (``agg_tasks``: the tasks the aggregates cover, default all)."""
@@ -175,11 +185,7 @@ def plot_all(records: Sequence[dict[str, Any]], aggs: dict[str, Any], tasks: dic
         ax.set_yticks(ys, order, fontsize=8)
         ax.set_xlabel("IQM of the score (95 % stratified bootstrap CI, rliable)")
         ax.grid(True, alpha=0.3)
-        fig.tight_layout()
-        name = f"iqm_{suite}.png"
-        fig.savefig(plots / name, dpi=110)
-        plt.close(fig)
-        made.append(name)
+        made.append(_save(fig, plots / f"iqm_{suite}.png", dpi=110))
 
         lo = min(float(m.min()) for m in scores.values())
         hi = max(float(m.max()) for m in scores.values())
@@ -194,11 +200,7 @@ def plot_all(records: Sequence[dict[str, Any]], aggs: dict[str, Any], tasks: dic
         ax.set_ylabel("fraction of runs with score > τ")
         ax.legend(fontsize=6, ncol=2)
         ax.grid(True, alpha=0.3)
-        fig.tight_layout()
-        name = f"profile_{suite}.png"
-        fig.savefig(plots / name, dpi=110)
-        plt.close(fig)
-        made.append(name)
+        made.append(_save(fig, plots / f"profile_{suite}.png", dpi=110))
 
         fig, ax = plt.subplots(figsize=(7, 5))
         for k in agg:
@@ -211,11 +213,7 @@ def plot_all(records: Sequence[dict[str, Any]], aggs: dict[str, Any], tasks: dic
         ax.set_xlabel("env steps / s" if algo == "ppo" else "updates / s")
         ax.set_ylabel("IQM score")
         ax.grid(True, alpha=0.3)
-        fig.tight_layout()
-        name = f"score_vs_speed_{suite}.png"
-        fig.savefig(plots / name, dpi=110)
-        plt.close(fig)
-        made.append(name)
+        made.append(_save(fig, plots / f"score_vs_speed_{suite}.png", dpi=110))
 
     for task in sorted({r["task"] for r in records}):
         fig, ax = plt.subplots(figsize=(8, 5))
@@ -242,11 +240,7 @@ def plot_all(records: Sequence[dict[str, Any]], aggs: dict[str, Any], tasks: dic
         ax.set_title(task)
         ax.legend(fontsize=6, ncol=2)
         ax.grid(True, alpha=0.3)
-        fig.tight_layout()
-        name = f"curves_{task}.png"
-        fig.savefig(plots / name, dpi=100)
-        plt.close(fig)
-        made.append(name)
+        made.append(_save(fig, plots / f"curves_{task}.png", dpi=100))
     return made
 
 
