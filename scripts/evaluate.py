@@ -20,10 +20,11 @@ from typing import Annotated, Literal
 import tyro
 
 from rl_transformers.agents import load
-from rl_transformers.agents.evaluate import default_output, evaluate_agent, write_json_atomic
+from rl_transformers.agents.evaluate import default_output, evaluate_agent
 from rl_transformers.algos.run_config import check_module_names
 from rl_transformers.backbone.options import check_int
 from rl_transformers.utils import set_threads
+from rl_transformers.utils.atomic import atomic_write_json
 from rl_transformers.utils.checks import check_device, check_device_available
 from rl_transformers.utils.errors import run_cli
 
@@ -90,7 +91,7 @@ def main() -> None:
     for line in report.lines():
         print(line)
     path = Path(args.output) if args.output else default_output(agent.checkpoint)
-    print(f"episodes written to {write_json_atomic(report.to_json(), path)}")
+    print(f"episodes written to {atomic_write_json(path, report.to_json())}")
     if args.video is not None:
         print(f"videos in {args.video}")
 

@@ -19,7 +19,6 @@ import numpy as np
 
 from rl_transformers.agents.dt_agent import DecisionTransformerAgent, run_dir_of
 from rl_transformers.agents.ppo_agent import PPOAgent
-from rl_transformers.utils.atomic import atomic_write_json
 from rl_transformers.utils.errors import UserError
 
 
@@ -193,9 +192,4 @@ def default_output(checkpoint: Path | None) -> Path:
     return run_dir_of(checkpoint) / "eval" / f"evaluate-{checkpoint.stem}.json"
 
 
-def write_json_atomic(data: Any, path: Path) -> Path:
-    """Write ``data`` as JSON to ``path`` atomically (:mod:`rl_transformers.utils.atomic`)."""
-    return atomic_write_json(path, data)
-
-
-__all__ = ["EvaluationReport", "TargetResult", "default_output", "evaluate_agent", "write_json_atomic"]
+__all__ = ["EvaluationReport", "TargetResult", "default_output", "evaluate_agent"]
