@@ -25,7 +25,8 @@ Every encoder is trained with the **same hyper-parameters on a task** (as POPGym
 `PPOConfig` (32 envs × 64 steps per update, 16-step training windows, 4 epochs × 4 minibatches, lr 3e-4 annealed,
 γ 0.99, λ 0.95, clip 0.2, entropy 0.01), an evaluation of 16 greedy episodes every `eval_every` steps (POPGym
 tasks: every 16,384, the last at the budget; T-Maze 10: every 10,240, so the last is at 122,880 and its final 4
-updates of 131,072 are not evaluated - the PPO trainer evaluates only at multiples of `eval_every`). **Score** = POPGym's MMER: the maximum over evaluations of the mean greedy return (POPGym tasks on their
+updates of 131,072 are not evaluated - the PPO trainer evaluates only at multiples of `eval_every`).
+**Score** = POPGym's MMER: the maximum over evaluations of the mean greedy return (POPGym tasks on their
 [-1, 1] scale; T-Maze: the greedy return, which is the success rate when the agent keeps to the schedule and a
 lower bound otherwise); `final_return` in encoders.json is the mean greedy return of the last evaluation (DT:
 its raw mean return, not normalized). Table cells are mean ± sample std (n − 1) over seeds. Offline: the Decision
@@ -66,7 +67,8 @@ NOTES = """\
 - Offline, the DT sees 10 steps = 30 tokens. `local`, `block_local`, `blockwise` and `bigbird` give identical
   runs on CartPole (seed by seed: their patterns coincide on 30 tokens), and `full` differs from them in
   principle only by the random stream of its fused training path's dropout masks (`policies/dt_fast.py`); the
-  spread between these rows (CartPole mean normalized score 18.3 vs 23.2; offline IQM 0.451 vs 0.465) is seed noise, and most offline differences are within it.
+  spread between these rows (CartPole mean normalized score 18.3 vs 23.2; offline IQM 0.451 vs 0.465) is seed
+  noise, and most offline differences are within it.
 - Until commit `e74a8fd` a run stopped by SIGTERM (the study killed at the end of a working session) was
   scored on the steps it had done: the trainer saves and returns, and the worker wrote a result. Nine committed
   records were such runs (RepeatPreviousEasy `block_local`, `block_local_2d`, `blockwise`, `gaussian_prior`

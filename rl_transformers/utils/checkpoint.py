@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 import torch
 
-from rl_transformers.utils.atomic import atomic_link, atomic_write, atomic_write_json, fsync_dir
+from rl_transformers.utils.atomic import atomic_link, atomic_write, atomic_write_json
 from rl_transformers.utils.errors import UserError
 from rl_transformers.utils.rng import capture_rng_state, restore_rng_state
 
@@ -301,11 +301,12 @@ class CheckpointManager:
         self.best_step, self.best_value = step, value
 
     def _write_index_safely(self, step: int, value: float | None) -> None:
+        # the index is written last, and its atomic write fsyncs the directory: that makes the links and
+        # removals before it durable too
         try:
             self._write_index(step, value)
         except OSError as err:
             self._write_failed(self.index_path, err)
-        fsync_dir(self.directory)
 
     def _write_failed(self, target: Path, err: OSError) -> None:
         reason = "no space left on device" if err.errno == errno.ENOSPC else (err.strerror or str(err))
