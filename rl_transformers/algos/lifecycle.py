@@ -11,8 +11,9 @@ A trainer owns its model, data and update step; everything around its loop is wr
 3. **Run bookkeeping** (:class:`Run`, written by rank 0 only): the run directory
    ``<run_root>/<algo>/<env or dataset>/<YYYYmmdd-HHMMSS>-s<seed>/``, ``config.json``, the logger (TensorBoard,
    ``progress.jsonl``, the stdout table with ``--verbose``), the HParams session (fresh runs), the checkpoint
-   manager (``step_<n>`` / ``last`` / ``best``), and the parameter count, printed and logged (text tag
-   ``run/summary``) at the start.
+   manager (``step_<n>`` / ``last`` / ``best``), the parameter count, printed and logged (text tag
+   ``run/summary``) at the start, and ``system_info.json``: per invocation (fresh or resumed) the command
+   line, start step, git commit, versions and machine (:mod:`rl_transformers.utils.provenance`).
 4. **The loop** (:meth:`Run.loop`): each iteration ends with :meth:`Run.end_iteration`, which checkpoints
    *before* it evaluates (an evaluation error never loses training, and ``best.pt`` is the evaluated model),
    then writes one log row. :meth:`Run.should_stop` turns Ctrl-C / SIGTERM (:class:`GracefulInterrupt`) or a
@@ -60,6 +61,7 @@ from rl_transformers.utils import (
     to_jsonable,
 )
 from rl_transformers.utils.errors import UserError
+from rl_transformers.utils.provenance import record_invocation
 from rl_transformers.utils.resume import saved_config
 
 __all__ = [
@@ -206,6 +208,7 @@ class Run:
     ) -> None:
         self.config, self.algo, self.dist = config, algo, dist
         self.headline = tuple(headline)
+        self.start_step = step
         self.resumed = resumed is not None
         self.latest: dict[str, float] = {}
         self.evaluations: dict[int, dict[str, float]] = {}
@@ -240,11 +243,15 @@ class Run:
     # -- start ----------------------------------------------------------------------------------------------
     def announce(self, model: nn.Module, facts: Mapping[str, Any] | None = None) -> int:
         """Print the parameter count and run directory (rank 0), log them with ``facts`` as the text tag
-        ``run/summary`` (fresh runs); returns the count."""
+        ``run/summary`` (fresh runs), append this invocation's command, commit and machine to
+        ``system_info.json`` (every invocation, resumes included); returns the count."""
         n = count_parameters(model)
         if not self.is_main:
             return n
         print(f"{self.algo}: {n:,} parameters; run directory {self.dir}", flush=True)
+        if self.dir is not None:
+            device = next(model.parameters(), torch.empty(0)).device
+            record_invocation(self.dir, device, step=self.start_step, world_size=self.dist.world_size)
         if not self.resumed and self.logger is not None:
             summary = {"n_parameters": n, "world_size": self.dist.world_size, **dict(facts or {})}
             text = json.dumps(to_jsonable(summary, strict=False), indent=2)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -288,11 +287,3 @@ def available_ram_bytes() -> float:
     except OSError:
         pass
     return float(8 * 2**30)
-
-
-def cpu_count() -> int:
-    """Cores usable by this process."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - non-Linux
-        return os.cpu_count() or 1

@@ -97,7 +97,7 @@ def huggingface(shape: DTShape, device: torch.device) -> Candidate | None:
         state_dim=OBS_DIM, act_dim=ACT_DIM, hidden_size=shape.d_model, n_layer=shape.n_layers,
         n_head=shape.n_heads, max_ep_len=MAX_EP_LEN, resid_pdrop=p, embd_pdrop=p, attn_pdrop=p,
     )  # fmt: skip
-    model = DecisionTransformerModel(cfg).to(device)
+    model = DecisionTransformerModel(cfg).to(device)  # type: ignore[arg-type]  # transformers' stub of `to`
 
     def loss(batch: dict[str, Tensor]) -> Tensor:
         mask = batch["mask"]

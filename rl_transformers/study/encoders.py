@@ -34,7 +34,7 @@ import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 from rl_transformers.backbone import BackboneConfig, available, capabilities
@@ -220,7 +220,7 @@ def ppo_encoders(match: bool = True) -> tuple[list[Encoder], list[Excluded]]:
         reason = "no positional scheme accepted"
         for pos in POSITION_PREFERENCE:
             spec = f"attention={att};position={pos};memory=None"
-            error = _accepts(lambda spec=spec: ppo_parameters(spec))
+            error = _accepts(partial(ppo_parameters, spec))
             if error is None:
                 rows.append((att, spec, "attention", f"position {pos}"))
                 break
@@ -239,7 +239,7 @@ def ppo_encoders(match: bool = True) -> tuple[list[Encoder], list[Excluded]]:
     out = []
     for name, spec, family, note in rows:
         if spec and match:
-            error = _accepts(lambda spec=spec: ppo_parameters(spec))
+            error = _accepts(partial(ppo_parameters, spec))
             if error is not None:
                 excluded.append(Excluded(name, error))
                 continue
@@ -258,7 +258,7 @@ def dt_encoders(match: bool = True) -> tuple[list[Encoder], list[Excluded]]:
     target = dt_parameters("attention=full")
     for att in available()["attention"]:
         spec = f"attention={att}"
-        error = _accepts(lambda spec=spec: dt_parameters(spec))
+        error = _accepts(partial(dt_parameters, spec))
         if error is not None:
             excluded.append(Excluded(att, error))
             continue

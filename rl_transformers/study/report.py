@@ -63,6 +63,11 @@ def aggregate_tasks(records: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> d
     return {algo: [t for t in names if done[t] >= planned.get(t, 0)] for algo, names in ctx["tasks"].items()}
 
 
+def _rates(runs: Sequence[dict[str, Any]]) -> list[float]:
+    """The recorded speeds of ``runs`` (env steps/s online, updates/s offline), missing ones left out."""
+    return [float(x) for r in runs if (x := r.get("steps_per_s") or r.get("updates_per_s"))]
+
+
 def _cell(values: list[float]) -> str:
     if not values:
         return "–"
@@ -86,8 +91,7 @@ def task_table(records: Sequence[dict[str, Any]], algo: str, tasks: list[str], e
         if not runs:
             continue
         cells = [_cell([r["score"] for r in by.get((enc, t), []) if r["score"] is not None]) for t in tasks]
-        rates = [r.get("steps_per_s") or r.get("updates_per_s") for r in runs]
-        rates = [x for x in rates if x]
+        rates = _rates(runs)
         params = sorted({int(r["parameters"]) for r in runs})
         ptext = f"{params[0]:,}" if len(params) == 1 else f"{params[0]:,}–{params[-1]:,}"
         lines.append(f"| {enc} | {' | '.join(cells)} | {statistics.fmean(rates):.0f} | {ptext} |")
@@ -204,8 +208,7 @@ def plot_all(records: Sequence[dict[str, Any]], aggs: dict[str, Any], tasks: dic
 
         fig, ax = plt.subplots(figsize=(7, 5))
         for k in agg:
-            rates = [r.get("steps_per_s") or r.get("updates_per_s") for r in rows if r["encoder_name"] == k]
-            rates = [x for x in rates if x]
+            rates = _rates([r for r in rows if r["encoder_name"] == k])
             if rates:
                 ax.scatter(statistics.fmean(rates), agg[k]["iqm"], s=14)
                 ax.annotate(k, (statistics.fmean(rates), agg[k]["iqm"]), fontsize=6)
@@ -222,7 +225,7 @@ def plot_all(records: Sequence[dict[str, Any]], aggs: dict[str, Any], tasks: dic
             if r["task"] == task and r.get("curve"):
                 by[r["encoder_name"]].append(r["curve"])
         # one colour per encoder (tab20 + Dark2: 28), so no two legend entries look alike
-        palette = list(plt.get_cmap("tab20").colors) + list(plt.get_cmap("Dark2").colors)
+        palette = [plt.get_cmap("tab20")(i) for i in range(20)] + [plt.get_cmap("Dark2")(i) for i in range(8)]
         for i, (k, curves) in enumerate(sorted(by.items())):
             steps = sorted({c[0] for curve in curves for c in curve})
             mean = [

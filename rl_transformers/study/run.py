@@ -127,7 +127,8 @@ def plan(cfg: StudyConfig) -> tuple[list[launch.Job], dict]:
         "preset": preset,
     }
     jobs: list[launch.Job] = []
-    for part, algo in (("online", "ppo"), ("offline", "dt")):
+    parts: tuple[tuple[str, suite.Algo], ...] = (("online", "ppo"), ("offline", "dt"))
+    for part, algo in parts:
         if part not in cfg.parts:
             continue
         tasks = suite.tasks(algo, cfg.tasks) if cfg.tasks else suite.tasks(algo)

@@ -34,7 +34,7 @@ def _check_complete(result: Any) -> None:
 
 def read_series(progress: Path, key: str) -> list[tuple[float, float]]:
     """(step, value) of every finite ``key`` entry in a progress.jsonl."""
-    out = []
+    out: list[tuple[float, float]] = []
     for line in progress.read_text().splitlines():
         if not line.strip():
             continue
@@ -63,7 +63,7 @@ def _ppo(job: dict[str, Any], run: Path) -> dict[str, Any]:
         eval_episodes=job.get("eval_episodes", 16),
         threads=1,
         device="cpu",
-        run_root=str(run.parent),
+        run_root=run.parent,
         keep_checkpoints=1,
         progress=False,
     )
@@ -115,6 +115,8 @@ def _dt(job: dict[str, Any], run: Path) -> dict[str, Any]:
     _check_complete(result)
     curve = read_series(run / "progress.jsonl", "eval/normalized_score")
     returns = read_series(run / "progress.jsonl", "eval/return_mean")
+    if result.model is None:
+        raise RuntimeError("the DT trainer returned no model")
     record = make_record(job, curve, result.step, wall, sum(p.numel() for p in result.model.parameters()))
     record["score"] = curve[-1][1] if curve else None  # DT: normalized score of the final evaluation
     record["final_return"] = returns[-1][1] if returns else None

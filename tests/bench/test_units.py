@@ -151,21 +151,6 @@ def test_config_defaults_and_validation() -> None:
         BenchConfig(attention_options='["local"]')
 
 
-def test_git_sha_comes_from_the_package_checkout_not_the_cwd(tmp_path, monkeypatch) -> None:
-    import subprocess
-
-    from rl_transformers.bench.meta import PACKAGE_DIR, git_sha
-
-    expected = subprocess.run(
-        ["git", "-C", str(PACKAGE_DIR), "rev-parse", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    monkeypatch.chdir(tmp_path)  # not a git checkout
-    sha = git_sha()
-    if expected:
-        assert sha is not None and sha.removesuffix("-dirty") == expected
-    assert git_sha(tmp_path) is None
-
-
 def test_peers_computing_another_operator_are_labelled() -> None:
     from rl_transformers.bench.config import BenchConfig
     from rl_transformers.bench.ops import Impl
@@ -207,9 +192,10 @@ def test_gate_length_for_rows_too_long_or_too_big_to_check() -> None:
 
 def test_machine_record_spans_the_measurement_and_the_tables_show_both_loads(monkeypatch) -> None:
     from rl_transformers.bench import dt_timing, meta
+    from rl_transformers.utils import provenance
 
     loads = iter([(0.5, 0.4, 0.3), (2.5, 1.0, 0.5)])
-    monkeypatch.setattr(meta.os, "getloadavg", lambda: next(loads))
+    monkeypatch.setattr(provenance.os, "getloadavg", lambda: next(loads))
     start = meta.machine_info("cpu", 1)
     done = meta.finish_machine_info(start)
     assert done["loadavg_start"] == [0.5, 0.4, 0.3] and done["loadavg_end"] == [2.5, 1.0, 0.5]

@@ -2,7 +2,7 @@
 
 Resume continues bit-exactly, Ctrl-C saves and stops, a non-finite loss stops with the last good checkpoint
 kept, a checkpoint is written before each evaluation, the parameter count is printed and logged, and the final
-summary reports the values that were logged."""
+summary reports the values that were logged; each invocation leaves its provenance record."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import torch
 
 from rl_transformers.algos.lifecycle import count_parameters, summary_text
 from rl_transformers.utils import GracefulInterrupt, NonFiniteError, load_checkpoint
+from rl_transformers.utils.provenance import read_invocations
 from tests.lifecycle.conftest import Family, progress, replace
 
 
@@ -37,6 +38,9 @@ def test_resume_continues_bit_exactly(family: Family, tmp_path: Path) -> None:
     ws, wr = weights(family, straight.run_dir), weights(family, resumed.run_dir)
     assert ws.keys() == wr.keys() and all(torch.equal(ws[k], wr[k]) for k in ws)
     assert progress(resumed.run_dir) == progress(straight.run_dir)  # the curve continues, same values
+    invocations = read_invocations(resumed.run_dir)  # one provenance record per invocation
+    assert [r["start_step"] for r in invocations] == [0, 3 * family.unit]
+    assert all(r["torch_version"] == torch.__version__ and "git_sha" in r for r in invocations)
 
 
 def test_ctrl_c_saves_and_stops(family: Family, tmp_path: Path) -> None:
