@@ -11,7 +11,6 @@ reference) and ``encoders.md`` (method, budget, machine, per-task and aggregate 
 from __future__ import annotations
 
 import json
-import os
 import platform
 import statistics
 from collections import defaultdict
@@ -134,18 +133,16 @@ def aggregate_table(agg: dict[str, Any]) -> str:
 
 
 def machine() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    """CPU model, usable cores, Python and torch versions of this machine (the study's runs use 1 thread)."""
     import torch
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{cpu}, {cores} cores, Python {platform.python_version()}, torch {torch.__version__}, 1 thread per run"
+    from rl_transformers.utils.provenance import device_name
+    from rl_transformers.utils.training import available_cores
+
+    return (
+        f"{device_name(torch.device('cpu'))}, {available_cores()} cores, Python {platform.python_version()}, "
+        f"torch {torch.__version__}, 1 thread per run"
+    )
 
 
 # -- plots ----------------------------------------------------------------------------------------------------
