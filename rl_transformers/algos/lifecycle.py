@@ -61,7 +61,7 @@ from rl_transformers.utils import (
     to_jsonable,
 )
 from rl_transformers.utils.errors import UserError
-from rl_transformers.utils.provenance import record_invocation
+from rl_transformers.utils.provenance import SYSTEM_INFO_FILE, record_invocation
 from rl_transformers.utils.resume import saved_config
 
 __all__ = [
@@ -251,7 +251,10 @@ class Run:
         print(f"{self.algo}: {n:,} parameters; run directory {self.dir}", flush=True)
         if self.dir is not None:
             device = next(model.parameters(), torch.empty(0)).device
-            record_invocation(self.dir, device, step=self.start_step, world_size=self.dist.world_size)
+            try:
+                record_invocation(self.dir, device, step=self.start_step, world_size=self.dist.world_size)
+            except OSError as err:  # provenance never stops a run
+                print(f"warning: could not write {self.dir / SYSTEM_INFO_FILE}: {err}", file=sys.stderr)
         if not self.resumed and self.logger is not None:
             summary = {"n_parameters": n, "world_size": self.dist.world_size, **dict(facts or {})}
             text = json.dumps(to_jsonable(summary, strict=False), indent=2)

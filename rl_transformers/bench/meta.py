@@ -21,7 +21,7 @@ __all__ = ["PACKAGE_DIR", "device_name", "finish_machine_info", "git_sha", "load
 
 def load_text(meta: dict[str, Any]) -> str:
     """The 1-minute load average at the start of a measurement and, when recorded, at its end."""
-    text = f"load at start {meta.get('loadavg_start', ['?'])[0]}"
-    if "loadavg_end" in meta:
+    text = f"load at start {(meta.get('loadavg_start') or ['?'])[0]}"
+    if meta.get("loadavg_end"):
         text += f", at end {meta['loadavg_end'][0]} ({meta.get('timestamp')} to {meta.get('finished')})"
     return text

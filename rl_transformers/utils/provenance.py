@@ -47,21 +47,28 @@ SYSTEM_INFO_FILE = "system_info.json"
 
 
 def git_sha(directory: Path | str = PACKAGE_DIR) -> str | None:
-    """HEAD of the git checkout containing ``directory`` (+ ``-dirty``), or None outside a checkout."""
-    base = ["git", "-C", str(directory)]
+    """HEAD of the git checkout containing ``directory`` (+ ``-dirty``), or None outside a checkout.
+
+    ``git --no-optional-locks`` so a run starting never takes the index lock a user's ``git commit`` needs;
+    when the status check fails or times out the commit is still returned, marked ``-status-unknown``."""
+    base = ["git", "--no-optional-locks", "-C", str(directory)]
     try:
         sha = subprocess.run(
-            [*base, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
-        )
+            [*base, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    try:
         dirty = subprocess.run(
             [*base, "status", "--porcelain", "--untracked-files=no"],
             capture_output=True,
             text=True,
-            timeout=30,
-        )
+            timeout=10,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return None
-    return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+        return sha + "-status-unknown"
+    return sha + ("-dirty" if dirty else "")
 
 
 def device_name(device: torch.device) -> str:
@@ -78,6 +85,14 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or "cpu"
 
 
+def _load() -> list[float] | None:
+    """The 1, 5 and 15-minute load averages (None where the OS has none, e.g. Windows)."""
+    try:
+        return list(os.getloadavg())
+    except (AttributeError, OSError):
+        return None
+
+
 def machine_info(device: torch.device | str = "cpu", threads: int | None = None) -> dict[str, Any]:
     """Versions, device, threads, load and time of a run (plus the git commit of the package)."""
     device = torch.device(device)
@@ -92,7 +107,7 @@ def machine_info(device: torch.device | str = "cpu", threads: int | None = None)
         "git_sha": git_sha(),
         "threads": torch.get_num_threads() if threads is None else threads,
         "cores": available_cores(),
-        "loadavg_start": list(os.getloadavg()),
+        "loadavg_start": _load(),
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 
@@ -100,7 +115,7 @@ def machine_info(device: torch.device | str = "cpu", threads: int | None = None)
 def finish_machine_info(info: dict[str, Any]) -> dict[str, Any]:
     """``info`` from :func:`machine_info` taken before a measurement, plus the load and time after it."""
     return info | {
-        "loadavg_end": list(os.getloadavg()),
+        "loadavg_end": _load(),
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 

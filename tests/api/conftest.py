@@ -10,6 +10,8 @@ import pytest
 from rl_transformers import train_dt, train_ppo
 from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
 from rl_transformers.policies.gtrxl import PolicyConfig, gtrxl_backbone
+from rl_transformers.utils.atomic import atomic_write_json
+from rl_transformers.utils.checkpoint import atomic_save
 
 PPO_ENV = "rlt/CartPoleNoVel-v0"
 
@@ -71,3 +73,22 @@ def dt_run(runs_root: Path, dt_dataset: Path):
         progress=False,
     )
     return train_dt(cfg)
+
+
+def make_offline_run(
+    root: Path, algo: str, seed: int, returns: dict, *, refs=(0.0, 200.0), step=100, name=None, **config
+) -> Path:
+    """A DT / BC run directory as the trainer writes it: ``config.json`` (algo, dataset, seed, ``config``),
+    ``eval/step_<step>.json`` with ``returns`` ({target: [episode returns]}), a checkpoint holding the
+    dataset's reference scores ``refs`` (None: no checkpoint)."""
+    run = root / algo / "ds" / (name or f"r-s{seed}")
+    atomic_write_json(
+        run / "config.json", {"algo": algo, "dataset": "rlt/toy/medium-v0", "seed": seed, **config}
+    )
+    episodes = [{"target": t, "returns": list(r), "lengths": [10] * len(r)} for t, r in returns.items()]
+    atomic_write_json(run / "eval" / f"step_{step}.json", {"step": step, "episodes": episodes})
+    if refs is not None:
+        dataset = {"source": "toy", "env_id": None, "ref_min_score": refs[0], "ref_max_score": refs[1]}
+        (run / "checkpoints").mkdir(parents=True, exist_ok=True)
+        atomic_save({"dataset": dataset}, run / "checkpoints" / "last.pt")
+    return run

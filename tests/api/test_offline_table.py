@@ -15,24 +15,10 @@ import pytest
 from scipy import stats
 
 from rl_transformers.agents.offline_table import collect_runs, render_markdown, summarize, to_json
-from rl_transformers.utils.atomic import atomic_write_json
-from rl_transformers.utils.checkpoint import atomic_save
-from rl_transformers.utils.errors import UserError
 from rl_transformers.utils.provenance import record_invocation
+from tests.api.conftest import make_offline_run
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def make_run(root: Path, algo: str, seed: int, returns: dict, *, refs=(0.0, 200.0), step=100) -> Path:
-    """A run directory as the trainer writes it: config.json, eval/step_<n>.json, a checkpoint with refs."""
-    run = root / algo / "ds" / f"r-s{seed}"
-    atomic_write_json(run / "config.json", {"algo": algo, "dataset": "rlt/toy/medium-v0", "seed": seed})
-    episodes = [{"target": t, "returns": list(r), "lengths": [10] * len(r)} for t, r in returns.items()]
-    atomic_write_json(run / "eval" / f"step_{step}.json", {"step": step, "episodes": episodes})
-    dataset = {"source": "toy", "env_id": None, "ref_min_score": refs[0], "ref_max_score": refs[1]}
-    (run / "checkpoints").mkdir(parents=True)
-    atomic_save({"dataset": dataset}, run / "checkpoints" / "last.pt")
-    return run
 
 
 @pytest.fixture
@@ -44,9 +30,9 @@ def runs(tmp_path: Path) -> Path:
         2: {300.0: [160, 180], 200.0: [60, 60], 100.0: [80, 90]},
     }
     for seed, returns in dt.items():
-        make_run(tmp_path, "dt", seed, returns)
+        make_offline_run(tmp_path, "dt", seed, returns)
     for seed, value in enumerate([70.0, 90.0, 80.0]):
-        make_run(tmp_path, "bc", seed, {None: [value - 5, value + 5]})
+        make_offline_run(tmp_path, "bc", seed, {None: [value - 5, value + 5]})
     return tmp_path
 
 
@@ -67,10 +53,49 @@ def test_rows_match_numpy_and_scipy(runs: Path) -> None:
 def test_spearman_on_seed_means_and_per_seed(runs: Path) -> None:
     data = to_json(collect_runs([runs]))
     (rho,) = data["spearman"]
+    assert rho["variant"] == ""
     # seed means 173.3 / 96.7 / 62.3 follow the targets: 1.0; seed 2 ranks 100 above 200: 1 - 6*2/24 = 0.5
     assert rho["algo"] == "dt" and rho["mean"] == pytest.approx(1.0)
     assert rho["per_seed"] == pytest.approx({"0": 1.0, "1": 1.0, "2": 0.5})
-    assert [r["seed"] for r in data["runs"]] == [0, 1, 2, 0, 1, 2] and json.dumps(data)
+    assert [r["seed"] for r in data["runs"]] == [0, 1, 2, 0, 1, 2] and json.dumps(data, allow_nan=False)
+
+
+def test_undefined_spearman_is_said_not_printed_as_nan(tmp_path: Path) -> None:
+    for seed in (0, 1):
+        make_offline_run(tmp_path, "dt", seed, {3.0: [5.0], 2.0: [5.0], 1.0: [5.0]})  # flat: rho undefined
+    runs = collect_runs([tmp_path])
+    assert "**undefined** on the seed means; per seed undefined / undefined" in render_markdown(runs)
+    assert to_json(runs)["spearman"][0]["mean"] is None
+
+
+def test_variants_get_rows_of_their_own(tmp_path: Path) -> None:
+    for seed in (0, 1):
+        make_offline_run(tmp_path, "bc", seed, {None: [10.0 + seed]}, bc_top_fraction=1.0)
+        make_offline_run(
+            tmp_path,
+            "bc",
+            seed,
+            {None: [50.0 + seed]},
+            bc_top_fraction=0.1,
+            name=f"top-s{seed}",
+            threads=4,
+            run_root="elsewhere",
+        )  # fmt: skip  (not experiment settings)
+    rows = summarize(collect_runs([tmp_path]))
+    assert [(r.variant, r.per_seed) for r in rows] == [
+        ("bc_top_fraction=0.1", {0: 50.0, 1: 51.0}),
+        ("bc_top_fraction=1.0", {0: 10.0, 1: 11.0}),
+    ]
+    assert "| BC rlt/toy/medium-v0 (bc_top_fraction=0.1) | — | 50.0 | 51.0 |" in render_markdown(
+        collect_runs([tmp_path])
+    )
+
+
+def test_a_seed_without_checkpoint_takes_the_experiment_references(tmp_path: Path) -> None:
+    make_offline_run(tmp_path, "bc", 0, {None: [100.0]})
+    make_offline_run(tmp_path, "bc", 1, {None: [60.0]}, refs=None)
+    (row,) = summarize(collect_runs([tmp_path]))
+    assert row.normalized == pytest.approx(40.0)  # 80 on the (0, 200) scale of seed 0's checkpoint
 
 
 def test_markdown_names_every_seed_target_and_the_provenance(runs: Path, monkeypatch) -> None:
@@ -84,21 +109,6 @@ def test_markdown_names_every_seed_target_and_the_provenance(runs: Path, monkeyp
     assert "**1.00** on the seed means; per seed 1.00 / 1.00 / 0.50" in text
     assert "commit `0123456`" in text and "5 of 6 runs predate system_info.json" in text
     assert "100 episodes" not in text and "2 episodes per target" in text
-
-
-def test_user_errors_name_the_problem(runs: Path, tmp_path: Path) -> None:
-    with pytest.raises(UserError, match="no evaluation at step 7; it has steps \\[100\\]"):
-        collect_runs([runs], step=7)
-    with pytest.raises(UserError, match="no such run directory"):
-        collect_runs([tmp_path / "missing"])
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    with pytest.raises(UserError, match="no DT / BC run"):
-        collect_runs([empty])
-    twin = make_run(tmp_path / "again", "bc", 1, {None: [1.0]})  # under ``runs`` too (same tmp_path)
-    with pytest.raises(UserError, match="two bc runs of rlt/toy/medium-v0 with seed 1") as err:
-        collect_runs([runs])
-    assert str(twin) in str(err.value) and str(runs / "bc" / "ds" / "r-s1") in str(err.value)
 
 
 def test_script_writes_what_it_prints_and_fails_cleanly(runs: Path, tmp_path: Path) -> None:

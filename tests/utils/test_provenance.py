@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,8 +32,13 @@ def test_git_sha_comes_from_the_package_checkout_not_the_cwd(tmp_path: Path, mon
     assert git_sha(tmp_path) is None
 
 
+needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+
+
+@needs_git
 def test_git_sha_marks_uncommitted_changes(tmp_path: Path) -> None:
-    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false",
+           "-c", "core.hooksPath=/dev/null"]  # fmt: skip
     subprocess.run([*git, "init", "-q"], check=True)
     (tmp_path / "a.txt").write_text("1")
     subprocess.run([*git, "add", "a.txt"], check=True)
@@ -41,6 +47,18 @@ def test_git_sha_marks_uncommitted_changes(tmp_path: Path) -> None:
     assert git_sha(tmp_path) == head
     (tmp_path / "a.txt").write_text("2")
     assert git_sha(tmp_path) == head + "-dirty"
+    assert not (tmp_path / ".git" / "index.lock").exists()
+
+
+def test_a_failing_status_keeps_the_commit(monkeypatch) -> None:
+    def fake_run(cmd, **kwargs):
+        if "status" in cmd:
+            raise subprocess.TimeoutExpired(cmd, kwargs.get("timeout", 0))
+        assert "--no-optional-locks" in cmd  # never takes the index lock a user's commit needs
+        return subprocess.CompletedProcess(cmd, 0, stdout="abc\n", stderr="")
+
+    monkeypatch.setattr(provenance.subprocess, "run", fake_run)
+    assert git_sha() == "abc-status-unknown"
 
 
 def test_invocations_accumulate_with_command_step_and_machine(tmp_path: Path, monkeypatch) -> None:
