@@ -2,9 +2,10 @@
 
 :func:`collect` reads every ``result.json`` under ``<out>/<preset>``; :func:`write_report` writes
 ``encoders.json`` (one record per run: algo, task, encoder (the override string), seed, score, final_return,
-env_steps, steps_per_s, parameters, plus encoder_name, wall_s, preset and the evaluation curve),
+env_steps, steps_per_s, parameters, plus encoder_name, wall_s, preset, the evaluation curve and, for runs
+since the field was added, git_sha: the commit the run ran at),
 ``encoders_aggregate.json`` (per suite and encoder: IQM, CI low / high, probability of improvement over the
-reference) and ``encoders.md`` (method, budget, machine, per-task and aggregate tables, plots under
+reference) and ``encoders.md`` (method, budget, machine, code, per-task and aggregate tables, plots under
 ``plots/``: performance profile, IQM with CIs, learning curves per task, score vs steps/s).
 """
 
@@ -130,6 +131,25 @@ def aggregate_table(agg: dict[str, Any]) -> str:
     for name, why in sorted(agg["incomplete"].items()):
         lines.append(f"| {name} | – | – | – | – | incomplete: {why} |")
     return "\n".join(lines) + "\n"
+
+
+def code_text(records: Sequence[dict[str, Any]]) -> str:
+    """Which code ran the records: their commits (``git_sha``, recorded by the worker at the start of each
+    run, ``-dirty`` when the checkout had uncommitted changes) and how many records predate that field."""
+    shas = [r.get("git_sha") for r in records]
+    counts: dict[str, int] = defaultdict(int)
+    for sha in shas:
+        if sha:
+            counts[sha] += 1
+    missing = sum(1 for sha in shas if not sha)
+    if not counts:
+        return f"Code: none of the {len(records)} records carries its commit (the field came later)."
+    listed = ", ".join(f"`{sha[:7]}{'-dirty' if sha.endswith('-dirty') else ''}` ({n})"
+                       for sha, n in sorted(counts.items(), key=lambda kv: -kv[1]))  # fmt: skip
+    return (
+        f"Code: records carry the git commit they ran at (`git_sha`): {listed}; {missing} older records "
+        "predate the field (the notes below list the code changes that made runs be discarded and re-run)."
+    )
 
 
 def machine() -> str:
@@ -286,7 +306,16 @@ def markdown(
                   + ".", ""]  # fmt: skip
     lines += ["Rebuild these files from the run directories (resumes the study first unless `--report-only`):", "",
               "```bash", ctx["command"], "```", ""]  # fmt: skip
-    lines += ["## Method", "", ctx.get("method", ""), "", f"Machine: {machine()}.", ""]
+    lines += [
+        "## Method",
+        "",
+        ctx.get("method", ""),
+        "",
+        f"Machine: {machine()}.",
+        "",
+        code_text(records),
+        "",
+    ]
     lines += ["## Suite and budget", "", "| task | algo | tag | budget | score |", "|---|---|---|---|---|"]
     for algo in ("ppo", "dt"):
         for t in tasks_of(ctx, algo):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_transformers.utils.atomic import atomic_write_json
+from rl_transformers.utils.provenance import git_sha
 
 EXIT_INTERRUPTED = 3
 """Exit code of a run that the trainer stopped before its budget (no result.json written)."""
@@ -159,11 +160,13 @@ def main(argv: list[str]) -> int:
     import shutil
 
     shutil.rmtree(run, ignore_errors=True)  # a previous failed attempt
+    sha = git_sha()  # the code this run is about to run (``-dirty``: with uncommitted changes)
     try:
         record = _dt(job, run) if job["algo"] == "dt" else _ppo(job, run)
     except Interrupted as err:
         print(f"no result: {err}; the study runs this job again", file=sys.stderr)
         return EXIT_INTERRUPTED
+    record["git_sha"] = sha
     atomic_write_json(job_path.parent / "result.json", record, indent=1)
     return 0
 

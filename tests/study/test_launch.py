@@ -14,6 +14,7 @@ import pytest
 
 from rl_transformers.study import launch, suite
 from rl_transformers.study.encoders import Encoder
+from rl_transformers.utils.provenance import git_sha
 
 TINY = {"budget": 256, "eval_every": 128, "num_envs": 4, "eval_episodes": 2,
         "ppo": {"num_steps": 32, "seq_len": 16, "num_minibatches": 2, "update_epochs": 1}}  # fmt: skip
@@ -51,6 +52,7 @@ def test_resume_skips_finished_and_retries_failed(tmp_path: Path) -> None:
         rec["env_steps"] == 256 and len(rec["curve"]) == 2 and rec["score"] == max(v for _, v in rec["curve"])
     )
     assert rec["final_return"] == rec["curve"][-1][1] and rec["parameters"] > 0 and rec["steps_per_s"] > 0
+    assert rec["git_sha"] == git_sha()  # the code that ran it (the worker shares this checkout)
     failed = json.loads((planned[2].dir / "failed.json").read_text())
     assert failed["attempts"] == 1 and "corridor_length" in failed["stderr_tail"]
     mtimes = [(j.dir / "result.json").stat().st_mtime_ns for j in planned[:2]]

@@ -81,6 +81,15 @@ def test_documents_have_the_documented_fields(tmp_path: Path) -> None:
         assert f"plots/{name}" in md
 
 
+def test_code_line_counts_the_commits_and_the_records_without_one() -> None:
+    recs = [{"git_sha": "a" * 40}, {"git_sha": "a" * 40}, {"git_sha": "b" * 40 + "-dirty"}, {}]
+    text = report.code_text(recs)
+    assert "`aaaaaaa` (2), `bbbbbbb-dirty` (1); 1 older records predate the field" in text
+    assert report.code_text([{}, {"git_sha": None}]) == (
+        "Code: none of the 2 records carries its commit (the field came later)."
+    )
+
+
 def test_partial_results_are_labelled(tmp_path: Path) -> None:
     recs = [r for r in records() if not (r["encoder_name"] == "gtrxl" and r["task"] == "t2")]
     report.write_report(recs, tmp_path, context())
