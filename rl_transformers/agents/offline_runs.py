@@ -189,7 +189,7 @@ def _label(runs: list[OfflineRun]) -> list[OfflineRun]:
 def collect_runs(paths: Iterable[str | Path], step: int | None = None) -> list[OfflineRun]:
     """Every DT / BC run directory at or under ``paths`` (symlinked folders followed), sorted by (algorithm,
     dataset, variant, seed), with ``variant`` set. A run directory named directly must be a DT / BC run with
-    an evaluation. Errors name the problem: two runs of one experiment and seed, seeds of one experiment
+    an evaluation; one found below a folder with no evaluation yet is left out with a warning. Errors name the problem: two runs of one experiment and seed, seeds of one experiment
     evaluated at different steps, different reference scores for one dataset."""
     roots = [Path(p) for p in paths]
     chosen: dict[Path, Path] = {}
@@ -200,7 +200,12 @@ def collect_runs(paths: Iterable[str | Path], step: int | None = None) -> list[O
         for run_dir in _run_dirs(p):
             config = _config(run_dir)
             if config.get("algo") in OFFLINE_ALGOS and (run_dir / "eval").is_dir():
-                chosen.setdefault(run_dir.resolve(), run_dir)
+                if direct or any(_STEP_FILE.match(f.name) for f in (run_dir / "eval").iterdir()):
+                    chosen.setdefault(run_dir.resolve(), run_dir)
+                else:
+                    warnings.warn(
+                        f"{run_dir}: no evaluation yet (a run in progress?); left out", stacklevel=2
+                    )
             elif direct:
                 why = (
                     "has no eval/ directory"

@@ -107,3 +107,13 @@ def test_unreadable_provenance_is_reported_not_fatal(tmp_path: Path) -> None:
         warnings.simplefilter("always")
         assert read_run(run).invocations == []
     assert any(SYSTEM_INFO_FILE in str(w.message) for w in caught)
+
+
+def test_a_run_in_progress_is_left_out_with_a_warning(tmp_path: Path) -> None:
+    make_offline_run(tmp_path, "dt", 0, {1.0: [1.0]})
+    busy = make_offline_run(tmp_path, "dt", 1, {1.0: [1.0]})
+    (busy / "eval" / "step_100.json").unlink()  # the trainer made eval/ but has not evaluated yet
+    with pytest.warns(UserWarning, match="no evaluation yet"):
+        assert [r.seed for r in collect_runs([tmp_path])] == [0]
+    with pytest.raises(UserError, match=r"no eval/step_<n>\.json"):
+        collect_runs([busy])  # named directly: an error
