@@ -5,8 +5,8 @@
 env_steps, steps_per_s, parameters, plus encoder_name, wall_s, preset, the evaluation curve and, for runs
 since the field was added, git_sha: the commit the run ran at),
 ``encoders_aggregate.json`` (per suite and encoder: IQM, CI low / high, probability of improvement over the
-reference) and ``encoders.md`` (method, budget, machine, code, per-task and aggregate tables, plots under
-``plots/``: performance profile, IQM with CIs, learning curves per task, score vs steps/s).
+reference) and ``encoders.md`` (a generated summary - see ``summary`` -, method, budget, machine, code,
+per-task and aggregate tables, plots under ``plots/``: performance profile, IQM with CIs, learning curves per task, score vs steps/s).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from rl_transformers.study.aggregate import REPS, aggregate, performance_profiles, score_matrices
+from rl_transformers.study.summary import aggregate_summary, task_leaders
 from rl_transformers.utils.atomic import atomic_write_text
 
 RECORD_FIELDS = ("algo", "task", "encoder", "seed", "score", "final_return", "env_steps", "steps_per_s",
@@ -306,6 +307,7 @@ def markdown(
                   + ".", ""]  # fmt: skip
     lines += ["Rebuild these files from the run directories (resumes the study first unless `--report-only`):", "",
               "```bash", ctx["command"], "```", ""]  # fmt: skip
+    lines += summary_section(records, aggs, ctx)
     lines += [
         "## Method",
         "",
@@ -354,6 +356,22 @@ def markdown(
     if ctx.get("notes"):
         lines += ["## Notes and limits", "", ctx["notes"], ""]
     return "\n".join(lines)
+
+
+def summary_section(
+    records: Sequence[dict[str, Any]], aggs: dict[str, Any], ctx: dict[str, Any]
+) -> list[str]:
+    """The "## Summary" lines: per suite, what its aggregate and per-task tables show (see ``summary``)."""
+    lines = ["## Summary", ""]
+    for algo, suite in (("ppo", "online"), ("dt", "offline")):
+        if suite not in aggs:
+            continue
+        covered = aggregate_tasks(records, ctx).get(algo, [])
+        lines += [
+            f"- **{suite.capitalize()} ({algo.upper()})**, over {len(covered)} of {len(tasks_of(ctx, algo))} "
+            f"tasks: {aggregate_summary(aggs[suite])} {task_leaders(records, algo, covered)}".rstrip()
+        ]
+    return [*lines, ""] if len(lines) > 2 else []
 
 
 def tasks_of(ctx: dict[str, Any], algo: str) -> list[str]:
