@@ -12,7 +12,7 @@ import json
 import shlex
 import statistics
 import sys
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -154,27 +154,41 @@ def plan(cfg: StudyConfig) -> tuple[list[launch.Job], dict]:
 def estimate(jobs: list[launch.Job], out: Path) -> tuple[float, int]:
     """Estimated seconds of one worker for ``jobs`` from measured rates of finished runs, and how many had none.
 
-    Rate per job: the median steps/s (updates/s for DT) of finished runs of the same (task, encoder) in any
-    preset, else of the encoder on any task, else of every finished run; +10 s process start-up per job.
+    Rate per job (steps/s online, updates/s for DT), from the finished runs of any preset: the median of the same
+    (task, encoder); else the encoder's median over its runs of the same algorithm times the task's speed factor
+    (the median, over the task's finished runs, of their rate / their encoder's median: how much the task's
+    environment slows every encoder; 1 while the task has none); else the median of every finished run of the
+    algorithm. Plus 10 s of process start-up per job.
     """
     finished = [json.loads(p.read_text()) for p in Path(out).rglob("result.json")]
-
-    def rate(r: dict) -> float | None:
-        return r.get("steps_per_s") or r.get("updates_per_s")
+    runs = [(r["algo"], r["task"], r["encoder_name"], x) for r in finished
+            if (x := r.get("steps_per_s") or r.get("updates_per_s"))]  # fmt: skip
+    by_pair: dict[tuple[str, str], list[float]] = defaultdict(list)
+    by_encoder: dict[tuple[str, str], list[float]] = defaultdict(list)
+    by_algo: dict[str, list[float]] = defaultdict(list)
+    for algo, task, name, x in runs:
+        by_pair[(task, name)].append(x)
+        by_encoder[(algo, name)].append(x)
+        by_algo[algo].append(x)
+    encoder_rate = {k: statistics.median(v) for k, v in by_encoder.items()}
+    ratios: dict[str, list[float]] = defaultdict(list)
+    for algo, task, name, x in runs:
+        ratios[task].append(x / encoder_rate[(algo, name)])
+    task_factor = {t: statistics.median(v) for t, v in ratios.items()}
 
     total, unknown = 0.0, 0
     for job in jobs:
-        s = job.spec
-        pools = (
-            [rate(r) for r in finished if r["task"] == s["task"] and r["encoder_name"] == s["encoder_name"]],
-            [rate(r) for r in finished if r["algo"] == s["algo"] and r["encoder_name"] == s["encoder_name"]],
-            [rate(r) for r in finished if r["algo"] == s["algo"]],
-        )
-        rates = next(([x for x in p if x] for p in pools if any(p)), [])
-        if not rates:
+        algo, task, name = job.spec["algo"], job.spec["task"], job.spec["encoder_name"]
+        if by_pair.get((task, name)):
+            rate = statistics.median(by_pair[(task, name)])
+        elif (algo, name) in encoder_rate:
+            rate = encoder_rate[(algo, name)] * task_factor.get(task, 1.0)
+        elif by_algo.get(algo):
+            rate = statistics.median(by_algo[algo])
+        else:
             unknown += 1
-            rates = [1000.0 if s["algo"] == "ppo" else 20.0]
-        total += s["budget"] / statistics.median(rates) + 10.0
+            rate = 1000.0 if algo == "ppo" else 20.0
+        total += job.spec["budget"] / rate + 10.0
     return total, unknown
 
 
@@ -203,9 +217,10 @@ def run_study(cfg: StudyConfig, log=print) -> dict:
         f"({n_failed} failed before, {n_short} stopped before their budget)")  # fmt: skip
     if cfg.dry_run:
         seconds, unknown = estimate(todo, out)
+        workers = f"{cfg.workers} worker" + ("s" if cfg.workers != 1 else "")
+        unmeasured = f" ({unknown} runs without a measured rate: assumed 1,000 steps/s, 20 updates/s)"
         log(f"estimated {seconds / 3600:.2f} h on 1 worker, {seconds / 3600 / max(1, cfg.workers):.2f} h on "
-            f"{cfg.workers} workers" + (f" ({unknown} runs without a measured rate: assumed 1,000 steps/s, "
-                                          "20 updates/s)" if unknown else ""))  # fmt: skip
+            f"{workers}" + (unmeasured if unknown else ""))  # fmt: skip
         return {"jobs": len(jobs), "todo": len(todo), "seconds": seconds}
     if todo and not cfg.report_only:
         if cfg.launcher == "ray":

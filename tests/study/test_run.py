@@ -65,3 +65,34 @@ def test_subset_report_keeps_every_committed_task(tmp_path: Path, captured: dict
     captured.clear()  # --no-restore: the committed file is not read
     run.run_study(run.replace(cfg, out=tmp_path / "fresh", restore=False), log=lambda _msg: None)
     assert captured["records"] == []
+
+
+def test_estimate_scales_an_encoder_rate_by_the_task_speed_factor(tmp_path: Path) -> None:
+    from rl_transformers.study import launch
+
+    finished = [("ppo", "A", "x", 1000.0), ("ppo", "A", "y", 2000.0), ("ppo", "B", "x", 500.0)]
+    for i, (algo, task, name, rate) in enumerate(finished):
+        d = tmp_path / "runs" / str(i)
+        d.mkdir(parents=True)
+        (d / "result.json").write_text(json.dumps({"algo": algo, "task": task, "encoder_name": name,
+                                                   "steps_per_s": rate}))  # fmt: skip
+
+    def job(algo: str, task: str, name: str, budget: int) -> launch.Job:
+        return launch.Job(
+            {"algo": algo, "task": task, "encoder_name": name, "budget": budget}, tmp_path / "j"
+        )
+
+    # x's median rate: 750; task factors (median of rate / encoder median): A 7/6, B 2/3
+    cases = [
+        (job("ppo", "A", "x", 1000), 1000 / 1000),  # measured pair
+        (job("ppo", "B", "y", 1000), 1000 / (2000 * 2 / 3)),  # y's rate x B's factor
+        (job("ppo", "C", "y", 1000), 1000 / 2000),  # a task without runs: factor 1
+        (job("ppo", "A", "z", 1000), 1000 / 1000),  # an encoder without runs: every ppo run's median
+        (job("dt", "D", "full", 100), 100 / 20),  # nothing measured: the assumed 20 updates/s
+    ]
+    for j, expected in cases:
+        seconds, unknown = run.estimate([j], tmp_path / "runs")
+        assert seconds == pytest.approx(expected + 10.0), j.spec
+        assert unknown == (1 if j.spec["algo"] == "dt" else 0)
+    total, unknown = run.estimate([j for j, _ in cases], tmp_path / "runs")
+    assert total == pytest.approx(sum(e + 10.0 for _, e in cases)) and unknown == 1
