@@ -74,12 +74,27 @@ def split_page(page: Path) -> tuple[list[Block], list[tuple[int, str]]]:
 
 # -- links ----------------------------------------------------------------------------------------------------
 def github_slug(heading: str) -> str:
-    """GitHub's anchor of a heading: lower case, markup and punctuation dropped, spaces -> hyphens."""
-    text = re.sub(r"`([^`]*)`", r"\1", heading.strip())
-    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)  # links keep their text
-    text = re.sub(r"[*_~]", "", text).lower()
+    """GitHub's anchor of a heading's rendered text: lower case, punctuation dropped (underscores kept), spaces ->
+    hyphens. Markup goes first: link syntax keeps its text, emphasis marks (``*``, ``~``, ``_`` at a word's edge)
+    vanish, code spans keep every character (``ppo_trxl`` and `` `_banded` `` keep their underscores)."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip())  # links keep their text
+    parts = re.split(r"(`[^`]*`)", text)
+    text = "".join(
+        part[1:-1] if part.startswith("`") else re.sub(r"[*~]|(?<!\w)_+|_+(?!\w)", "", part) for part in parts
+    ).lower()
     text = re.sub(r"[^\w\- ]", "", text)
     return text.replace(" ", "-")
+
+
+def test_github_slug_keeps_underscores_of_words_and_code() -> None:
+    assert github_slug("PPO vs cleanrl's ppo_trxl at an equal parameter count") == (
+        "ppo-vs-cleanrls-ppo_trxl-at-an-equal-parameter-count"
+    )
+    assert github_slug("**Bold** _emphasis_ and `_banded` [link](x.md)") == "bold-emphasis-and-_banded-link"
+    assert (
+        github_slug("Attention kernels vs PyTorch SDPA (L = 16K)")
+        == "attention-kernels-vs-pytorch-sdpa-l--16k"
+    )
 
 
 @functools.cache

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from rl_transformers.backbone import Backbone, available
+from rl_transformers.backbone import Backbone, available, registry
 from rl_transformers.backbone.config import BackboneConfig
 from rl_transformers.backbone.reference import reference_attention
 from tests.backbone import invariants as inv
@@ -194,3 +194,12 @@ def test_memory_stays_bounded() -> None:
     with torch.no_grad():
         _, state = inv.run_chunks(bb, x, [3] * 13 + [1])
     assert state.memory.h.shape == (2, bb.cfg.n_layers, 5, D_MODEL)
+
+
+@pytest.mark.parametrize("name", available()["memory"])
+def test_every_memory_declares_itself_causal_only(name: str) -> None:
+    """A memory holds the past: its capabilities say so, and the capability check refuses causal=False first."""
+    entry = registry.get("memory", name)
+    assert entry.capabilities.causal and not entry.capabilities.noncausal
+    with pytest.raises(ValueError, match=f"memory {name!r} is causal-only"):
+        entry.validate(types.SimpleNamespace(causal=False), None)

@@ -49,7 +49,10 @@ def append_window(old: Tensor, new: Tensor, dim: int, keep: int) -> Tensor:
 
 
 @register(
-    "memory", "xl", options=XLOptions, capabilities=Capabilities(causal=True, exact=True, streaming="window")
+    "memory",
+    "xl",
+    options=XLOptions,
+    capabilities=Capabilities(causal=True, exact=True, streaming="window", noncausal=False),
 )
 class XLMemory(Memory):
     def init_state(self, batch: int, device: torch.device | None, dtype: torch.dtype) -> XLMemoryState:
