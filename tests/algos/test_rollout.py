@@ -134,8 +134,12 @@ def test_sequences_starts_and_memory_windows(setup) -> None:
                 assert int(stored.pos[e]) == s  # backbone position counter = steps since reset
         # truncation bootstraps are exactly where truncated (and only there)
         assert torch.equal(storage.final_values != 0, storage.truncated & ~storage.terminated)
-        lengths = [n for _, n in episodes]
-        assert all(n == episode_length(0, 0) or n >= 2 for n in lengths)
+        # the finished episodes reported: one per episode end in this rollout, with its scripted length
+        ended = []
+        for e in range(N_ENVS):
+            nxt = expected_stream(e, 2 * N_STEPS + 1)[rollout * N_STEPS + 1 : (rollout + 1) * N_STEPS + 1]
+            ended += [episode_length(e, k - 1) for s, k in nxt if s == 0]
+        assert sorted(n for _, n in episodes) == sorted(ended) and ended
 
 
 def test_final_values_and_gae_replayed_step_by_step(setup) -> None:

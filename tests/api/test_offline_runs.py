@@ -96,7 +96,7 @@ def test_bad_references_and_checkpoints(tmp_path: Path) -> None:
         read_run(make_offline_run(tmp_path / "a", "bc", 0, {None: [1.0]}, refs=(5.0, 5.0)))
     run = make_offline_run(tmp_path / "b", "bc", 0, {None: [1.0]})
     (run / "checkpoints" / "last.pt").write_bytes(b"PK\x03\x04 not a torch archive")
-    with pytest.warns(UserWarning):
+    with pytest.warns(UserWarning, match="last.pt"):
         assert read_run(run).refs is None  # skipped with a warning, the table goes on
 
 

@@ -181,8 +181,8 @@ def test_memory_is_stop_gradient_training_window_is_separate() -> None:
     state = bb(past).state
     y = bb(now, state=state).y
     assert y.sum().grad_fn is not None
-    with pytest.raises(RuntimeError):  # no graph from y back to the previous chunk
-        torch.autograd.grad(y.sum(), past)
+    # no graph from y back to the previous chunk: past is unused by y's graph
+    assert torch.autograd.grad(y.sum(), past, allow_unused=True) == (None,)
     with torch.no_grad():
         moved = bb(now, state=bb(torch.randn_like(past)).state).y
     assert (moved - y).abs().max() > 1e-4  # ... yet the memory is read

@@ -331,7 +331,7 @@ def test_memory_is_far_below_length_squared(causal: bool) -> None:
 def test_dense_pattern_mask_is_built_once_per_forward_and_rebuilt_for_new_keys() -> None:
     from types import SimpleNamespace
 
-    from rl_transformers.backbone.attention._dense import dense_pattern, pattern_mask
+    from rl_transformers.backbone.attention._dense import dense_pattern
 
     att = SimpleNamespace(causal=True, training=False, attn_dropout=torch.nn.Dropout(0.0))
     att.position = SimpleNamespace(modifies_scores=False, scale=None)
@@ -354,7 +354,13 @@ def test_dense_pattern_mask_is_built_once_per_forward_and_rebuilt_for_new_keys()
     assert len(calls) == 2  # new k_valid tensor: rebuilt, never the stale mask
     out = dense_pattern(att, q, k, v, q_pos, k_pos, other, allow, ctx, ("p",))
     assert len(calls) == 2
-    ref = pattern_mask(q_pos, k_pos, other, allow, True)  # independent reference: explicit masked softmax
+    ref = torch.zeros(
+        2, 1, 4, 6, dtype=torch.bool
+    )  # independent reference: the mask by loops, masked softmax
+    for b in range(2):
+        for i, qp in enumerate(q_pos[b].tolist()):
+            for j, kp in enumerate(k_pos[b].tolist()):
+                ref[b, 0, i, j] = bool(other[b, j]) and kp <= qp and (qp - kp) % 3 == 0
     logits = (q @ k.transpose(-1, -2)) / 8**0.5
     expected = torch.softmax(logits.masked_fill(~ref, float("-inf")), -1) @ v
     assert torch.allclose(out, expected, atol=1e-5)

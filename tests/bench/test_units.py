@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 from rl_transformers.bench.config import BenchConfig, Shape
@@ -75,7 +77,15 @@ def test_cuda_clock_synchronises_around_events() -> None:
     seconds = clock.time(lambda: log.append("call"), 3)
     assert log == ["sync", "record", "call", "call", "call", "record", "sync"]
     assert seconds == pytest.approx(1.0)  # 4 log entries apart * 250 ms
-    assert CpuClock().time(lambda: None, 5) >= 0.0
+
+
+def test_cpu_clock_times_the_n_calls_between_two_readings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rl_transformers.bench import timing
+
+    ticks = iter([10.0, 12.5])  # perf_counter before and after the calls
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    calls: list[int] = []
+    assert CpuClock().time(lambda: calls.append(1), 5) == 2.5 and len(calls) == 5
 
 
 def test_flop_formula() -> None:

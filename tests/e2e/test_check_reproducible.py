@@ -55,9 +55,7 @@ def test_a_commit_reproduces_itself_and_bad_input_is_a_clear_error() -> None:
         and "Traceback" not in bad.stderr
     )
     flagged = _check("--commit", "HEAD", "--command", cmd, "--now-flags=--ppo.learning-rate 1e-3")
-    if not dirty:  # a changed hyper-parameter on one side only: a difference, named
-        assert flagged.returncode == 1 and "differs: row 0 (step 512): train/" in flagged.stdout, (
-            flagged.stderr
-        )
+    # a changed hyper-parameter on one side only: a difference, named (uncommitted changes can only add some)
+    assert flagged.returncode == 1 and "differs: row 0 (step 512): train/" in flagged.stdout, flagged.stderr
     bad = _check("--commit", "HEAD", "--command", "python -c 1")
     assert bad.returncode == 2 and "must run a script under scripts/" in bad.stderr

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import gymnasium as gym
@@ -34,28 +35,46 @@ def test_every_core_id_is_listed() -> None:
 
 @pytest.mark.parametrize("env_id", IDS)
 def test_sb3_make_vec_env_and_gymnasium_make_vec(env_id: str) -> None:
-    _make(env_id).close()  # skips ids whose optional extra is missing
+    probe = _make(env_id)  # skips ids whose optional extra is missing
+    single = probe.observation_space
+    probe.close()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # gymnasium warns when SB3 asks an env without images for rgb_array
         vec = make_vec_env(env_id, n_envs=2, seed=0)
-    obs = vec.reset()
-    assert obs.shape[0] == 2 if not isinstance(obs, dict) else True
-    vec.step(np.stack([vec.action_space.sample() for _ in range(2)]))
+
+    def check_batch(obs: object, space: gym.Space) -> None:  # 2 envs stacked, every key of a Dict space
+        if isinstance(space, gym.spaces.Dict):
+            assert isinstance(obs, dict) and set(obs) == set(space.spaces)
+            for key, sub in space.spaces.items():
+                check_batch(obs[key], sub)
+        else:
+            assert np.asarray(obs).shape[0] == 2 and np.asarray(obs).shape[1:] == space.shape
+
+    check_batch(vec.reset(), single)
+    obs, rewards, dones, infos = vec.step(np.stack([vec.action_space.sample() for _ in range(2)]))
+    check_batch(obs, single)
+    assert rewards.shape == (2,) and dones.shape == (2,) and len(infos) == 2
     vec.close()
     gvec = gym.make_vec(env_id, num_envs=2, vectorization_mode="sync")
-    gvec.reset(seed=0)
-    gvec.step(gvec.action_space.sample())
+    check_batch(gvec.reset(seed=0)[0], single)
+    obs, rewards, terminated, truncated, _ = gvec.step(gvec.action_space.sample())
+    check_batch(obs, single)
+    assert rewards.shape == terminated.shape == truncated.shape == (2,)
     gvec.close()
 
 
 @pytest.mark.parametrize("env_id", IDS)
 def test_env_checkers(env_id: str) -> None:
     env = _make(env_id)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # checker advice (unbounded Box, asymmetric actions) is not an error
+    with warnings.catch_warnings(record=True) as caught:
+        # checker advice (unbounded Box, asymmetric actions) is not an error ...
+        warnings.simplefilter("always")
         gymnasium_check_env(env, skip_render_check=True)
         sb3_check_env(env, warn=True)
     env.close()
+    # ... but an observation outside its space, or of the wrong dtype, is
+    wrong = [str(w.message) for w in caught if re.search(r"not within|dtype|expected type", str(w.message))]
+    assert not wrong, wrong
 
 
 def test_tmaze_renders_rgb_frames_showing_the_agent() -> None:

@@ -87,7 +87,8 @@ def test_multi_repeat_previous_heads_score_independently() -> None:
     "kwargs", [{"delay": 32}, {"delay": -1}, {"n_symbols": 1}, {"episode_length": 0}, {"delay": 1.5}]
 )
 def test_repeat_previous_invalid_arguments(kwargs: dict) -> None:
-    with pytest.raises(ValueError):
+    ((name, value),) = kwargs.items()
+    with pytest.raises(ValueError, match=rf"^{name} .*{value}"):  # names the argument and the value given
         RepeatPreviousEnv(**kwargs)
 
 

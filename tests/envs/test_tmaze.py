@@ -158,7 +158,10 @@ def test_seeded_goal_and_options() -> None:
     "kwargs", [{"corridor_length": 0}, {"corridor_length": 2.5}, {"penalty": 0.1}, {"goal_reward": 0.0}]
 )
 def test_invalid_arguments(kwargs: dict) -> None:
-    with pytest.raises(ValueError):
+    ((name, value),) = kwargs.items()
+    with pytest.raises(
+        ValueError, match=rf"^{name} .*got {value}$"
+    ):  # names the argument and the value given
         TMazeEnv(**kwargs)
     with pytest.raises(ValueError, match="action"):
         env = TMazeEnv()

@@ -284,10 +284,7 @@ def backbone_cases():
 @pytest.mark.parametrize("overrides", backbone_cases())
 def test_dt_runs_on_backbone(overrides: dict) -> None:
     """Training forward/backward is finite and act() (stream or recompute) equals the batched forward."""
-    try:
-        cfg = tiny(dropout=0.0, **overrides)
-    except ValueError as err:
-        pytest.skip(f"{overrides} not constructible: {err}")
+    cfg = tiny(dropout=0.0, **overrides)  # every case is a valid DT backbone: a refusal is a failure
     model = make_model(DISCRETE_ACT, k=4, backbone=cfg)
     g = torch.Generator().manual_seed(0)
     mask = torch.tensor([[True] * 4, [True, True, False, False]])

@@ -36,7 +36,7 @@ def test_positional_rule_picks_the_first_accepted_scheme(ppo_rows) -> None:
         assert fields["attention"] == e.name and fields["memory"] is None
         chosen = enc.POSITION_PREFERENCE.index(fields["position"])
         for earlier in enc.POSITION_PREFERENCE[:chosen]:  # every earlier scheme is refused
-            with pytest.raises(ValueError):
+            with pytest.raises(ValueError, match=f"attention {e.name!r} cannot use position {earlier!r}"):
                 enc.policy_config(f"attention={e.name};position={earlier};memory=None")
 
 
