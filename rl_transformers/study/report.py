@@ -153,6 +153,18 @@ def code_text(records: Sequence[dict[str, Any]]) -> str:
     )
 
 
+def cost_text(records: Sequence[dict[str, Any]]) -> str:
+    """What the finished runs cost: the sum of their wall-clock times, per suite and in all (core-hours: each
+    run has one core)."""
+    hours = {
+        a: sum(float(r.get("wall_s") or 0.0) for r in records if r["algo"] == a) / 3600 for a in ("ppo", "dt")
+    }
+    n = {a: sum(1 for r in records if r["algo"] == a) for a in ("ppo", "dt")}
+    return (f"Cost: the {len(records)} finished runs took {sum(hours.values()):.1f} core-hours (the sum of their "
+            f"wall-clock times; online {n['ppo']} runs, {hours['ppo']:.1f} h; offline {n['dt']} runs, "
+            f"{hours['dt']:.1f} h). `--dry-run` estimates what is left from the measured rates.")  # fmt: skip
+
+
 def machine() -> str:
     """CPU model, usable cores, Python and torch versions of this machine (the study's runs use 1 thread)."""
     import torch
@@ -316,6 +328,8 @@ def markdown(
         f"Machine: {machine()}.",
         "",
         code_text(records),
+        "",
+        cost_text(records),
         "",
     ]
     lines += ["## Suite and budget", "", "| task | algo | tag | budget | score |", "|---|---|---|---|---|"]

@@ -55,9 +55,9 @@ NOTES = """\
   needed), MultiarmedBanditEasy (GRU stays around 0) and VelocityOnlyCartPoleEasy (GRU solves it by 16k steps);
   none separates encoders better, so the suite was kept. Scores are means over 16 greedy evaluation episodes,
   so they move in steps of at least 1/16.
-- Cost: at the measured rates the full grid (576 runs) is about 15 hours of 2 cores (`--dry-run` prints the
-  estimate of what is left), nearly twice the 8 hours aimed for; the budgets at which GRU learns were kept over the
-  time target, and the study runs in parts.
+- Cost: the full grid (576 runs) needs about 13 hours of 2 cores at the measured rates (the "Cost" line above
+  counts what is done; `--dry-run` estimates the rest), well over the 8 hours aimed for; the budgets at which GRU
+  learns were kept over the time target, and the study runs in parts.
 - Steps/s are measured on a machine shared with other jobs (up to 2 concurrent runs plus other work, e.g.
   test suites), so they are comparable within this study only roughly; the idle-machine per-attention speed is
   in benchmarks/results/ppo_throughput/results.md.

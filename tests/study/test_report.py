@@ -90,6 +90,15 @@ def test_code_line_counts_the_commits_and_the_records_without_one() -> None:
     )
 
 
+def test_cost_line_sums_the_wall_clock_per_suite() -> None:
+    recs = [{"algo": "ppo", "wall_s": 5400.0}, {"algo": "ppo", "wall_s": 1800.0}, {"algo": "dt", "wall_s": 3600.0},
+            {"algo": "dt", "wall_s": None}]  # fmt: skip
+    assert report.cost_text(recs).startswith(
+        "Cost: the 4 finished runs took 3.0 core-hours (the sum of their wall-clock times; online 2 runs, 2.0 h; "
+        "offline 2 runs, 1.0 h)."
+    )
+
+
 def test_partial_results_are_labelled(tmp_path: Path) -> None:
     recs = [r for r in records() if not (r["encoder_name"] == "gtrxl" and r["task"] == "t2")]
     report.write_report(recs, tmp_path, context())
