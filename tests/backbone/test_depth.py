@@ -44,14 +44,15 @@ def test_universal_ponder_cost_matches_hand_computation() -> None:
         n_layers=5,
         position="rope",
         depth="universal",
-        depth_options={"halting_bias_init": b, "timestep_signal": False},
+        depth_options={"halting_bias_init": b, "timestep_signal": False, "ponder_weight": 0.5},
     )
     uni.collect_info = True
     uni.final_norm = torch.nn.Identity()
     out = uni(X)
     h = torch.sigmoid(uni.depth.halting.bias.detach())[0]  # 0.4 up to float32 rounding of b
-    torch.testing.assert_close(out.aux_losses["act_ponder"], 3 + (1 - 2 * h))
-    assert out.aux_losses["act_ponder"].item() == pytest.approx(3.2, abs=1e-6)
+    torch.testing.assert_close(out.info["backbone/ponder_cost"], 3 + (1 - 2 * h))  # ρ = N + R
+    assert out.info["backbone/ponder_cost"].item() == pytest.approx(3.2, abs=1e-6)
+    torch.testing.assert_close(out.aux_losses["act_ponder"], 0.5 * (3 + (1 - 2 * h)))  # τ·ρ
     assert out.info["backbone/ponder_steps"].item() == pytest.approx(3.0)
     # output = h s1 + h s2 + (1 - 2h) s3, where s_k = k steps of the plain shared-weight recurrence
     states = []
@@ -74,8 +75,25 @@ def test_universal_halting_unit_gets_gradient_from_ponder_cost() -> None:
     uni = inv.tiny_backbone(n_layers=3, position="rope", depth="universal")
     uni.train()
     out = uni(X)
-    (out.y.pow(2).mean() + 0.01 * out.aux_losses["act_ponder"]).backward()
+    (out.y.pow(2).mean() + out.aux_losses["act_ponder"]).backward()
     assert uni.depth.halting.weight.grad.abs().sum() > 0
+
+
+def test_universal_ponder_weight_defaults_to_the_reference_and_is_checked() -> None:
+    """τ defaults to tensor2tensor's act_loss_weight 0.01 (at 1 the ponder cost, >= 2, swamps an RL loss)."""
+    default = inv.tiny_backbone(n_layers=3, position="rope", depth="universal")
+    off = inv.tiny_backbone(
+        n_layers=3, position="rope", depth="universal", depth_options={"ponder_weight": 0.0}
+    )
+    off.load_state_dict(default.state_dict())
+    default.collect_info = True
+    out = default(X)
+    torch.testing.assert_close(out.aux_losses["act_ponder"], 0.01 * out.info["backbone/ponder_cost"])
+    assert out.info["backbone/ponder_cost"].item() >= 2.0
+    assert off(X).aux_losses["act_ponder"].item() == 0.0
+    torch.testing.assert_close(off(X).y, out.y)  # τ weights the loss only, never the output
+    with pytest.raises(ValueError, match="ponder_weight must be a number >= 0, got -1"):
+        inv.tiny_backbone(depth="universal", position="rope", depth_options={"ponder_weight": -1})
 
 
 def test_early_exit_threshold_inf_is_full_depth_and_zero_exits_at_layer_one() -> None:
@@ -140,3 +158,25 @@ def test_softmax_measure_without_head_explains() -> None:
 def test_bad_depth_options() -> None:
     with pytest.raises(ValueError, match="measure='entropy' is not one of"):
         BackboneConfig(depth="early_exit", depth_options={"measure": "entropy"})
+
+
+@pytest.mark.parametrize("scale", ["input_rms", "unit"])
+def test_universal_timestep_signal_is_scaled_by_each_tokens_input_rms(scale: str) -> None:
+    """One step, no ACT: block(x + c·signal(0)) with c = RMS of the token's x (input_rms) or 1 (unit), checked
+    against the same block without the signal fed the shifted input. A unit signal would drown features of a
+    policy's scale (0.2 per coordinate), as it did in the encoder study."""
+    from rl_transformers.backbone.position.absolute import sinusoid_table
+
+    opts = {"act": False, "timestep_scale": scale}
+    signalled = inv.tiny_backbone(n_layers=1, position="rope", depth="universal", depth_options=opts)
+    plain = inv.tiny_backbone(
+        n_layers=1, position="rope", depth="universal", depth_options={"act": False, "timestep_signal": False}
+    )
+    plain.load_state_dict(signalled.state_dict())
+    x = 0.2 * X
+    c = x.pow(2).mean(-1, keepdim=True).sqrt() if scale == "input_rms" else 1.0
+    shifted = x + c * sinusoid_table(torch.zeros(1, 1, dtype=torch.long), x.shape[-1]).to(x.dtype)
+    with torch.no_grad():
+        torch.testing.assert_close(signalled(x).y, plain(shifted).y, atol=1e-10, rtol=0)
+    with pytest.raises(ValueError, match="timestep_scale=.rms. is not one of"):
+        inv.tiny_backbone(depth="universal", position="rope", depth_options={"timestep_scale": "rms"})

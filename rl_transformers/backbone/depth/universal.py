@@ -2,20 +2,24 @@
 ACT: Graves 2016, arXiv 1603.08983).
 
 One block (shared weights) is applied up to N = ``n_layers`` times. Before step t a sinusoidal timestep signal
-of t is added (positions come from the configured position scheme). Each position owns a halting unit
+of t is added (positions come from the configured position scheme), by default scaled by the RMS of each token's
+input: the paper adds it to √d-scaled embeddings, O(1) per coordinate like the signal, while a policy's
+observation features are ~0.2 per coordinate, which a unit signal (cos 0 = 1 on half the coordinates) drowns. Each position owns a halting unit
 h_t = σ(w·s_t + b); it halts at the first step N(i) where the cumulative halting probability reaches 1 − ε (or
 at step N), with remainder R(i) = 1 − Σ_{t<N(i)} h_t. The output is the halting-weighted mean of the states
 Σ_t p_t s_t (p_t = h_t before halting, R at the halting step). Halted positions are copied forward: their state
 stops changing, and later steps still see it as key/value, which keeps streaming exact (every step runs on all
-positions and keeps its own KV cache). Ponder cost ρ = mean(N(i) + R(i)) goes to ``aux_losses["act_ponder"]``;
-``info["backbone/ponder_steps"]`` reports mean N(i). Shapes: x (B, T, d).
+positions and keeps its own KV cache). Ponder cost ρ = mean(N(i) + R(i)); ``aux_losses["act_ponder"]`` is τ·ρ with
+τ = ``ponder_weight`` (Graves's time penalty; 0.01 as tensor2tensor's Universal Transformer, ``act_loss_weight``),
+which the trainers' ``aux_coef`` / ``aux_weights`` scale again. ``info["backbone/ponder_steps"]`` reports mean
+N(i) and ``info["backbone/ponder_cost"]`` ρ. Shapes: x (B, T, d).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -23,6 +27,7 @@ from torch import Tensor, nn
 from rl_transformers.backbone.blocks import Block
 from rl_transformers.backbone.context import ForwardContext
 from rl_transformers.backbone.depth.base import Depth
+from rl_transformers.backbone.options import check_choice
 from rl_transformers.backbone.position.absolute import sinusoid_table
 from rl_transformers.backbone.registry import register
 
@@ -37,10 +42,19 @@ class UniversalOptions:
     """Initial bias b of the halting unit (Graves suggests a positive bias: few steps at the start)."""
     timestep_signal: bool = True
     """Add a sinusoidal embedding of the step index before each step (Dehghani 2019, eq. 4)."""
+    timestep_scale: Literal["input_rms", "unit"] = "input_rms"
+    """input_rms: the signal times the RMS of the token's input to the depth (detached), so it keeps the paper's
+    size relative to the features whatever their scale; unit: added as is (right for √d-scaled embeddings)."""
+    ponder_weight: float = 0.01
+    """τ: the aux loss ``act_ponder`` is τ·ρ. ρ >= 2 always and its gradient pulls every position to halt at the
+    first step, so at τ = 1 it outweighs an RL loss; 0.01 is tensor2tensor's ``act_loss_weight``."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.epsilon < 1.0:
             raise ValueError(f"epsilon must be in (0, 1), got {self.epsilon!r}")
+        check_choice("timestep_scale", self.timestep_scale, ("input_rms", "unit"))
+        if not (isinstance(self.ponder_weight, (int, float)) and self.ponder_weight >= 0.0):
+            raise ValueError(f"ponder_weight must be a number >= 0, got {self.ponder_weight!r}")
 
 
 @register("depth", "universal", options=UniversalOptions)
@@ -70,11 +84,14 @@ class UniversalDepth(Depth):
         output = torch.zeros_like(x)
         new_states = []
         s = x
+        scale = (
+            1.0 if self.options.timestep_scale == "unit" else x.pow(2).mean(-1, keepdim=True).sqrt().detach()
+        )
         for step in range(n_steps):
             s_in = ctx.enter_layer(s, step)
             if self.options.timestep_signal:
                 signal = sinusoid_table(torch.full((1, 1), step, device=x.device), d).to(x.dtype)
-                s_in = s_in + signal
+                s_in = s_in + scale * signal
             s_new, st = self.block(s_in, ctx, states[step])
             new_states.append(st)
             if not self.options.act:
@@ -97,11 +114,12 @@ class UniversalDepth(Depth):
             return s, tuple(new_states), depth_state
         valid = ctx.valid.to(x.dtype)
         ponder = ((n_updates + remainders) * valid).sum() / valid.sum().clamp_min(1.0)
-        ctx.add_aux("act_ponder", ponder)
+        ctx.add_aux("act_ponder", self.options.ponder_weight * ponder)
         if ctx.collect_info:
             ctx.add_info(
                 "backbone/ponder_steps", ((n_updates * valid).sum() / valid.sum().clamp_min(1)).detach()
             )
+            ctx.add_info("backbone/ponder_cost", ponder.detach())
         return output, tuple(new_states), depth_state
 
     @classmethod
