@@ -118,7 +118,9 @@ def restore(jobs: Iterable[Job], records_file: Path) -> int:
     ``records_file`` is a committed ``encoders.json`` (a JSON list of run records, read as data): a fresh
     checkout, whose ``runs/`` is empty, resumes where the committed results end instead of re-running them.
     A record counts only if its ``key`` equals the job's key (same task, encoder spec, seed, budget) and it ran
-    the whole budget (:func:`complete`); anything else is ignored. Returns how many results were restored.
+    the whole budget (:func:`complete`); anything else is ignored, and so is a job whose result was moved aside
+    (``result.stale.json``, :func:`invalidate`): the committed record is that stale result, which must run again.
+    Returns how many results were restored.
     """
     try:
         records = json.loads(Path(records_file).read_text())
@@ -131,6 +133,8 @@ def restore(jobs: Iterable[Job], records_file: Path) -> int:
     for job in jobs:
         record = by_key.get(job.spec["key"])
         if record is None or not complete(record, job.spec) or status(job) == "done":
+            continue
+        if (job.dir / "result.stale.json").exists():  # moved aside on purpose (--rerun-encoders)
             continue
         atomic_write_json(job.dir / "result.json", {**record, "restored_from": str(records_file)}, indent=1)
         n += 1

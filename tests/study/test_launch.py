@@ -107,6 +107,9 @@ def test_restore_from_committed_records_matches_keys_only(tmp_path: Path) -> Non
     assert [launch.status(j) for j in planned] == ["done", "pending"]
     assert json.loads((planned[0].dir / "result.json").read_text())["score"] == 0.5
     assert launch.restore(planned, committed) == 0  # already there: nothing overwritten
+    # a result moved aside by --rerun-encoders is not brought back from the committed (stale) record
+    assert launch.invalidate(planned, [planned[0].spec["encoder_name"]]) == 1
+    assert launch.restore(planned, committed) == 0 and launch.status(planned[0]) == "pending"
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     assert launch.restore(planned, bad) == 0
