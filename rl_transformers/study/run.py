@@ -74,6 +74,11 @@ NOTES = """\
   records were such runs (RepeatPreviousEasy `block_local`, `block_local_2d`, `blockwise`, `gaussian_prior`
   seed 0; T-Maze 10 `early_exit`, `knn`, `universal` seed 1; CartPole DT `linear`, `memory_compressed` seed 0).
   They were discarded and re-run; a result now needs its whole budget.
+- `universal` was re-run after commit `7874116`. Its timestep signal (a sinusoid of unit size added before each
+  step, cos 0 = 1 on half the coordinates) drowned the policy's observation features (~0.2 per coordinate): every
+  `universal` row sat at the MLP level (PositionOnlyCartPoleEasy 0.05 for the first 65k steps, 0.90 without the
+  signal). The signal is now scaled by each token's input RMS, as large relative to the features as in the paper
+  (√d-scaled embeddings), and the ponder cost is weighted 0.01 as in tensor2tensor's implementation (it was 1).
 - `linformer` has no causal mode and cannot be a policy or a DT encoder (listed as excluded)."""
 
 
