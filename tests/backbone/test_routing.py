@@ -137,12 +137,18 @@ def test_local_heads_are_a_sliding_window(causal: bool) -> None:
 
 def test_commitment_loss_value_and_gradient() -> None:
     torch.manual_seed(3)
-    bb = inv.tiny_backbone(attention="routing", n_layers=1, attention_options={"n_clusters": 3}).train()
+    opts = {"n_clusters": 3, "commitment_weight": 0.5}
+    bb = inv.tiny_backbone(attention="routing", n_layers=1, attention_options=opts).train()
     att = bb.depth.blocks[0].attention
     mu0 = att.centroids.clone()
     x = torch.randn(2, 10, 16, dtype=torch.float64)
+    bb.collect_info = True
     out = bb(x)
-    loss = out.aux_losses["routing_commitment"]
+    torch.testing.assert_close(
+        out.aux_losses["routing_commitment"], 0.5 * out.info["backbone/routing_commitment"]
+    )
+    loss = out.info["backbone/routing_commitment"]
+    weighted = out.aux_losses["routing_commitment"]
     assert torch.isfinite(loss) and loss > 0
     # the formula, from the layer's own projections
     h = bb.depth.blocks[0].norm1(x)
@@ -157,7 +163,7 @@ def test_commitment_loss_value_and_gradient() -> None:
         dist.append(d.min(-1).values)
     expected = (dist[0].sum() + dist[1].sum()) / (2 * 2 * 10 * 2)
     torch.testing.assert_close(loss, expected.detach(), atol=1e-10, rtol=0)
-    loss.backward()
+    weighted.backward()
     assert att.q_proj.weight.grad.abs().sum() > 0 and att.k_proj.weight.grad.abs().sum() > 0
     assert att.v_proj.weight.grad is None or att.v_proj.weight.grad.abs().sum() == 0
 
@@ -310,3 +316,16 @@ def test_flash_path_float32_gradients_are_finite_and_close() -> None:
     for a, r in zip(torch.autograd.grad(got, x32, g.float()), torch.autograd.grad(ref, x64, g), strict=True):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a.double(), r, atol=1e-4, rtol=0)
+
+
+def test_commitment_weight_defaults_to_the_reference_and_is_checked() -> None:
+    """1e-4 as lucidrains/routing-transformer: at 1 the loss (~1.7 at the start) swamped the PPO loss (~0.06)."""
+    torch.manual_seed(5)
+    bb = inv.tiny_backbone(attention="routing", n_layers=1, attention_options={"n_clusters": 3}).train()
+    bb.collect_info = True
+    out = bb(torch.randn(2, 10, 16, dtype=torch.float64))
+    raw = out.info["backbone/routing_commitment"]
+    assert raw > 0
+    torch.testing.assert_close(out.aux_losses["routing_commitment"], 1e-4 * raw)
+    with pytest.raises(ValueError, match="commitment_weight must be a number >= 0, got -1"):
+        inv.tiny_backbone(attention="routing", attention_options={"commitment_weight": -1})

@@ -7,8 +7,10 @@ because it depends on each token alone, which keeps causal routing strictly caus
 attends the keys of its own cluster (causal: the past ones), always plus its own key; logits use the raw q, k.
 With one cluster this is full attention.
 
-Training: the commitment loss mean ‖x̂ - μ_c(x)‖² over the new queries and keys is returned as the aux loss
-``routing_commitment`` (gradient into the projections only), and, in training mode only, the centroids move by
+Training: the commitment loss mean ‖x̂ - μ_c(x)‖² over the new queries and keys, times ``commitment_weight``
+(default 1e-4, lucidrains/routing-transformer's ``commitment_factor``), is returned as the aux loss
+``routing_commitment`` (gradient into the projections only; the raw loss is ``info["backbone/routing_commitment"]``),
+and, in training mode only, the centroids move by
 an exponential moving average towards the mean of their assigned vectors, μ_c <- normalise(λ μ_c + (1 - λ)
 mean_c), as a no-grad buffer update after the layer has used the old centroids. ``local_heads`` of the H heads
 (the first ones) use a sliding window of ``local_window`` past keys instead of routing (the paper combines
@@ -55,8 +57,14 @@ class RoutingOptions:
     """Bound the KV cache to this many past keys (queries then ignore older keys in full runs too)."""
     seed: int = 0
     """Seed of the initial centroids (combined with the layer index)."""
+    commitment_weight: float = 1e-4
+    """Weight of the commitment loss in ``aux_losses["routing_commitment"]``. At 1 it starts ~1,000x an RL loss and
+    its gradient (clipped together with the RL one) leaves the policy almost none; 1e-4 is the reference
+    implementation's, whose loss is a per-coordinate mean (ours sums the head's coordinates)."""
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.commitment_weight, (int, float)) and self.commitment_weight >= 0.0):
+            raise ValueError(f"commitment_weight must be a number >= 0, got {self.commitment_weight!r}")
         for name in ("n_clusters", "local_window"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -213,7 +221,9 @@ class RoutingAttention(Attention):
         wq, wk = q_valid[:, None].to(dq.dtype), new_valid[:, None].to(dk.dtype)
         total = (wq.sum() + wk.sum()) * self.n_routing
         loss = ((dq * wq).sum() + (dk * wk).sum()) / total.clamp_min(1.0)
-        ctx.add_aux("routing_commitment", loss)
+        ctx.add_aux("routing_commitment", opts.commitment_weight * loss)
+        if ctx.collect_info:
+            ctx.add_info("backbone/routing_commitment", loss.detach())
         if self.training:
             self.update_centroids(mu, [(qn, cq, q_valid), (new_k, new_ck, new_valid)])
         if ctx.collect_info:
