@@ -89,6 +89,22 @@ def test_spans_receive_gradient_from_output_and_l1() -> None:
     assert all(torch.all(s.grad > 0) for s in spans)  # the penalty pushes every span down
 
 
+def test_l1_penalty_is_the_weighted_mean_span_in_tokens() -> None:
+    """aux = l1_weight * mean span (tokens), summed over layers; default weight 2e-6 as the reference's."""
+    opts = {"max_span": 8, "ramp": 4, "init_span": 0.25}
+    x = torch.randn(2, 12, 16, dtype=torch.float64)
+    default = inv.tiny_backbone(attention="adaptive_span", n_layers=2, attention_options=opts)
+    heavy = inv.tiny_backbone(
+        attention="adaptive_span", n_layers=2, attention_options={**opts, "l1_weight": 0.5}
+    )
+    heavy.load_state_dict(default.state_dict())
+    # every head starts at 0.25 * 8 = 2 tokens: 2 layers x 2 tokens x weight
+    assert default(x).aux_losses["adaptive_span_l1"].item() == pytest.approx(2 * 2 * 2e-6)
+    assert heavy(x).aux_losses["adaptive_span_l1"].item() == pytest.approx(2 * 2 * 0.5)
+    with pytest.raises(ValueError, match="l1_weight must be a number >= 0, got -1"):
+        inv.tiny_backbone(attention="adaptive_span", attention_options={"l1_weight": -1})
+
+
 def test_computed_scores_shrink_with_span() -> None:
     x = torch.randn(1, 256, 16, dtype=torch.float64)
     counts = {}

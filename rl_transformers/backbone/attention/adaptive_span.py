@@ -5,7 +5,8 @@ m_z(x) = clamp((R + z − x) / R, 0, 1) of the distance x = i − j, i.e. softma
 than z + R get exactly zero weight. Those keys are not computed at all: queries are processed in blocks that
 only gather the keys inside the current largest span, so time and memory fall as spans shrink
 (``info["backbone/adaptive_span/scores/layer<l>"]`` counts the computed scores). The L1 penalty
-mean_h(z_h) / max_span goes to ``aux_losses["adaptive_span_l1"]``. With ``dynamic=True`` the span is a
+``l1_weight``·mean_h(z_h), z in tokens, goes to ``aux_losses["adaptive_span_l1"]`` (the reference implementation's
+``--adapt-span-loss`` coefficient, 2e-6 for its small models, so it trims spans without outweighing the task). With ``dynamic=True`` the span is a
 function of the query, z_t = max_span·σ(v·x_t + b) (the paper's "dynamic attention span"). Streaming keeps a KV
 cache of max_span + R keys, which is exact because no query can see further. Causal; O(T·(z+R)) time/memory.
 """
@@ -37,6 +38,10 @@ class AdaptiveSpanOptions:
     """Span predicted per query, z_t = S·σ(v·x_t + b), instead of one learned span per head."""
     query_block: int = 64
     """Queries processed per block (each block gathers only the keys inside the span)."""
+    l1_weight: float = 2e-6
+    """Weight of the L1 penalty per token of mean span (facebookresearch/adaptive-span's --adapt-span-loss for its
+    small models). It was mean span / max_span at weight 1, about 2,000x heavier: ~0.5 per layer against a PPO
+    loss of ~0.01-0.1."""
 
     def __post_init__(self) -> None:
         if self.max_span < 1 or self.ramp < 1 or self.query_block < 1:
@@ -45,6 +50,8 @@ class AdaptiveSpanOptions:
             )
         if not 0.0 <= self.init_span <= 1.0:
             raise ValueError(f"init_span is a fraction of max_span in [0, 1], got {self.init_span!r}")
+        if not (isinstance(self.l1_weight, (int, float)) and self.l1_weight >= 0.0):
+            raise ValueError(f"l1_weight must be a number >= 0, got {self.l1_weight!r}")
 
 
 def span_ramp(distance: Tensor, span: Tensor, ramp: int) -> Tensor:
@@ -95,7 +102,7 @@ class AdaptiveSpanAttention(Attention):
     ) -> Tensor:
         t, s = q.shape[2], k.shape[2]
         spans = self.spans(q)
-        ctx.add_aux("adaptive_span_l1", spans.mean() / self.options.max_span)
+        ctx.add_aux("adaptive_span_l1", self.options.l1_weight * spans.mean())
         reach = math.ceil(float(spans.detach().max()) + self.options.ramp)  # no key further than this counts
         mask = visible_mask(t, k_valid, causal=True)
         if not self.position.modifies_scores and float(spans.detach().min()) > float(
