@@ -6,7 +6,8 @@ env_steps, steps_per_s, parameters, plus encoder_name, wall_s, preset, the evalu
 since the field was added, git_sha: the commit the run ran at),
 ``encoders_aggregate.json`` (per suite and encoder: IQM, CI low / high, probability of improvement over the
 reference) and ``encoders.md`` (a generated summary - see ``summary`` -, method, budget, machine, code,
-per-task and aggregate tables, plots under ``plots/``: performance profile, IQM with CIs, learning curves per task, score vs steps/s).
+per-task and aggregate tables, plots under ``plots/``: performance profile, IQM with CIs, learning curves per
+task, score vs steps/s).
 """
 
 from __future__ import annotations
@@ -380,7 +381,7 @@ def summary_section(
     for algo, suite in (("ppo", "online"), ("dt", "offline")):
         if suite not in aggs:
             continue
-        covered = aggregate_tasks(records, ctx).get(algo, [])
+        covered = aggs[suite]["tasks"]  # the tasks the aggregate was built over
         lines += [
             f"- **{suite.capitalize()} ({algo.upper()})**, over {len(covered)} of {len(tasks_of(ctx, algo))} "
             f"tasks: {aggregate_summary(aggs[suite])} {task_leaders(records, algo, covered)}".rstrip()

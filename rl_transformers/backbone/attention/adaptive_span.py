@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from rl_transformers.backbone.attention.base import Attention, visible_mask
 from rl_transformers.backbone.context import ForwardContext
+from rl_transformers.backbone.options import check_number
 from rl_transformers.backbone.registry import Capabilities, register
 
 
@@ -50,8 +51,7 @@ class AdaptiveSpanOptions:
             )
         if not 0.0 <= self.init_span <= 1.0:
             raise ValueError(f"init_span is a fraction of max_span in [0, 1], got {self.init_span!r}")
-        if not (isinstance(self.l1_weight, (int, float)) and self.l1_weight >= 0.0):
-            raise ValueError(f"l1_weight must be a number >= 0, got {self.l1_weight!r}")
+        check_number("l1_weight", self.l1_weight, low=0.0)
 
 
 def span_ramp(distance: Tensor, span: Tensor, ramp: int) -> Tensor:

@@ -39,6 +39,7 @@ from torch import Tensor
 from rl_transformers.backbone.attention._routing_kernels import band_attention, cluster_attention
 from rl_transformers.backbone.attention.base import Attention
 from rl_transformers.backbone.context import ForwardContext
+from rl_transformers.backbone.options import check_number
 from rl_transformers.backbone.registry import Capabilities, register
 from rl_transformers.backbone.state import State
 
@@ -63,8 +64,7 @@ class RoutingOptions:
     implementation's, whose loss is a per-coordinate mean (ours sums the head's coordinates)."""
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.commitment_weight, (int, float)) and self.commitment_weight >= 0.0):
-            raise ValueError(f"commitment_weight must be a number >= 0, got {self.commitment_weight!r}")
+        check_number("commitment_weight", self.commitment_weight, low=0.0)
         for name in ("n_clusters", "local_window"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

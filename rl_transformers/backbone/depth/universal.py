@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from rl_transformers.backbone.blocks import Block
 from rl_transformers.backbone.context import ForwardContext
 from rl_transformers.backbone.depth.base import Depth
-from rl_transformers.backbone.options import check_choice
+from rl_transformers.backbone.options import check_choice, check_number
 from rl_transformers.backbone.position.absolute import sinusoid_table
 from rl_transformers.backbone.registry import register
 
@@ -53,8 +53,7 @@ class UniversalOptions:
         if not 0.0 < self.epsilon < 1.0:
             raise ValueError(f"epsilon must be in (0, 1), got {self.epsilon!r}")
         check_choice("timestep_scale", self.timestep_scale, ("input_rms", "unit"))
-        if not (isinstance(self.ponder_weight, (int, float)) and self.ponder_weight >= 0.0):
-            raise ValueError(f"ponder_weight must be a number >= 0, got {self.ponder_weight!r}")
+        check_number("ponder_weight", self.ponder_weight, low=0.0)
 
 
 @register("depth", "universal", options=UniversalOptions)
