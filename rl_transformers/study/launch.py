@@ -146,16 +146,19 @@ def pending(jobs: Iterable[Job]) -> list[Job]:
     return [job for job in jobs if status(job) != "done"]
 
 
-def invalidate(jobs: Iterable[Job], encoder_names: Iterable[str]) -> int:
-    """Move aside the results of these encoders' jobs so they run again; returns how many."""
+def invalidate(jobs: Iterable[Job], encoder_names: Iterable[str], dry_run: bool = False) -> list[Job]:
+    """Move aside the results of these encoders' jobs so they run again; returns those jobs.
+
+    With ``dry_run`` nothing is moved: the jobs whose results would be are returned."""
     names = set(encoder_names)
-    n = 0
+    moved = []
     for job in jobs:
         result = job.dir / "result.json"
         if job.spec["encoder_name"] in names and result.exists():
-            os.replace(result, job.dir / "result.stale.json")
-            n += 1
-    return n
+            if not dry_run:
+                os.replace(result, job.dir / "result.stale.json")
+            moved.append(job)
+    return moved
 
 
 def execute(spec: dict[str, Any], directory: str, timeout_s: float | None = None) -> dict[str, Any]:

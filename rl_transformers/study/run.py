@@ -1,9 +1,9 @@
 """The study driver: plan the jobs of a preset, run the unfinished ones, rebuild the documents.
 
 ``run_study(StudyConfig(...))`` expands the encoders (registry read now), makes one job per (task, encoder,
-seed), moves aside the results of ``rerun_encoders``, and - unless ``dry_run`` / ``report_only`` - runs the
-pending and failed jobs (local pool or Ray), seed-major so partial results cover every encoder evenly. Then it
-collects every finished run of the preset and writes the documents into ``docs``.
+seed), moves aside the results of ``rerun_encoders`` (a dry run only counts them), and - unless ``dry_run`` /
+``report_only`` - runs the pending and failed jobs (local pool or Ray), seed-major so partial results cover
+every encoder evenly. Then it collects every finished run of the preset and writes the documents into ``docs``.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ class StudyConfig:
     timeout_s: float | None = 3600.0
     """Kill a run after this many seconds (it counts as failed and runs again on the next invocation)."""
     dry_run: bool = False
-    """Print the run count and an estimated time from measured steps/s, then exit."""
+    """Print the run count and an estimated time from measured steps/s, then exit; nothing on disk changes."""
     report_only: bool = False
     """Only rebuild the documents from finished runs."""
     restore: bool = True
@@ -215,13 +215,16 @@ def run_study(cfg: StudyConfig, log=print) -> dict:
         n = launch.restore(every_job, docs / "encoders.json")
         if n:
             log(f"restored {n} finished runs from {docs / 'encoders.json'}")
+    rerun: set[Path] = set()
     if cfg.rerun_encoders:
         enc.select([enc.Encoder(n, "", "") for n in {j.spec["encoder_name"] for j in jobs}], cfg.rerun_encoders,
                    "--rerun-encoders")  # fmt: skip
+        # a dry run changes nothing on disk: the results it would move aside count as to run
+        rerun = {j.dir for j in launch.invalidate(jobs, cfg.rerun_encoders, dry_run=cfg.dry_run)}
         log(
-            f"moved aside {launch.invalidate(jobs, cfg.rerun_encoders)} results of {list(cfg.rerun_encoders)}"
+            f"{'would move' if cfg.dry_run else 'moved'} aside {len(rerun)} results of {list(cfg.rerun_encoders)}"
         )
-    states = {j.dir: launch.status(j) for j in jobs}
+    states = {j.dir: "pending" if j.dir in rerun else launch.status(j) for j in jobs}
     todo = [j for j in jobs if states[j.dir] != "done"]
     n_failed = sum(1 for j in todo if states[j.dir] == "failed")
     n_short = sum(1 for j in todo if states[j.dir] == "incomplete")

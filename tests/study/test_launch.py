@@ -63,7 +63,9 @@ def test_resume_skips_finished_and_retries_failed(tmp_path: Path) -> None:
     assert json.loads((planned[2].dir / "failed.json").read_text())["attempts"] == 2
     assert [(j.dir / "result.json").stat().st_mtime_ns for j in planned[:2]] == mtimes
 
-    assert launch.invalidate(planned, ["mlp"]) == 1  # --rerun-encoders mlp
+    assert launch.invalidate(planned, ["mlp"], dry_run=True) == [planned[1]]  # --dry-run moves nothing
+    assert [launch.status(j) for j in planned[:2]] == ["done", "done"]
+    assert launch.invalidate(planned, ["mlp"]) == [planned[1]]  # --rerun-encoders mlp
     assert [launch.status(j) for j in planned[:2]] == ["done", "pending"]
     assert (planned[1].dir / "result.stale.json").exists()
     changed = launch.make_job(TMAZE, GRU, 0, "quick", tmp_path, **{**TINY, "budget": 512})
@@ -108,7 +110,7 @@ def test_restore_from_committed_records_matches_keys_only(tmp_path: Path) -> Non
     assert json.loads((planned[0].dir / "result.json").read_text())["score"] == 0.5
     assert launch.restore(planned, committed) == 0  # already there: nothing overwritten
     # a result moved aside by --rerun-encoders is not brought back from the committed (stale) record
-    assert launch.invalidate(planned, [planned[0].spec["encoder_name"]]) == 1
+    assert launch.invalidate(planned, [planned[0].spec["encoder_name"]]) == [planned[0]]
     assert launch.restore(planned, committed) == 0 and launch.status(planned[0]) == "pending"
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")

@@ -96,3 +96,22 @@ def test_estimate_scales_an_encoder_rate_by_the_task_speed_factor(tmp_path: Path
         assert unknown == (1 if j.spec["algo"] == "dt" else 0)
     total, unknown = run.estimate([j for j, _ in cases], tmp_path / "runs")
     assert total == pytest.approx(sum(e + 10.0 for _, e in cases)) and unknown == 1
+
+
+def test_a_dry_run_with_rerun_encoders_moves_nothing(tmp_path: Path, captured: dict) -> None:
+    cfg = run.StudyConfig(preset="full", parts=("online",), tasks=("TMaze10",), out=tmp_path / "runs",
+                          docs=tmp_path / "docs", rerun_encoders=("mlp",), dry_run=True)  # fmt: skip
+    jobs, _ = run.plan(cfg)
+    for j in jobs:  # every run finished
+        j.dir.mkdir(parents=True)
+        (j.dir / "result.json").write_text(
+            json.dumps({**j.spec, "score": 0.5, "env_steps": j.spec["budget"]})
+        )
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    said: list[str] = []
+    dry = run.run_study(cfg, log=said.append)
+    assert dry["todo"] == 3 and "would move aside 3 results of ['mlp']" in said  # the 3 mlp seeds
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing moved
+    run.run_study(run.replace(cfg, dry_run=False, report_only=True), log=said.append)
+    assert "moved aside 3 results of ['mlp']" in said
+    assert sum(1 for j in jobs if (j.dir / "result.stale.json").exists()) == 3
