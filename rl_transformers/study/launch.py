@@ -112,7 +112,7 @@ def status(job: Job) -> str:
     return "failed" if (job.dir / "failed.json").exists() else "pending"
 
 
-def restore(jobs: Iterable[Job], records_file: Path) -> int:
+def restore(jobs: Iterable[Job], records_file: Path, dry_run: bool = False) -> list[Job]:
     """Write ``result.json`` for every job without one whose key has a record in ``records_file``.
 
     ``records_file`` is a committed ``encoders.json`` (a JSON list of run records, read as data): a fresh
@@ -120,25 +120,28 @@ def restore(jobs: Iterable[Job], records_file: Path) -> int:
     A record counts only if its ``key`` equals the job's key (same task, encoder spec, seed, budget) and it ran
     the whole budget (:func:`complete`); anything else is ignored, and so is a job whose result was moved aside
     (``result.stale.json``, :func:`invalidate`): the committed record is that stale result, which must run again.
-    Returns how many results were restored.
+    Returns the jobs restored (with ``dry_run``: the jobs that would be; nothing is written).
     """
     try:
         records = json.loads(Path(records_file).read_text())
     except (OSError, ValueError):
-        return 0
+        return []
     if not isinstance(records, list):
-        return 0
+        return []
     by_key = {r["key"]: r for r in records if isinstance(r, dict) and isinstance(r.get("key"), str)}
-    n = 0
+    restored = []
     for job in jobs:
         record = by_key.get(job.spec["key"])
         if record is None or not complete(record, job.spec) or status(job) == "done":
             continue
         if (job.dir / "result.stale.json").exists():  # moved aside on purpose (--rerun-encoders)
             continue
-        atomic_write_json(job.dir / "result.json", {**record, "restored_from": str(records_file)}, indent=1)
-        n += 1
-    return n
+        if not dry_run:
+            atomic_write_json(
+                job.dir / "result.json", {**record, "restored_from": str(records_file)}, indent=1
+            )
+        restored.append(job)
+    return restored
 
 
 def pending(jobs: Iterable[Job]) -> list[Job]:

@@ -211,20 +211,29 @@ def run_study(cfg: StudyConfig, log=print) -> dict:
     every_job, ctx = plan(replace(cfg, parts=("online", "offline"), tasks=(), encoders=()))
     out = Path(cfg.out)
     docs = cfg.docs if cfg.docs is not None else out / cfg.preset / "docs"
+    # A dry run changes nothing on disk: it counts the results it would restore as finished and those it would
+    # move aside as to run.
+    restored: set[Path] = set()
     if cfg.restore and (docs / "encoders.json").exists():
-        n = launch.restore(every_job, docs / "encoders.json")
-        if n:
-            log(f"restored {n} finished runs from {docs / 'encoders.json'}")
+        restored = {j.dir for j in launch.restore(every_job, docs / "encoders.json", dry_run=cfg.dry_run)}
+        if restored:
+            verb = "would restore" if cfg.dry_run else "restored"
+            log(f"{verb} {len(restored)} finished runs from {docs / 'encoders.json'}")
     rerun: set[Path] = set()
     if cfg.rerun_encoders:
         enc.select([enc.Encoder(n, "", "") for n in {j.spec["encoder_name"] for j in jobs}], cfg.rerun_encoders,
                    "--rerun-encoders")  # fmt: skip
-        # a dry run changes nothing on disk: the results it would move aside count as to run
         rerun = {j.dir for j in launch.invalidate(jobs, cfg.rerun_encoders, dry_run=cfg.dry_run)}
-        log(
-            f"{'would move' if cfg.dry_run else 'moved'} aside {len(rerun)} results of {list(cfg.rerun_encoders)}"
-        )
-    states = {j.dir: "pending" if j.dir in rerun else launch.status(j) for j in jobs}
+        if cfg.dry_run:
+            rerun |= {
+                j.dir for j in jobs if j.dir in restored and j.spec["encoder_name"] in cfg.rerun_encoders
+            }
+        verb = "would move" if cfg.dry_run else "moved"
+        log(f"{verb} aside {len(rerun)} results of {list(cfg.rerun_encoders)}")
+    states = {
+        j.dir: "pending" if j.dir in rerun else "done" if j.dir in restored else launch.status(j)
+        for j in jobs
+    }
     todo = [j for j in jobs if states[j.dir] != "done"]
     n_failed = sum(1 for j in todo if states[j.dir] == "failed")
     n_short = sum(1 for j in todo if states[j.dir] == "incomplete")

@@ -105,16 +105,18 @@ def test_restore_from_committed_records_matches_keys_only(tmp_path: Path) -> Non
     ]
     committed = tmp_path / "encoders.json"
     committed.write_text(json.dumps(records))
-    assert launch.restore(planned, committed) == 1
+    assert launch.restore(planned, committed, dry_run=True) == [planned[0]]  # --dry-run: counted, not written
+    assert [launch.status(j) for j in planned] == ["pending", "pending"]
+    assert launch.restore(planned, committed) == [planned[0]]
     assert [launch.status(j) for j in planned] == ["done", "pending"]
     assert json.loads((planned[0].dir / "result.json").read_text())["score"] == 0.5
-    assert launch.restore(planned, committed) == 0  # already there: nothing overwritten
+    assert launch.restore(planned, committed) == []  # already there: nothing overwritten
     # a result moved aside by --rerun-encoders is not brought back from the committed (stale) record
     assert launch.invalidate(planned, [planned[0].spec["encoder_name"]]) == [planned[0]]
-    assert launch.restore(planned, committed) == 0 and launch.status(planned[0]) == "pending"
+    assert launch.restore(planned, committed) == [] and launch.status(planned[0]) == "pending"
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    assert launch.restore(planned, bad) == 0
+    assert launch.restore(planned, bad) == []
 
 
 def test_a_run_stopped_early_is_no_result_and_runs_again(tmp_path: Path) -> None:

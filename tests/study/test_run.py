@@ -98,20 +98,35 @@ def test_estimate_scales_an_encoder_rate_by_the_task_speed_factor(tmp_path: Path
     assert total == pytest.approx(sum(e + 10.0 for _, e in cases)) and unknown == 1
 
 
-def test_a_dry_run_with_rerun_encoders_moves_nothing(tmp_path: Path, captured: dict) -> None:
+def test_a_dry_run_changes_nothing_on_disk(tmp_path: Path, captured: dict) -> None:
+    """It counts what it would restore as finished and what it would move aside as to run, and writes nothing."""
+    docs = tmp_path / "docs"
     cfg = run.StudyConfig(preset="full", parts=("online",), tasks=("TMaze10",), out=tmp_path / "runs",
-                          docs=tmp_path / "docs", rerun_encoders=("mlp",), dry_run=True)  # fmt: skip
+                          docs=docs, dry_run=True)  # fmt: skip
     jobs, _ = run.plan(cfg)
-    for j in jobs:  # every run finished
-        j.dir.mkdir(parents=True)
-        (j.dir / "result.json").write_text(
-            json.dumps({**j.spec, "score": 0.5, "env_steps": j.spec["budget"]})
-        )
-    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+
+    def record(j) -> dict:  # a run of its whole budget
+        return {**j.spec, "score": 0.5, "curve": [[1.0, 0.5]], "env_steps": j.spec["budget"]}
+
+    for j in jobs:  # gru finished here; mlp only in the committed records (a fresh checkout)
+        if j.spec["encoder_name"] == "gru":
+            j.dir.mkdir(parents=True)
+            (j.dir / "result.json").write_text(json.dumps(record(j)))
+    docs.mkdir()
+    (docs / "encoders.json").write_text(
+        json.dumps([record(j) for j in jobs if j.spec["encoder_name"] == "mlp"])
+    )
+    before = sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in tmp_path.rglob("*"))
     said: list[str] = []
-    dry = run.run_study(cfg, log=said.append)
-    assert dry["todo"] == 3 and "would move aside 3 results of ['mlp']" in said  # the 3 mlp seeds
-    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing moved
-    run.run_study(run.replace(cfg, dry_run=False, report_only=True), log=said.append)
+    assert run.run_study(cfg, log=said.append)["todo"] == 0  # the 3 mlp seeds count as restored
+    assert f"would restore 3 finished runs from {docs / 'encoders.json'}" in said
+    for name in ("mlp", "gru"):  # moved aside: restored ones too
+        dry = run.run_study(run.replace(cfg, rerun_encoders=(name,)), log=said.append)
+        assert dry["todo"] == 3 and f"would move aside 3 results of ['{name}']" in said
+    assert sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before
+
+    run.run_study(run.replace(cfg, dry_run=False, report_only=True, rerun_encoders=("mlp",)), log=said.append)
+    assert f"restored 3 finished runs from {docs / 'encoders.json'}" in said
     assert "moved aside 3 results of ['mlp']" in said
-    assert sum(1 for j in jobs if (j.dir / "result.stale.json").exists()) == 3
+    stale = [j.spec["encoder_name"] for j in jobs if (j.dir / "result.stale.json").exists()]
+    assert stale == ["mlp"] * 3
