@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -162,3 +164,52 @@ def test_a_run_stopped_early_is_no_result_and_runs_again(tmp_path: Path) -> None
     assert launch.expected_steps(job.spec) == whole and launch.complete(
         {**short, "env_steps": whole}, job.spec
     )
+
+
+def test_a_job_running_in_another_invocation_is_skipped_and_a_dead_lock_taken_over(tmp_path: Path) -> None:
+    """Two invocations over the same run directories never run a job twice; a killed one does not block it."""
+    gru, mlp = jobs(tmp_path)
+    host = socket.gethostname()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    for job, pids in ((gru, [os.getpid()]), (mlp, [int(dead.stdout)])):  # a live holder; a dead one
+        job.dir.mkdir(parents=True)
+        (job.dir / "running.lock").write_text(
+            json.dumps({"host": host, "pids": pids, "started": time.time()})
+        )
+    said: list[str] = []
+    outcomes = launch.run_local([gru, mlp], workers=2, log=said.append)
+    assert sorted(o["status"] for o in outcomes) == ["busy", "done"]
+    assert [launch.status(j) for j in (gru, mlp)] == ["pending", "done"]
+    assert not (gru.dir / "failed.json").exists() and not (gru.dir / "job.json").exists()  # left alone
+    assert any(f"skipped {gru.name}: another invocation is running it ({host} pids" in s for s in said)
+    assert not (mlp.dir / "running.lock").exists() and not list(mlp.dir.glob(".running.lock.*"))
+
+    lock = gru.dir / "running.lock"
+    assert launch.holder(lock) == f"{host} pids [{os.getpid()}]"
+    lock.write_text(json.dumps({"host": "elsewhere", "pids": [1], "started": time.time() - 2 * 3600}))
+    assert launch.holder(lock, timeout_s=3600) is None  # another host's lock outlived the run timeout
+    assert launch.holder(lock, timeout_s=3 * 3600) == "elsewhere pids [1]"  # cannot be checked: still held
+    lock.write_text('{"host": ')  # unreadable
+    assert launch.holder(lock) is None
+
+
+def test_the_lock_names_the_worker_while_it_runs(tmp_path: Path) -> None:
+    """A launcher killed alone leaves its worker running; the lock lists the worker, so the job stays held."""
+    import threading
+
+    job = jobs(tmp_path)[0]
+    outcome: dict = {}
+    thread = threading.Thread(target=lambda: outcome.update(launch.execute(job.spec, str(job.dir))))
+    thread.start()
+    lock = job.dir / "running.lock"
+    pids: list[int] = []
+    deadline = time.monotonic() + 120  # a hang guard, not a speed assertion
+    while thread.is_alive() and len(pids) < 2 and time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            pids = json.loads(lock.read_text())["pids"]
+        time.sleep(0.05)
+    thread.join(timeout=240)
+    assert len(pids) == 2 and pids[0] == os.getpid() and pids[1] != os.getpid()
+    assert outcome["status"] == "done" and not lock.exists()
