@@ -73,9 +73,7 @@ def make_vec_env(
     if vectorization == "sync":
         return gym.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
     if vectorization == "async":
-        # forkserver, not fork: a fork of a process whose torch / OpenMP threads are running can deadlock in the
-        # child (and Python 3.14 makes forkserver the default); the thunks reach the workers by cloudpickle
-        return gym.vector.AsyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP, context="forkserver")
+        return gym.vector.AsyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
     raise ValueError(f"vectorization={vectorization!r} is not one of ['async', 'sync']")
 
 

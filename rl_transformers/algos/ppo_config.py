@@ -106,7 +106,7 @@ class TrainConfig(RunConfig):
     ppo: PPOConfig = field(default_factory=PPOConfig)
     """PPO hyper-parameters."""
     vectorization: Literal["sync", "async"] = "sync"
-    """Vector env: sync (one process; exact resume) or async (one subprocess per env, started by forkserver)."""
+    """Vector env: sync (one process; exact resume) or async (one subprocess per env)."""
     torch_deterministic: bool = False
     """Ask torch for deterministic kernels (GPU)."""
     trust_checkpoint: bool = False

@@ -83,8 +83,7 @@ def test_train_resume_evaluate_cli(tmp_path: Path) -> None:
 
 def test_async_vectorization_logs_what_sync_logs(tmp_path: Path) -> None:
     """--vectorization async (env copies in worker processes) is the same experiment as sync: same seeds, same
-    rollouts, same updates. Run as subprocesses, so the async workers (forkserver) start from the script, not the
-    pytest worker."""
+    rollouts, same updates. Run as subprocesses, so the async workers fork the script, not the pytest worker."""
     logs = {}
     for mode in ("sync", "async"):
         root = tmp_path / mode

@@ -45,16 +45,3 @@ def test_bad_env_kwargs_name_the_env_and_the_keyword() -> None:
     envs = make_vec_env("rlt/TMaze-v0", 2, {"corridor_length": 3})
     assert envs.num_envs == 2
     envs.close()
-
-
-def test_async_env_workers_start_by_forkserver_and_step_like_sync() -> None:
-    """Not by fork: a forked copy of a process with running torch / OpenMP threads can deadlock."""
-    sync = make_vec_env("rlt/TMaze-v0", 2, {"corridor_length": 3})
-    envs = make_vec_env("rlt/TMaze-v0", 2, {"corridor_length": 3}, vectorization="async")
-    try:
-        assert {type(p).__name__ for p in envs.processes} == {"ForkServerProcess"}
-        for a, b in zip(envs.reset(seed=3), sync.reset(seed=3)):
-            assert str(a) == str(b)  # the thunk reached the workers intact: same observations and infos
-    finally:
-        envs.close()
-        sync.close()
