@@ -106,7 +106,8 @@ class TrainConfig(RunConfig):
     ppo: PPOConfig = field(default_factory=PPOConfig)
     """PPO hyper-parameters."""
     vectorization: Literal["sync", "async"] = "sync"
-    """Vector env: sync (one process; exact resume) or async (one subprocess per env)."""
+    """Vector env: sync (one process; exact resume) or async (one subprocess per env, Gymnasium's default start
+    method: fork on Linux, so a script needs no main guard)."""
     torch_deterministic: bool = False
     """Ask torch for deterministic kernels (GPU)."""
     trust_checkpoint: bool = False

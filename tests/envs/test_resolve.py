@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from envs.resolve import EnvKwargsError, UnknownEnvError, make_env, resolve_env
 from rl_transformers.algos.rollout import make_vec_env
 from rl_transformers.utils.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -45,3 +52,21 @@ def test_bad_env_kwargs_name_the_env_and_the_keyword() -> None:
     envs = make_vec_env("rlt/TMaze-v0", 2, {"corridor_length": 3})
     assert envs.num_envs == 2
     envs.close()
+
+
+def test_async_envs_work_from_a_script_without_a_main_guard(tmp_path: Path) -> None:
+    """Gymnasium's default start method (fork on Linux) is kept on purpose: spawn / forkserver re-import the
+    user's script in every env worker, which crashes a script without ``if __name__ == "__main__":``."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "from rl_transformers.algos.env_util import make_vec_env\n"
+        "envs = make_vec_env('rlt/TMaze-v0', 2, {'corridor_length': 3}, vectorization='async')\n"
+        "print('observations', envs.reset(seed=0)[0].tolist())\n"
+        "envs.close()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("observations [[")
