@@ -106,8 +106,9 @@ class TrainConfig(RunConfig):
     ppo: PPOConfig = field(default_factory=PPOConfig)
     """PPO hyper-parameters."""
     vectorization: Literal["sync", "async"] = "sync"
-    """Vector env: sync (one process; exact resume) or async (one subprocess per env, Gymnasium's default start
-    method: fork on Linux, so a script needs no main guard)."""
+    """Vector env: sync (one process; exact resume) or async (one subprocess per env, started by Python's default
+    method: fork on Linux before Python 3.14, where a script needs no main guard; elsewhere guard the code that
+    trains with if __name__ == "__main__")."""
     torch_deterministic: bool = False
     """Ask torch for deterministic kernels (GPU)."""
     trust_checkpoint: bool = False

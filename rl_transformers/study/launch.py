@@ -6,8 +6,8 @@ directory ``run/`` and, at the end, ``result.json`` (done) or ``failed.json`` (f
 ``result.json`` exists with the same job key (a hash of the job) and the whole budget run is skipped; failed,
 unfinished, stopped-early and changed jobs run again. ``invalidate`` moves the results of named encoders aside
 (``result.stale.json``) so they run again, e.g. after an attention was made faster. A running job holds
-``running.lock`` (host, pid): a second invocation over the same directories skips it instead of running it
-twice, and takes over a lock whose holder has died (same host) or is older than the run timeout.
+``running.lock`` (:mod:`rl_transformers.study.joblock`): a second invocation over the same directories skips it
+instead of running it twice, and takes over a lock whose holder is dead.
 
 Each job is a subprocess ``python -m rl_transformers.study.worker job.json`` with one torch thread
 (``OMP_NUM_THREADS=1``). The local launcher runs ``workers`` of them at once from a thread pool; the Ray
@@ -24,10 +24,8 @@ import contextlib
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -35,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
+from rl_transformers.study import joblock
 from rl_transformers.study.encoders import Encoder, label
 from rl_transformers.study.suite import DATASET_ROOT, DT_ARGS, Task
 from rl_transformers.utils.atomic import atomic_write_json
@@ -168,57 +167,6 @@ def invalidate(jobs: Iterable[Job], encoder_names: Iterable[str], dry_run: bool 
     return moved
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # a live process of another user
-        pass
-    return True
-
-
-def holder(lock: Path, timeout_s: float | None = None) -> str | None:
-    """Who holds ``lock`` (``"host pids [...]"``: the launching process and its worker), or None when it is
-    stale: gone, unreadable, every pid dead on this host, or older than ``timeout_s`` + 10 min (for a holder on
-    another host, whose pids cannot be checked)."""
-    try:
-        held = json.loads(lock.read_text())
-        host, pids, started = str(held["host"]), [int(p) for p in held["pids"]], float(held["started"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if time.time() - started > (timeout_s or 3600.0) + 600.0:
-        return None
-    if host == socket.gethostname() and not any(map(_alive, pids)):
-        return None
-    return f"{host} pids {pids}"
-
-
-def claim(run_dir: Path, timeout_s: float | None = None) -> str | None:
-    """Take the job's ``running.lock``; None when taken, else who holds it (another invocation running it).
-
-    The lock is written whole to a private file first and then hard-linked into place, which fails if it
-    exists: no reader ever sees a half-written lock. A stale lock (:func:`holder`) is taken over."""
-    lock = run_dir / "running.lock"
-    private = run_dir / f".running.lock.{os.getpid()}.{threading.get_ident()}"
-    private.write_text(
-        json.dumps({"host": socket.gethostname(), "pids": [os.getpid()], "started": time.time()})
-    )
-    try:
-        for _ in range(3):
-            try:
-                os.link(private, lock)
-                return None
-            except FileExistsError:
-                held = holder(lock, timeout_s)
-                if held is not None:
-                    return held
-                lock.unlink(missing_ok=True)
-        return "another invocation (lock contended)"
-    finally:
-        private.unlink(missing_ok=True)
-
-
 def execute(spec: dict[str, Any], directory: str, timeout_s: float | None = None) -> dict[str, Any]:
     """Run one job in a worker subprocess; returns its record or a failure dict (``"status"`` says which:
     done, failed, or busy - another invocation holds the job's lock and is running it).
@@ -226,17 +174,24 @@ def execute(spec: dict[str, Any], directory: str, timeout_s: float | None = None
     Module-level and argument-only, so Ray can ship it to another process or node.
     """
     run_dir = Path(directory)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    held = claim(run_dir, timeout_s)
-    if held is not None:
-        return {"status": "busy", "holder": held, "key": spec["key"]}
     try:
-        return _run(spec, run_dir, timeout_s)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        lock = joblock.acquire(run_dir, timeout_s)
+    except OSError as exc:
+        tail = f"cannot take {run_dir / joblock.LOCK}: {exc}"
+        return {"status": "failed", "returncode": "lock", "stderr_tail": tail, "key": spec["key"]}
+    if isinstance(lock, str):
+        return {"status": "busy", "holder": lock, "key": spec["key"]}
+    try:
+        return _run(spec, run_dir, timeout_s, lock)
     finally:
-        (run_dir / "running.lock").unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            lock.release()
 
 
-def _run(spec: dict[str, Any], run_dir: Path, timeout_s: float | None) -> dict[str, Any]:
+def _run(
+    spec: dict[str, Any], run_dir: Path, timeout_s: float | None, lock: joblock.JobLock
+) -> dict[str, Any]:
     (run_dir / "result.json").unlink(missing_ok=True)
     atomic_write_json(run_dir / "job.json", spec, indent=1)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -245,15 +200,15 @@ def _run(spec: dict[str, Any], run_dir: Path, timeout_s: float | None) -> dict[s
     start = time.perf_counter()
     with open(run_dir / "stdout.log", "w") as out, open(run_dir / "stderr.log", "w") as err:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err)
-        try:  # the worker holds the lock too: a launcher killed alone leaves it running, and the job locked
-            lock = json.loads((run_dir / "running.lock").read_text())
-            atomic_write_json(run_dir / "running.lock", {**lock, "pids": [os.getpid(), proc.pid]})
+        try:
+            with contextlib.suppress(OSError):
+                lock.add_pid(proc.pid)
             code: int | str = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
             code = "timeout"
-        except BaseException:  # Ctrl-C, or the lock unreadable: never leave the worker behind
+        except BaseException:  # Ctrl-C: never leave the worker behind
             proc.kill()
             proc.wait()
             raise
@@ -344,7 +299,8 @@ def _log_outcome(log: Callable[[str], None], job: Job, outcome: dict[str, Any]) 
         log(f"  done {job.name}: score {outcome['score']}, {outcome['wall_s']:.0f} s, {rate:.0f}/s")
     elif outcome["status"] == "busy":
         log(
-            f"  skipped {job.name}: another invocation is running it ({outcome['holder']}, {job.dir}/running.lock)"
+            f"  skipped {job.name}: another invocation is running it ({outcome['holder']}; if none is, delete "
+            f"{job.dir / joblock.LOCK})"
         )
     else:
         log(f"  FAILED {job.name}: {outcome.get('returncode')} (see {job.dir}/stderr.log)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import subprocess
 import sys
@@ -54,9 +55,12 @@ def test_bad_env_kwargs_name_the_env_and_the_keyword() -> None:
     envs.close()
 
 
+@pytest.mark.skipif(
+    mp.get_start_method() != "fork", reason="the platform starts processes by spawn / forkserver"
+)
 def test_async_envs_work_from_a_script_without_a_main_guard(tmp_path: Path) -> None:
-    """Gymnasium's default start method (fork on Linux) is kept on purpose: spawn / forkserver re-import the
-    user's script in every env worker, which crashes a script without ``if __name__ == "__main__":``."""
+    """Python's default start method (fork on Linux before 3.14) is kept on purpose: spawn / forkserver re-import
+    the user's script in every env worker, which crashes a script without ``if __name__ == "__main__":``."""
     script = tmp_path / "unguarded.py"
     script.write_text(
         "from rl_transformers.algos.env_util import make_vec_env\n"

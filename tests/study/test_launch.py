@@ -175,24 +175,16 @@ def test_a_job_running_in_another_invocation_is_skipped_and_a_dead_lock_taken_ov
     )
     for job, pids in ((gru, [os.getpid()]), (mlp, [int(dead.stdout)])):  # a live holder; a dead one
         job.dir.mkdir(parents=True)
-        (job.dir / "running.lock").write_text(
-            json.dumps({"host": host, "pids": pids, "started": time.time()})
-        )
+        lock = {"host": host, "pids": pids, "started": time.time(), "timeout_s": None, "token": "t"}
+        (job.dir / "running.lock").write_text(json.dumps(lock))
     said: list[str] = []
     outcomes = launch.run_local([gru, mlp], workers=2, log=said.append)
     assert sorted(o["status"] for o in outcomes) == ["busy", "done"]
     assert [launch.status(j) for j in (gru, mlp)] == ["pending", "done"]
     assert not (gru.dir / "failed.json").exists() and not (gru.dir / "job.json").exists()  # left alone
-    assert any(f"skipped {gru.name}: another invocation is running it ({host} pids" in s for s in said)
-    assert not (mlp.dir / "running.lock").exists() and not list(mlp.dir.glob(".running.lock.*"))
-
-    lock = gru.dir / "running.lock"
-    assert launch.holder(lock) == f"{host} pids [{os.getpid()}]"
-    lock.write_text(json.dumps({"host": "elsewhere", "pids": [1], "started": time.time() - 2 * 3600}))
-    assert launch.holder(lock, timeout_s=3600) is None  # another host's lock outlived the run timeout
-    assert launch.holder(lock, timeout_s=3 * 3600) == "elsewhere pids [1]"  # cannot be checked: still held
-    lock.write_text('{"host": ')  # unreadable
-    assert launch.holder(lock) is None
+    skipped = f"skipped {gru.name}: another invocation is running it ({host} pids [{os.getpid()}]; if none is"
+    assert any(skipped in line for line in said)
+    assert (gru.dir / "running.lock").exists() and not (mlp.dir / "running.lock").exists()
 
 
 def test_the_lock_names_the_worker_while_it_runs(tmp_path: Path) -> None:
@@ -207,9 +199,10 @@ def test_the_lock_names_the_worker_while_it_runs(tmp_path: Path) -> None:
     pids: list[int] = []
     deadline = time.monotonic() + 120  # a hang guard, not a speed assertion
     while thread.is_alive() and len(pids) < 2 and time.monotonic() < deadline:
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError, KeyError):
             pids = json.loads(lock.read_text())["pids"]
         time.sleep(0.05)
     thread.join(timeout=240)
+    assert not thread.is_alive(), "the tiny run did not end within 240 s"
     assert len(pids) == 2 and pids[0] == os.getpid() and pids[1] != os.getpid()
     assert outcome["status"] == "done" and not lock.exists()
