@@ -8,8 +8,10 @@ successor's (the token no longer matches).
 
 A lock is stale - taken over without asking - when every pid in it is dead on this host, or, for a holder on
 another host (a Ray node sharing the file system), whose pids cannot be checked, when it is older than the
-holder's run timeout plus 10 minutes. On a cluster *without* a shared file system each node sees only its own
-locks, so there the lock guards against nothing across nodes.
+holder's run timeout plus 10 minutes. Limits: on a cluster *without* a shared file system each node sees only its
+own locks, so there the lock guards against nothing across nodes; hosts are told apart by hostname (containers
+sharing a file system need distinct hostnames); a launcher killed in the instant between starting its worker and
+naming it in the lock leaves that worker unlisted.
 """
 
 from __future__ import annotations
@@ -64,15 +66,19 @@ def _alive(pid: int) -> bool:
 
 
 def _read(lock: Path) -> dict[str, Any] | None:
+    """The lock's fields; None when there is none or it is not a lock this module wrote (it writes atomically, so
+    unparseable content is never a live holder's). An unreadable file (permissions, I/O) raises ``OSError``."""
     try:
         held = json.loads(lock.read_text())
         held["pids"] = [int(p) for p in held["pids"]]
         held["host"], held["started"] = str(held["host"]), float(held["started"])
         if held.get("timeout_s") is not None:
             held["timeout_s"] = float(held["timeout_s"])
-    except (OSError, ValueError, KeyError, TypeError, OverflowError):
+    except FileNotFoundError:
         return None
-    return held if isinstance(held, dict) else None
+    except (ValueError, KeyError, TypeError, OverflowError):
+        return None
+    return held
 
 
 def holder(lock: Path) -> str | None:

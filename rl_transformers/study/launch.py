@@ -169,7 +169,8 @@ def invalidate(jobs: Iterable[Job], encoder_names: Iterable[str], dry_run: bool 
 
 def execute(spec: dict[str, Any], directory: str, timeout_s: float | None = None) -> dict[str, Any]:
     """Run one job in a worker subprocess; returns its record or a failure dict (``"status"`` says which:
-    done, failed, or busy - another invocation holds the job's lock and is running it).
+    done, failed, or busy - another invocation holds the job's lock and is running it). A job another invocation
+    finished since this one planned it is not run again: its record is returned.
 
     Module-level and argument-only, so Ray can ship it to another process or node.
     """
@@ -183,10 +184,24 @@ def execute(spec: dict[str, Any], directory: str, timeout_s: float | None = None
     if isinstance(lock, str):
         return {"status": "busy", "holder": lock, "key": spec["key"]}
     try:
-        return _run(spec, run_dir, timeout_s, lock)
+        finished = _finished(run_dir, spec)  # by another invocation since this one planned the job
+        return finished if finished is not None else _run(spec, run_dir, timeout_s, lock)
+    except Exception as exc:  # disk full, no more processes, ...: this job failed, the invocation goes on
+        tail = f"{type(exc).__name__}: {exc}"
+        return {"status": "failed", "returncode": "launch", "stderr_tail": tail, "key": spec["key"]}
     finally:
         with contextlib.suppress(OSError):
             lock.release()
+
+
+def _finished(run_dir: Path, spec: dict[str, Any]) -> dict[str, Any] | None:
+    try:
+        record = json.loads((run_dir / "result.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(record, dict) and record.get("key") == spec["key"] and complete(record, spec):
+        return {**record, "status": "done"}
+    return None
 
 
 def _run(
@@ -216,7 +231,7 @@ def _run(
     result = run_dir / "result.json"
     if code == 0 and result.exists():
         return {**json.loads(result.read_text()), "status": "done"}
-    tail = (run_dir / "stderr.log").read_text()[-3000:]
+    tail = (run_dir / "stderr.log").read_text(errors="replace")[-3000:]
     return {"status": "failed", "returncode": code, "wall_s": wall, "stderr_tail": tail, "key": spec["key"]}
 
 

@@ -206,3 +206,29 @@ def test_the_lock_names_the_worker_while_it_runs(tmp_path: Path) -> None:
     assert not thread.is_alive(), "the tiny run did not end within 240 s"
     assert len(pids) == 2 and pids[0] == os.getpid() and pids[1] != os.getpid()
     assert outcome["status"] == "done" and not lock.exists()
+
+
+def test_a_job_finished_meanwhile_is_not_run_again_and_launch_errors_are_outcomes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = jobs(tmp_path)[0]
+    job.dir.mkdir(parents=True)
+    done = {**job.spec, "score": 0.5, "curve": [[256.0, 0.5]], "env_steps": 256}  # by another invocation
+    (job.dir / "result.json").write_text(json.dumps(done))
+    outcome = launch.execute(job.spec, str(job.dir))
+    assert outcome == {**done, "status": "done"} and not (job.dir / "stdout.log").exists()  # not run again
+
+    (job.dir / "result.json").unlink()
+
+    def no_more_processes(*args, **kwargs):
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(launch.subprocess, "Popen", no_more_processes)
+    said: list[str] = []
+    [outcome] = launch.run_local([job], workers=1, log=said.append)  # recorded, not raised
+    assert outcome["status"] == "failed" and outcome["returncode"] == "launch"
+    assert (
+        "Resource temporarily unavailable" in json.loads((job.dir / "failed.json").read_text())["stderr_tail"]
+    )
+    assert any(line.startswith(f"  FAILED {job.name}: launch") for line in said)
+    assert not (job.dir / "running.lock").exists()
