@@ -19,6 +19,7 @@ from typing import Literal
 
 from rl_transformers.study import encoders as enc
 from rl_transformers.study import launch, report, suite
+from rl_transformers.study.aggregate import REPS
 
 METHOD = """\
 Every encoder is trained with the **same hyper-parameters on a task** (as POPGym did): PPO with the defaults of
@@ -260,6 +261,8 @@ def run_study(cfg: StudyConfig, log=print) -> dict:
         for r in report.collect(out, cfg.preset)
         if r.get("key") in specs and launch.complete(r, specs[r["key"]])
     ]
+    log(f"building the documents from {len(records)} runs: rliable's bootstrap ({REPS:,} resamples per CI) "
+        "takes minutes (about 6 on one core for the full preset)")  # fmt: skip
     aggs = report.write_report(records, docs, ctx)
     log(f"wrote {docs}/encoders.md, encoders.json ({len(records)} runs), encoders_aggregate.json, plots/")
     return {"jobs": len(jobs), "records": len(records), "aggregates": aggs}

@@ -128,5 +128,6 @@ def test_a_dry_run_changes_nothing_on_disk(tmp_path: Path, captured: dict) -> No
     run.run_study(run.replace(cfg, dry_run=False, report_only=True, rerun_encoders=("mlp",)), log=said.append)
     assert f"restored 3 finished runs from {docs / 'encoders.json'}" in said
     assert "moved aside 3 results of ['mlp']" in said
+    assert any(line.startswith("building the documents from 3 runs: rliable") for line in said)  # the 3 gru
     stale = [j.spec["encoder_name"] for j in jobs if (j.dir / "result.stale.json").exists()]
     assert stale == ["mlp"] * 3
