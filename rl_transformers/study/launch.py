@@ -104,15 +104,19 @@ def complete(record: dict[str, Any], spec: dict[str, Any]) -> bool:
 def status(job: Job) -> str:
     """done (result.json of this job that ran its whole budget), incomplete (one that stopped early: it runs
     again), failed, or pending."""
-    result = job.dir / "result.json"
-    if result.exists():
-        try:
-            record = json.loads(result.read_text())
-        except (OSError, ValueError):
-            record = None
-        if isinstance(record, dict) and record.get("key") == job.spec["key"]:
-            return "done" if complete(record, job.spec) else "incomplete"
+    record = own_result(job.dir, job.spec)
+    if record is not None:
+        return "done" if complete(record, job.spec) else "incomplete"
     return "failed" if (job.dir / "failed.json").exists() else "pending"
+
+
+def own_result(run_dir: Path, spec: dict[str, Any]) -> dict[str, Any] | None:
+    """The record in ``run_dir/result.json`` when it is this job's (same key), else None."""
+    try:
+        record = json.loads((run_dir / "result.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("key") == spec["key"] else None
 
 
 def restore(jobs: Iterable[Job], records_file: Path, dry_run: bool = False) -> list[Job]:
@@ -184,24 +188,16 @@ def execute(spec: dict[str, Any], directory: str, timeout_s: float | None = None
     if isinstance(lock, str):
         return {"status": "busy", "holder": lock, "key": spec["key"]}
     try:
-        finished = _finished(run_dir, spec)  # by another invocation since this one planned the job
-        return finished if finished is not None else _run(spec, run_dir, timeout_s, lock)
+        finished = own_result(run_dir, spec)  # by another invocation since this one planned the job?
+        if finished is not None and complete(finished, spec):
+            return {**finished, "status": "done"}
+        return _run(spec, run_dir, timeout_s, lock)
     except Exception as exc:  # disk full, no more processes, ...: this job failed, the invocation goes on
         tail = f"{type(exc).__name__}: {exc}"
         return {"status": "failed", "returncode": "launch", "stderr_tail": tail, "key": spec["key"]}
     finally:
         with contextlib.suppress(OSError):
             lock.release()
-
-
-def _finished(run_dir: Path, spec: dict[str, Any]) -> dict[str, Any] | None:
-    try:
-        record = json.loads((run_dir / "result.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if isinstance(record, dict) and record.get("key") == spec["key"] and complete(record, spec):
-        return {**record, "status": "done"}
-    return None
 
 
 def _run(

@@ -5,10 +5,11 @@ m_z(x) = clamp((R + z − x) / R, 0, 1) of the distance x = i − j, i.e. softma
 than z + R get exactly zero weight. Those keys are not computed at all: queries are processed in blocks that
 only gather the keys inside the current largest span, so time and memory fall as spans shrink
 (``info["backbone/adaptive_span/scores/layer<l>"]`` counts the computed scores). The L1 penalty
-``l1_weight``·mean_h(z_h), z in tokens, goes to ``aux_losses["adaptive_span_l1"]`` (the reference implementation's
-``--adapt-span-loss`` coefficient, 2e-6 for its small models, so it trims spans without outweighing the task). With ``dynamic=True`` the span is a
-function of the query, z_t = max_span·σ(v·x_t + b) (the paper's "dynamic attention span"). Streaming keeps a KV
-cache of max_span + R keys, which is exact because no query can see further. Causal; O(T·(z+R)) time/memory.
+``l1_weight``·mean_h(z_h), z in tokens, goes to ``aux_losses["adaptive_span_l1"]`` (the reference
+implementation's ``--adapt-span-loss`` coefficient, 2e-6 for its small models, so it trims spans without
+outweighing the task). With ``dynamic=True`` the span is a function of the query, z_t = max_span·σ(v·x_t + b)
+(the paper's "dynamic attention span"). Streaming keeps a KV cache of max_span + R keys, which is exact because no
+query can see further. Causal; O(T·(z+R)) time/memory.
 """
 
 from __future__ import annotations
