@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from rl_transformers.study.aggregate import REPS, aggregate, performance_profiles, score_matrices
-from rl_transformers.study.summary import aggregate_summary, task_leaders
+from rl_transformers.study.summary import aggregate_summary, identical_runs, task_leaders
 from rl_transformers.utils.atomic import atomic_write_text
 
 RECORD_FIELDS = ("algo", "task", "encoder", "seed", "score", "final_return", "env_steps", "steps_per_s",
@@ -384,7 +384,8 @@ def summary_section(
         covered = aggs[suite]["tasks"]  # the tasks the aggregate was built over
         lines += [
             f"- **{suite.capitalize()} ({algo.upper()})**, over {len(covered)} of {len(tasks_of(ctx, algo))} "
-            f"tasks: {aggregate_summary(aggs[suite])} {task_leaders(records, algo, covered)}".rstrip()
+            f"tasks: {aggregate_summary(aggs[suite])} {task_leaders(records, algo, covered)} "
+            f"{identical_runs(records, algo)}".rstrip()
         ]
     return [*lines, ""] if len(lines) > 2 else []
 

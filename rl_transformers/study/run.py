@@ -65,8 +65,18 @@ NOTES = """\
 - `fixed`, `strided` and `bigbird` kept an unbounded streaming cache until commit `4eb9e34` (their
   context grew over the whole run, ending 5-10x slower than `full`); their earlier results were discarded and
   re-run with the same 64-key bound (`max_cache`) as every other attention row.
+- Rows that compute the same policy (the summary's "Identical runs" finds them from the evaluation curves).
+  Online, `local` (window 64) attends to exactly the keys of `full` under the shared 64-key bound, so its runs
+  are `full`'s. `early_exit` trains at full depth (CALM's protocol: exits apply in evaluation only) and its
+  default measure, saturation, has no parameters, so its training is `gtrxl`'s bit for bit; its evaluations can
+  differ only where a token exits (cosine between a layer's output and input >= 0.99). They differ only at the
+  first evaluation (16k steps) of 3 of its 18 runs (GTrXL's gates start near identity, so early on a layer
+  changes a token little); every later evaluation equals `gtrxl`'s (layer-1 saturation was 0.95-0.98 on a
+  T-Maze policy at 40k steps: no exits), and so do all 18 scores and final returns. At its defaults, early exit
+  changes nothing in these 2-layer policies; measuring it needs a calibrated threshold (CALM) or exits in
+  training (`exit_in_training`), which this study does not tune.
 - Offline, the DT sees 10 steps = 30 tokens. `local`, `block_local`, `blockwise` and `bigbird` give identical
-  runs on CartPole (seed by seed: their patterns coincide on 30 tokens), and `full` differs from them in
+  runs on both datasets (seed by seed: their patterns coincide on 30 tokens), and `full` differs from them in
   principle only by the random stream of its fused training path's dropout masks (`policies/dt_fast.py`); the
   spread between these rows (CartPole mean normalized score 18.3 vs 23.2; offline IQM 0.451 vs 0.465) is seed
   noise, and most offline differences are within it.

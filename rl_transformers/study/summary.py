@@ -6,7 +6,9 @@ it states only what the numbers below it show:
 - :func:`aggregate_summary`: the encoder with the highest IQM, the encoders whose 95 % CI overlaps its CI (not
   separable from it at this number of runs), and which encoders beat or trail the reference (GRU online, `full`
   offline) by rliable's probability of improvement with the whole 95 % CI on one side of 0.5;
-- :func:`task_leaders`: per task, the encoders with the highest mean score (ties at the table's two decimals).
+- :func:`task_leaders`: per task, the encoders with the highest mean score (ties at the table's two decimals);
+- :func:`identical_runs`: encoders whose runs are the same run under another name (equal evaluation curves and
+  final returns on every task and seed), so that a row that changes nothing is not read as a separate finding.
 """
 
 from __future__ import annotations
@@ -69,3 +71,30 @@ def task_leaders(records: Sequence[dict[str, Any]], algo: str, tasks: Sequence[s
         leaders = sorted(n for n, m in means.items() if m == top)
         parts.append(f"{task} {top:.{digits}f} ({_names(leaders)})")
     return "Highest mean score per task: " + "; ".join(parts) + "." if parts else ""
+
+
+def _run_signature(r: dict[str, Any]) -> tuple[Any, ...]:
+    return (r["score"], r.get("final_return"), tuple(tuple(p) for p in r.get("curve") or ()))
+
+
+def identical_runs(records: Sequence[dict[str, Any]], algo: str) -> str:
+    """Groups of encoders whose runs of ``algo`` coincide: the same (task, seed) runs, and on each of them the same
+    score, final return and evaluation curve (every evaluation, bit for bit). Such encoders computed the same
+    policy; the report says so instead of listing them as separate results."""
+    runs: dict[str, dict[tuple[str, int], tuple[Any, ...]]] = defaultdict(dict)
+    for r in records:
+        if r["algo"] == algo and r["score"] is not None:
+            runs[r["encoder_name"]][(r["task"], r["seed"])] = _run_signature(r)
+    groups: list[list[str]] = []
+    for name in sorted(runs):
+        for group in groups:
+            if runs[group[0]] == runs[name]:
+                group.append(name)
+                break
+        else:
+            groups.append([name])
+    same = [g for g in groups if len(g) > 1]
+    if not same:
+        return ""
+    parts = [" = ".join(f"`{n}`" for n in g) + f" ({len(runs[g[0]])} runs)" for g in same]
+    return "Identical runs (the same evaluation curve on every task and seed): " + "; ".join(parts) + "."

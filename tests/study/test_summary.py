@@ -73,3 +73,28 @@ def test_summary_agrees_with_rliable_in_the_report(tmp_path: Path) -> None:
     assert "**Online (PPO)**, over 2 of 2 tasks: Highest IQM: `a`" in section
     assert "better 1 (`a`)" in section
     assert "t1 0.81 (`a`); t2 0.81 (`a`)" in section
+
+
+def test_identical_runs_groups_encoders_equal_on_every_run_and_nothing_else() -> None:
+    def rec(name: str, task: str, seed: int, score: float, curve: list, algo: str = "ppo") -> dict:
+        return {"algo": algo, "task": task, "seed": seed, "encoder_name": name, "score": score,
+                "final_return": score, "curve": curve}  # fmt: skip
+
+    recs = []
+    for name in ("full", "local", "bigbird", "short"):
+        for task in ("t1", "t2"):
+            for seed in (0, 1):
+                curve = [[10, 0.1 * seed], [20, 0.5]]
+                if name == "bigbird" and task == "t2" and seed == 1:
+                    curve = [[10, 0.2], [20, 0.5]]  # same score, one evaluation differs: not identical
+                if name == "short" and task == "t2" and seed == 1:
+                    continue  # equal on every run it has, but one run fewer: not identical
+                recs.append(rec(name, task, seed, 0.5, curve))
+    recs.append(rec("gru", "t1", 0, 0.5, [[10, 0.0], [20, 0.5]], algo="dt"))  # other algo: ignored
+    text = summary.identical_runs(recs, "ppo")
+    assert (
+        text
+        == "Identical runs (the same evaluation curve on every task and seed): `full` = `local` (4 runs)."
+    )
+    assert summary.identical_runs(recs, "dt") == ""
+    assert summary.identical_runs([], "ppo") == ""
