@@ -8,10 +8,12 @@ successor's (the token no longer matches).
 
 A lock is stale - taken over without asking - when every pid in it is dead on this host, or, for a holder on
 another host (a Ray node sharing the file system), whose pids cannot be checked, when it is older than the
-holder's run timeout plus 10 minutes. Limits: on a cluster *without* a shared file system each node sees only its
-own locks, so there the lock guards against nothing across nodes; hosts are told apart by hostname (containers
-sharing a file system need distinct hostnames); a launcher killed in the instant between starting its worker and
-naming it in the lock leaves that worker unlisted.
+holder's run timeout plus 10 minutes; the worker stops itself at that timeout (``study/worker.py``
+``--deadline-s``), so a worker orphaned there by a killed launcher is gone before the lock expires. Limits: on a
+cluster *without* a shared file system each node sees only its own locks, so there the lock guards against
+nothing across nodes; hosts are told apart by hostname (containers sharing a file system need distinct
+hostnames); a launcher killed in the instant between starting its worker and naming it in the lock leaves that
+worker unlisted.
 """
 
 from __future__ import annotations

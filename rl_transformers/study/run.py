@@ -128,7 +128,7 @@ class StudyConfig:
     ray_address: str | None = None
     """ray.init(address=...) of an existing cluster (default: start a local instance)."""
     timeout_s: float | None = 3600.0
-    """Kill a run after this many seconds (it counts as failed and runs again on the next invocation)."""
+    """Kill a run after this many seconds (failed: it runs again on the next invocation); its worker stops too."""
     dry_run: bool = False
     """Print the run count and an estimated time from measured steps/s, then exit; nothing on disk changes."""
     report_only: bool = False

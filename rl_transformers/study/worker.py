@@ -1,4 +1,4 @@
-"""One study run in its own process: ``python -m rl_transformers.study.worker <run dir>/job.json``.
+"""One study run in its own process: ``python -m rl_transformers.study.worker <run dir>/job.json [--deadline-s S]``.
 
 Reads the job (algo, task, encoder spec, seed, budget), calls the trainer's public ``train`` function
 (:func:`rl_transformers.algos.ppo.train` / :func:`rl_transformers.algos.dt.train`) with the run directory
@@ -6,12 +6,20 @@ Reads the job (algo, task, encoder spec, seed, budget), calls the trainer's publ
 ``<run dir>/result.json`` atomically (the record of :func:`make_record`). Exit code 0 only with a result: a
 run that the trainer stopped early (SIGTERM or Ctrl-C: it saves and returns) writes no result and exits with
 :data:`EXIT_INTERRUPTED`, so the study runs it again instead of scoring a shortened run.
+
+``--deadline-s`` (the launcher passes its run timeout): the worker stops itself then, as if sent SIGTERM, and
+exits at once :data:`DEADLINE_GRACE_S` later if it is still alive. The launcher kills a worker at its timeout
+anyway; the deadline matters when the launcher is gone (killed on a Ray node), so that an orphaned worker ends
+before its job's lock expires for other hosts (``joblock.GRACE_S`` after the timeout) and never runs next to
+the invocation that takes the job over.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -22,6 +30,10 @@ from rl_transformers.utils.provenance import git_sha
 
 EXIT_INTERRUPTED = 3
 """Exit code of a run that the trainer stopped before its budget (no result.json written)."""
+EXIT_DEADLINE = 4
+"""Exit code of a worker still alive :data:`DEADLINE_GRACE_S` after its deadline (it ignored the SIGTERM)."""
+DEADLINE_GRACE_S = 60.0
+"""From the deadline's SIGTERM to the hard exit: time for the trainer to save its checkpoint."""
 
 
 class Interrupted(RuntimeError):
@@ -31,6 +43,28 @@ class Interrupted(RuntimeError):
 def _check_complete(result: Any) -> None:
     if result.interrupted:
         raise Interrupted(f"the trainer stopped at step {result.step} before the budget (interrupted)")
+
+
+def arm_deadline(seconds: float, grace_s: float = DEADLINE_GRACE_S) -> None:
+    """After ``seconds``: SIGTERM to this process (the trainer saves and returns; no result); after ``grace_s``
+    more: exit with :data:`EXIT_DEADLINE` at once. POSIX only (SIGALRM); elsewhere the launcher's timeout is
+    the only bound."""
+    if not hasattr(signal, "SIGALRM"):
+        return
+    fired: list[bool] = []
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        if fired:
+            print(f"still running {grace_s:g} s after the deadline: exiting", file=sys.stderr, flush=True)
+            os._exit(EXIT_DEADLINE)
+        fired.append(True)
+        print(f"deadline of {seconds:g} s reached: stopping (no result)", file=sys.stderr, flush=True)
+        signal.setitimer(signal.ITIMER_REAL, grace_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    print(f"deadline: this worker stops itself after {seconds:g} s", flush=True)
 
 
 def read_series(progress: Path, key: str) -> list[tuple[float, float]]:
@@ -151,9 +185,22 @@ def make_record(
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m rl_transformers.study.worker <run dir>/job.json", file=sys.stderr)
+    usage = "usage: python -m rl_transformers.study.worker <run dir>/job.json [--deadline-s SECONDS]"
+    if len(argv) not in (1, 3) or (len(argv) == 3 and argv[1] != "--deadline-s"):
+        print(usage, file=sys.stderr)
         return 2
+    if len(argv) == 3:
+        try:
+            deadline = float(argv[2])
+        except ValueError:
+            deadline = math.nan
+        if not deadline > 0:
+            print(
+                f"--deadline-s must be a positive number of seconds, got {argv[2]!r}; {usage}",
+                file=sys.stderr,
+            )
+            return 2
+        arm_deadline(deadline)
     job_path = Path(argv[0])
     job = json.loads(job_path.read_text())
     run = job_path.parent / "run"

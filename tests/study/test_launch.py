@@ -232,3 +232,49 @@ def test_a_job_finished_meanwhile_is_not_run_again_and_launch_errors_are_outcome
     )
     assert any(line.startswith(f"  FAILED {job.name}: launch") for line in said)
     assert not (job.dir / "running.lock").exists()
+
+
+def test_a_worker_stops_itself_at_its_deadline_even_without_a_launcher(tmp_path: Path) -> None:
+    """The launcher passes its timeout to the worker, which then stops (SIGTERM to itself: no result); one that
+    ignores the SIGTERM exits anyway after the grace time."""
+    from rl_transformers.study import worker
+
+    job = launch.make_job(TMAZE, GRU, 0, "quick", tmp_path, **{**TINY, "budget": 128 * 10_000})  # never ends
+    job.dir.mkdir(parents=True)
+    (job.dir / "job.json").write_text(json.dumps(job.spec))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    cmd = [
+        sys.executable,
+        "-m",
+        "rl_transformers.study.worker",
+        str(job.dir / "job.json"),
+        "--deadline-s",
+        "5",
+    ]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)  # nobody kills it
+    assert "deadline of 5 s reached: stopping (no result)" in done.stderr, done.stderr[-2000:]
+    # stopped by the trainer's handler (it saves and returns) or, if it came before the trainer started, by
+    # SIGTERM's default action; either way no result
+    assert done.returncode in (worker.EXIT_INTERRUPTED, -signal.SIGTERM), done.stderr[-2000:]
+    assert not (job.dir / "result.json").exists()
+
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    stubborn += "from rl_transformers.study.worker import arm_deadline; arm_deadline(0.2, grace_s=0.2); time.sleep(120)"
+    done = subprocess.run(
+        [sys.executable, "-c", stubborn], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == worker.EXIT_DEADLINE, done.stderr
+    assert "still running 0.2 s after the deadline: exiting" in done.stderr
+
+    bad = subprocess.run([*cmd[:-1], "soon"], env=env, capture_output=True, text=True, timeout=60)
+    assert (
+        bad.returncode == 2 and "--deadline-s must be a positive number of seconds, got 'soon'" in bad.stderr
+    )
+
+
+def test_the_launcher_gives_its_timeout_to_the_worker(tmp_path: Path) -> None:
+    with_timeout, without = jobs(tmp_path)
+    assert launch.execute(with_timeout.spec, str(with_timeout.dir), timeout_s=600.0)["status"] == "done"
+    assert "deadline: this worker stops itself after 600 s" in (with_timeout.dir / "stdout.log").read_text()
+    assert launch.execute(without.spec, str(without.dir), timeout_s=None)["status"] == "done"
+    assert "deadline" not in (without.dir / "stdout.log").read_text()  # no timeout: no deadline
