@@ -209,7 +209,7 @@ def _run(
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     cmd = [sys.executable, "-m", "rl_transformers.study.worker", str(run_dir / "job.json")]
     if timeout_s is not None:  # the worker ends itself then, even if this launcher is gone
-        cmd += ["--deadline-s", f"{timeout_s:g}"]
+        cmd += ["--deadline-s", repr(float(timeout_s))]
     start = time.perf_counter()
     with open(run_dir / "stdout.log", "w") as out, open(run_dir / "stderr.log", "w") as err:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err)

@@ -385,7 +385,7 @@ def summary_section(
         lines += [
             f"- **{suite.capitalize()} ({algo.upper()})**, over {len(covered)} of {len(tasks_of(ctx, algo))} "
             f"tasks: {aggregate_summary(aggs[suite])} {task_leaders(records, algo, covered)} "
-            f"{identical_runs(records, algo)}".rstrip()
+            f"{identical_runs(records, algo, covered)}".rstrip()
         ]
     return [*lines, ""] if len(lines) > 2 else []
 

@@ -65,7 +65,7 @@ NOTES = """\
 - `fixed`, `strided` and `bigbird` kept an unbounded streaming cache until commit `4eb9e34` (their
   context grew over the whole run, ending 5-10x slower than `full`); their earlier results were discarded and
   re-run with the same 64-key bound (`max_cache`) as every other attention row.
-- Rows that compute the same policy (the summary's "Identical runs" finds them from the evaluation curves).
+- Rows that compute the same policy (the summary's "Equal runs" lists rows whose evaluation curves coincide).
   Online, `local` (window 64) attends to exactly the keys of `full` under the shared 64-key bound, so its runs
   are `full`'s. `early_exit` trains at full depth (CALM's protocol: exits apply in evaluation only) and its
   default measure, saturation, has no parameters, so its training is `gtrxl`'s bit for bit; its evaluations can

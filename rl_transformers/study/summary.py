@@ -7,8 +7,9 @@ it states only what the numbers below it show:
   separable from it at this number of runs), and which encoders beat or trail the reference (GRU online, `full`
   offline) by rliable's probability of improvement with the whole 95 % CI on one side of 0.5;
 - :func:`task_leaders`: per task, the encoders with the highest mean score (ties at the table's two decimals);
-- :func:`identical_runs`: encoders whose runs are the same run under another name (equal evaluation curves and
-  final returns on every task and seed), so that a row that changes nothing is not read as a separate finding.
+- :func:`identical_runs`: encoders whose evaluation curves coincide bit for bit on every task and seed, so that
+  rows that probably compute one policy are not read as separate findings. Coarse or saturated scores can make
+  different policies coincide on few tasks, so this is a sign to check, not a proof.
 """
 
 from __future__ import annotations
@@ -74,16 +75,16 @@ def task_leaders(records: Sequence[dict[str, Any]], algo: str, tasks: Sequence[s
 
 
 def _run_signature(r: dict[str, Any]) -> tuple[Any, ...]:
-    return (r["score"], r.get("final_return"), tuple(tuple(p) for p in r.get("curve") or ()))
+    return (r["score"], r.get("final_return"), tuple(tuple(p) for p in r["curve"]))
 
 
-def identical_runs(records: Sequence[dict[str, Any]], algo: str) -> str:
-    """Groups of encoders whose runs of ``algo`` coincide: the same (task, seed) runs, and on each of them the same
-    score, final return and evaluation curve (every evaluation, bit for bit). Such encoders computed the same
-    policy; the report says so instead of listing them as separate results."""
+def identical_runs(records: Sequence[dict[str, Any]], algo: str, tasks: Sequence[str]) -> str:
+    """Groups of encoders whose runs of ``algo`` on ``tasks`` coincide: the same (task, seed) runs, and on each
+    of them the same score, final return and evaluation curve (every evaluation, bit for bit). Records without
+    a curve are left out."""
     runs: dict[str, dict[tuple[str, int], tuple[Any, ...]]] = defaultdict(dict)
     for r in records:
-        if r["algo"] == algo and r["score"] is not None:
+        if r["algo"] == algo and r["task"] in tasks and r["score"] is not None and r.get("curve"):
             runs[r["encoder_name"]][(r["task"], r["seed"])] = _run_signature(r)
     groups: list[list[str]] = []
     for name in sorted(runs):
@@ -97,4 +98,7 @@ def identical_runs(records: Sequence[dict[str, Any]], algo: str) -> str:
     if not same:
         return ""
     parts = [" = ".join(f"`{n}`" for n in g) + f" ({len(runs[g[0]])} runs)" for g in same]
-    return "Identical runs (the same evaluation curve on every task and seed): " + "; ".join(parts) + "."
+    return (
+        "Equal runs (the same evaluation curve, bit for bit, on every task and seed: probably one policy, see "
+        "the notes): " + "; ".join(parts) + "."
+    )

@@ -8,14 +8,16 @@ run that the trainer stopped early (SIGTERM or Ctrl-C: it saves and returns) wri
 :data:`EXIT_INTERRUPTED`, so the study runs it again instead of scoring a shortened run.
 
 ``--deadline-s`` (the launcher passes its run timeout): the worker stops itself then, as if sent SIGTERM, and
-exits at once :data:`DEADLINE_GRACE_S` later if it is still alive. The launcher kills a worker at its timeout
-anyway; the deadline matters when the launcher is gone (killed on a Ray node), so that an orphaned worker ends
-before its job's lock expires for other hosts (``joblock.GRACE_S`` after the timeout) and never runs next to
-the invocation that takes the job over.
+exits at once :data:`DEADLINE_GRACE_S` later if it is still alive (:data:`WATCHDOG_S` later still, from a C
+thread, if it is stuck where Python handlers cannot run: :func:`arm_deadline`). The launcher kills a worker at
+its timeout anyway; the deadline matters when the launcher is gone (killed on a Ray node), so that an orphaned
+worker ends before its job's lock expires for other hosts (``joblock.GRACE_S`` after the timeout) and never
+runs next to the invocation that takes the job over.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import math
 import os
@@ -34,6 +36,10 @@ EXIT_DEADLINE = 4
 """Exit code of a worker still alive :data:`DEADLINE_GRACE_S` after its deadline (it ignored the SIGTERM)."""
 DEADLINE_GRACE_S = 60.0
 """From the deadline's SIGTERM to the hard exit: time for the trainer to save its checkpoint."""
+WATCHDOG_S = 60.0
+"""From the hard exit's due time to faulthandler's (for a worker whose signal handlers cannot run)."""
+MAX_DEADLINE_S = 1e9
+"""Deadlines from this many seconds up (``inf`` included) mean none: the timers do not take them."""
 
 
 class Interrupted(RuntimeError):
@@ -45,26 +51,48 @@ def _check_complete(result: Any) -> None:
         raise Interrupted(f"the trainer stopped at step {result.step} before the budget (interrupted)")
 
 
-def arm_deadline(seconds: float, grace_s: float = DEADLINE_GRACE_S) -> None:
+def arm_deadline(seconds: float, grace_s: float = DEADLINE_GRACE_S, watchdog_s: float = WATCHDOG_S) -> None:
     """After ``seconds``: SIGTERM to this process (the trainer saves and returns; no result); after ``grace_s``
-    more: exit with :data:`EXIT_DEADLINE` at once. POSIX only (SIGALRM); elsewhere the launcher's timeout is
-    the only bound."""
-    if not hasattr(signal, "SIGALRM"):
-        return
-    fired: list[bool] = []
+    more: exit with :data:`EXIT_DEADLINE` at once. Both run as a Python signal handler, which waits for the
+    main thread to come back from C code; a worker stuck inside one C call (a deadlocked op) is ended
+    ``watchdog_s`` later still by :func:`faulthandler.dump_traceback_later` (a C thread: it prints every
+    thread's stack to stderr and exits with code 1). POSIX only (SIGALRM); elsewhere only the watchdog and the
+    launcher's timeout bound the run. :func:`disarm_deadline` cancels all three."""
+    faulthandler.dump_traceback_later(seconds + grace_s + watchdog_s, exit=True)
+    if hasattr(signal, "SIGALRM"):
+        fired: list[bool] = []
 
-    def on_alarm(signum: int, frame: Any) -> None:
-        if fired:
-            print(f"still running {grace_s:g} s after the deadline: exiting", file=sys.stderr, flush=True)
-            os._exit(EXIT_DEADLINE)
-        fired.append(True)
-        print(f"deadline of {seconds:g} s reached: stopping (no result)", file=sys.stderr, flush=True)
-        signal.setitimer(signal.ITIMER_REAL, grace_s)
-        os.kill(os.getpid(), signal.SIGTERM)
+        def on_alarm(signum: int, frame: Any) -> None:
+            if fired:
+                print(f"still running {grace_s:g} s after the deadline: exiting", file=sys.stderr, flush=True)
+                os._exit(EXIT_DEADLINE)
+            fired.append(True)
+            print(f"deadline of {seconds:g} s reached: stopping (no result)", file=sys.stderr, flush=True)
+            signal.setitimer(signal.ITIMER_REAL, grace_s)
+            os.kill(os.getpid(), signal.SIGTERM)
 
-    signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+        signal.signal(signal.SIGALRM, on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
     print(f"deadline: this worker stops itself after {seconds:g} s", flush=True)
+
+
+def disarm_deadline() -> None:
+    """Cancel :func:`arm_deadline` (once the trainer has returned: the record is written in any case)."""
+    faulthandler.cancel_dump_traceback_later()
+    if hasattr(signal, "SIGALRM"):
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def parse_deadline(text: str) -> float | None:
+    """``--deadline-s``: a positive number of seconds; ``inf`` or anything from :data:`MAX_DEADLINE_S` up (past
+    what the timers take) means no deadline (None)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0:
+        raise ValueError(f"--deadline-s must be a positive number of seconds, got {text!r}")
+    return value if value < MAX_DEADLINE_S else None
 
 
 def read_series(progress: Path, key: str) -> list[tuple[float, float]]:
@@ -191,16 +219,12 @@ def main(argv: list[str]) -> int:
         return 2
     if len(argv) == 3:
         try:
-            deadline = float(argv[2])
-        except ValueError:
-            deadline = math.nan
-        if not deadline > 0:
-            print(
-                f"--deadline-s must be a positive number of seconds, got {argv[2]!r}; {usage}",
-                file=sys.stderr,
-            )
+            deadline = parse_deadline(argv[2])
+        except ValueError as err:
+            print(f"{err}; {usage}", file=sys.stderr)
             return 2
-        arm_deadline(deadline)
+        if deadline is not None:
+            arm_deadline(deadline)
     job_path = Path(argv[0])
     job = json.loads(job_path.read_text())
     run = job_path.parent / "run"
@@ -213,6 +237,8 @@ def main(argv: list[str]) -> int:
     except Interrupted as err:
         print(f"no result: {err}; the study runs this job again", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        disarm_deadline()  # a signal after the trainer returned must not kill the worker before it writes
     record["git_sha"] = sha
     atomic_write_json(job_path.parent / "result.json", record, indent=1)
     return 0

@@ -266,15 +266,39 @@ def test_a_worker_stops_itself_at_its_deadline_even_without_a_launcher(tmp_path:
     assert done.returncode == worker.EXIT_DEADLINE, done.stderr
     assert "still running 0.2 s after the deadline: exiting" in done.stderr
 
+    # stuck in one C call, the Python handlers never run: faulthandler's watchdog thread ends it
+    stuck = "from rl_transformers.study.worker import arm_deadline; arm_deadline(0.2, grace_s=0.2, watchdog_s=0.2); "
+    stuck += "sum(range(10**13))"
+    done = subprocess.run([sys.executable, "-c", stuck], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "Timeout" in done.stderr, done.stderr
+
+    # disarmed (the trainer returned): nothing fires
+    calm = "import time; from rl_transformers.study.worker import arm_deadline, disarm_deadline; "
+    calm += (
+        "arm_deadline(0.2, grace_s=0.2, watchdog_s=0.2); disarm_deadline(); time.sleep(1.5); print('alive')"
+    )
+    done = subprocess.run([sys.executable, "-c", calm], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip().endswith("alive"), done.stderr
+
     bad = subprocess.run([*cmd[:-1], "soon"], env=env, capture_output=True, text=True, timeout=60)
     assert (
         bad.returncode == 2 and "--deadline-s must be a positive number of seconds, got 'soon'" in bad.stderr
     )
 
 
+def test_deadline_values() -> None:
+    from rl_transformers.study.worker import MAX_DEADLINE_S, parse_deadline
+
+    assert parse_deadline("600.0") == 600.0 and parse_deadline("1e-3") == 1e-3
+    assert parse_deadline("inf") is None and parse_deadline(repr(MAX_DEADLINE_S)) is None  # no deadline
+    for text in ("0", "-5", "nan", "soon", ""):
+        with pytest.raises(ValueError, match="positive number of seconds"):
+            parse_deadline(text)
+
+
 def test_the_launcher_gives_its_timeout_to_the_worker(tmp_path: Path) -> None:
     with_timeout, without = jobs(tmp_path)
     assert launch.execute(with_timeout.spec, str(with_timeout.dir), timeout_s=600.0)["status"] == "done"
     assert "deadline: this worker stops itself after 600 s" in (with_timeout.dir / "stdout.log").read_text()
-    assert launch.execute(without.spec, str(without.dir), timeout_s=None)["status"] == "done"
-    assert "deadline" not in (without.dir / "stdout.log").read_text()  # no timeout: no deadline
+    assert launch.execute(without.spec, str(without.dir), timeout_s=float("inf"))["status"] == "done"
+    assert "deadline" not in (without.dir / "stdout.log").read_text()  # an infinite timeout: no deadline

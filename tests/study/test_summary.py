@@ -91,10 +91,13 @@ def test_identical_runs_groups_encoders_equal_on_every_run_and_nothing_else() ->
                     continue  # equal on every run it has, but one run fewer: not identical
                 recs.append(rec(name, task, seed, 0.5, curve))
     recs.append(rec("gru", "t1", 0, 0.5, [[10, 0.0], [20, 0.5]], algo="dt"))  # other algo: ignored
-    text = summary.identical_runs(recs, "ppo")
-    assert (
-        text
-        == "Identical runs (the same evaluation curve on every task and seed): `full` = `local` (4 runs)."
+    recs += [rec(name, "t3", 0, 0.5, []) for name in ("x", "y")]  # no curve: no evidence, left out
+    text = summary.identical_runs(recs, "ppo", ["t1", "t2", "t3"])
+    assert text.startswith("Equal runs (the same evaluation curve, bit for bit, on every task and seed")
+    assert text.endswith("): `full` = `local` (4 runs).")
+    # on t1 alone bigbird and short equal full too: the verdict is over the tasks asked for
+    assert summary.identical_runs(recs, "ppo", ["t1"]).endswith(
+        "): `bigbird` = `full` = `local` = `short` (2 runs)."
     )
-    assert summary.identical_runs(recs, "dt") == ""
-    assert summary.identical_runs([], "ppo") == ""
+    assert summary.identical_runs(recs, "dt", ["t1"]) == ""
+    assert summary.identical_runs([], "ppo", ["t1"]) == ""
