@@ -17,6 +17,12 @@ changes, and the output is the state at the exit layer. Confidence measures:
 Exits apply in eval mode; in training mode all layers run (as in CALM, where the exit classifier is trained
 from full-depth states) unless ``exit_in_training=True``. ``info["backbone/exit_layer"]`` is the mean exit
 depth (1-based) and ``info["backbone/exit_layer_per_token"]`` the (B, T) exit depths. Threshold ∞ = full depth.
+
+The default threshold 0.99 with ``saturation`` is conservative: in the encoder study's trained 2-layer GTrXL
+policies the layer-1 saturation stayed at 0.95-0.98, so no token exited after the first evaluation
+(docs/results/encoders.md, notes). ``info["backbone/exit_layer"]`` of an eval-mode forward shows whether
+exits happen (training runs at full depth unless ``exit_in_training``); lower the threshold, or calibrate it on
+held-out data as CALM does, to get them.
 """
 
 from __future__ import annotations
