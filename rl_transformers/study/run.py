@@ -73,9 +73,9 @@ NOTES = """\
   first evaluation (16k steps) of 3 of its 18 runs (GTrXL's gates start near identity, so early on a layer
   changes a token little); every later evaluation equals `gtrxl`'s, and so do all 18 scores and final returns
   (layer-1 saturation over 16 greedy episodes of `train_gtrxl.py --env-id rlt/TMaze-v0 --backbone.depth
-  early_exit --total-timesteps 40000`, read by a hook on `EarlyExitDepth.confidence`: 0.95-0.98, no exit). At its defaults, early exit
-  changes nothing in these 2-layer policies; measuring it needs a calibrated threshold (CALM) or exits in
-  training (`exit_in_training`), which this study does not tune.
+  early_exit --total-timesteps 40000`, read by a hook on `EarlyExitDepth.confidence`: 0.95-0.98, no exit).
+  At its defaults, early exit changes nothing in these 2-layer policies; measuring it needs a calibrated
+  threshold (CALM) or exits in training (`exit_in_training`), which this study does not tune.
 - Offline, the DT sees 10 steps = 30 tokens. `local`, `block_local`, `blockwise` and `bigbird` give identical
   runs on both datasets (seed by seed: their patterns coincide on 30 tokens), and `full` differs from them in
   principle only by the random stream of its fused training path's dropout masks (`policies/dt_fast.py`); the

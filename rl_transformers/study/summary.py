@@ -86,15 +86,10 @@ def identical_runs(records: Sequence[dict[str, Any]], algo: str, tasks: Sequence
     for r in records:
         if r["algo"] == algo and r["task"] in tasks and r["score"] is not None and r.get("curve"):
             runs[r["encoder_name"]][(r["task"], r["seed"])] = _run_signature(r)
-    groups: list[list[str]] = []
+    groups: dict[tuple[Any, ...], list[str]] = defaultdict(list)
     for name in sorted(runs):
-        for group in groups:
-            if runs[group[0]] == runs[name]:
-                group.append(name)
-                break
-        else:
-            groups.append([name])
-    same = [g for g in groups if len(g) > 1]
+        groups[tuple(sorted(runs[name].items()))].append(name)
+    same = [g for g in groups.values() if len(g) > 1]
     if not same:
         return ""
     parts = [" = ".join(f"`{n}`" for n in g) + f" ({len(runs[g[0]])} runs)" for g in same]
