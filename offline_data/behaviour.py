@@ -20,7 +20,6 @@ from typing import Any
 import gymnasium as gym
 from tqdm.auto import tqdm
 
-from offline_data.atomic import atomic_file
 from offline_data.build_config import SEED_OFFSETS, BuildConfig
 from offline_data.episode import Episode
 from offline_data.rollouts import EpisodeRecorder, evaluate_returns, make_build_env, sb3_actor
@@ -34,6 +33,7 @@ from offline_data.sb3_state import (
     save_model_zip,
     save_train_state,
 )
+from rl_transformers.utils.atomic import atomic_file
 
 __all__ = ["Training", "algo_class", "load_policy", "train_behaviour_policy"]
 

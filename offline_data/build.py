@@ -20,7 +20,7 @@ policy trains with `seed`; episode i of a dataset resets with `seed + offset(kin
 `SEED_OFFSETS`, 10M apart), so datasets never share a start state sequence.
 
 Interrupted builds (SIGKILL, power loss) leave nothing half-written: each dataset is built under a hidden
-directory and renamed into place when complete (`offline_data.atomic`; leftovers are removed by the next
+directory and renamed into place when complete (`rl_transformers.utils.atomic`; leftovers are removed by the next
 build), and the behaviour policy's training state is saved every `checkpoint_freq` steps to
 `<policy_dir>/train_state.pt` (`offline_data.sb3_state`, no pickle). Running the same command again resumes:
 training continues from the last checkpoint (a finished training is reused), datasets this same build
@@ -43,7 +43,6 @@ from typing import Any
 import gymnasium as gym
 from tqdm.auto import tqdm
 
-from offline_data.atomic import atomic_file, clean_stale
 from offline_data.behaviour import Training, algo_class, load_policy, train_behaviour_policy
 from offline_data.build_config import KINDS, SEED_OFFSETS, BuildConfig, BuildResult, Kind
 from offline_data.episode import Episode, episode_returns
@@ -58,6 +57,7 @@ from offline_data.rollouts import (
 )
 from offline_data.sb3_state import fingerprint
 from offline_data.scores import D4RL_REF_SCORES, env_family
+from rl_transformers.utils.atomic import atomic_file, clean_stale
 from rl_transformers.utils.training import set_threads
 
 __all__ = [

@@ -20,7 +20,6 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from offline_data.atomic import atomic_file
 from offline_data.env_check import file_env_spec
 from offline_data.episode import DatasetInfo, Episode, OfflineDataset
 from offline_data.errors import DatasetError, DatasetNotFoundError
@@ -31,6 +30,7 @@ from offline_data.minari_io import (
     write_minari_dataset,
 )
 from offline_data.scores import D4RL_REF_SCORES, env_family
+from rl_transformers.utils.atomic import atomic_file
 
 __all__ = ["D4RL_KEYS", "d4rl_to_minari", "open_hdf5", "read_d4rl_hdf5", "write_d4rl_hdf5"]
 

@@ -56,7 +56,7 @@ def checked_minari_metadata(
     data_path: Path, where: str, allow_env_modules: Sequence[str] = ()
 ) -> tuple[dict[str, Any], EnvSpec | None, EnvSpec | None]:
     """(metadata, env spec, eval env spec) of a Minari ``data/`` directory, validated before Minari reads it."""
-    from offline_data.atomic import TEMP_PREFIX
+    from rl_transformers.utils.atomic import TEMP_PREFIX
 
     unfinished = [part for part in data_path.resolve().parts if part.startswith(TEMP_PREFIX)]
     if unfinished:

@@ -26,10 +26,10 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.registration import EnvSpec
 
-from offline_data.atomic import clean_stale, new_temp_dir, replace_dir
 from offline_data.env_check import checked_minari_metadata
 from offline_data.episode import DatasetInfo, Episode, OfflineDataset
 from offline_data.errors import DatasetError, DatasetNotFoundError
+from rl_transformers.utils.atomic import clean_stale, new_temp_dir, replace_dir
 
 __all__ = [
     "dataset_path",
@@ -352,7 +352,7 @@ def write_minari_dataset(
     evaluation env (defaults to `env`). Spaces default to the env's, else `infer_spaces`. Reference scores
     must be given together; they are verified in metadata.json after writing. An existing id raises
     `FileExistsError` unless `overwrite`. The dataset is built under a hidden directory of the root and
-    renamed into place when complete (`offline_data.atomic`): an interrupted write leaves nothing Minari
+    renamed into place when complete (`rl_transformers.utils.atomic`): an interrupted write leaves nothing Minari
     lists or `read_minari` loads, and `overwrite` keeps the old dataset until the new one is complete.
     """
     validate_dataset_id(dataset_id)

@@ -17,7 +17,7 @@ objects (schedules, spaces): loading a zip runs whatever it contains. The builde
   (the random-number streams restart from ``seed + step``; resumed training is not bit-identical to an
   uninterrupted one).
 
-All files are written atomically (temporary file + ``os.replace``, :func:`offline_data.atomic.atomic_file`).
+All files are written atomically (temporary file + ``os.replace``, :func:`rl_transformers.utils.atomic.atomic_file`).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from offline_data.atomic import atomic_file
 from offline_data.episode import Episode
 from offline_data.errors import DatasetError
+from rl_transformers.utils.atomic import atomic_file
 
 __all__ = [
     "STATE_FORMAT",

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_transformers.utils.atomic import atomic_write_json
+from rl_transformers.utils.process import process_alive
 
 __all__ = ["LOCK", "JobLock", "acquire", "holder"]
 
@@ -55,18 +56,6 @@ def _guarded(run_dir: Path) -> Iterator[None]:
             fcntl.flock(guard, fcntl.LOCK_UN)
 
 
-def _alive(pid: int) -> bool:
-    if pid <= 0:  # 0 and -1 address process groups, not a process
-        return False
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):
-        return False
-    except PermissionError:  # a live process of another user
-        pass
-    return True
-
-
 def _read(lock: Path) -> dict[str, Any] | None:
     """The lock's fields; None when there is none or it is not a lock this module wrote (it writes atomically, so
     unparseable content is never a live holder's). An unreadable file (permissions, I/O) raises ``OSError``."""
@@ -90,7 +79,7 @@ def holder(lock: Path) -> str | None:
     if held is None:
         return None
     if held["host"] == socket.gethostname():
-        live = any(_alive(pid) for pid in held["pids"])
+        live = any(process_alive(pid) for pid in held["pids"])
     else:
         timeout = held.get("timeout_s")
         live = timeout is None or time.time() - held["started"] <= timeout + GRACE_S

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from offline_data import load_episodes, read_d4rl_hdf5, write_d4rl_hdf5, write_minari_dataset
-from offline_data.atomic import TEMP_PREFIX, clean_stale
 from offline_data.errors import DatasetError
+from rl_transformers.utils.atomic import TEMP_PREFIX, clean_stale
 from tests.offline_data.helpers import record_raw
 
 

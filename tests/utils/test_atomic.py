@@ -1,16 +1,31 @@
 """utils/atomic.py: a failed or interrupted write leaves the old file and no temp file; concurrent writers of
-one target never share a temp file; hard link (or copy) replaces atomically."""
+one target never share a temp file; hard link (or copy) replaces atomically; writers that open the file
+themselves and whole directories get the same guarantees, the rename made durable; leftovers of dead builds are
+cleaned, a live one's kept."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
-from rl_transformers.utils.atomic import atomic_link, atomic_write, atomic_write_json, atomic_write_text
+from rl_transformers.utils import atomic
+from rl_transformers.utils.atomic import (
+    TEMP_PREFIX,
+    atomic_file,
+    atomic_link,
+    atomic_write,
+    atomic_write_json,
+    atomic_write_text,
+    clean_stale,
+    new_temp_dir,
+    replace_dir,
+)
 
 
 def test_text_and_json_round_trip_with_mode_0644(tmp_path: Path) -> None:
@@ -59,3 +74,68 @@ def test_link_replaces_the_target_with_the_source_content(tmp_path: Path) -> Non
     dst.write_bytes(b"four")
     atomic_link(src, dst)
     assert dst.read_bytes() == b"eight" and sorted(os.listdir(tmp_path)) == ["last.pt", "step_8.pt"]
+
+
+# -- writers that open the file themselves, whole directories (the dataset builders' writes) ---------------------
+def _fsynced_dirs(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Record the directories :func:`fsync_dir` is called on (the rename made durable)."""
+    seen: list[Path] = []
+    real = atomic.fsync_dir
+    monkeypatch.setattr(atomic, "fsync_dir", lambda d: (seen.append(Path(d)), real(d))[1])
+    return seen
+
+
+def test_atomic_file_replaces_the_target_and_fsyncs_the_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = _fsynced_dirs(monkeypatch)
+    target = tmp_path / "data" / "policy.zip"
+    with atomic_file(target, suffix=".zip") as temp:
+        assert temp.parent == target.parent and temp.name.startswith(TEMP_PREFIX) and temp.suffix == ".zip"
+        temp.write_bytes(b"new")
+        assert not target.exists()  # nothing at the target until the block ends
+    assert target.read_bytes() == b"new" and os.listdir(target.parent) == ["policy.zip"]
+    assert seen == [target.parent]
+
+
+@pytest.mark.parametrize("error", [OSError(28, "No space left on device"), KeyboardInterrupt()])
+def test_a_failed_atomic_file_keeps_the_old_file(tmp_path: Path, error: BaseException) -> None:
+    target = atomic_write_text(tmp_path / "data.hdf5", "old")
+    with pytest.raises(type(error)), atomic_file(target) as temp:
+        temp.write_text("half")
+        raise error
+    assert target.read_text() == "old" and os.listdir(tmp_path) == ["data.hdf5"]
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-renames"])
+def test_replace_dir_swaps_in_the_new_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
+) -> None:
+    if not exchange:
+        monkeypatch.setattr(atomic, "_exchange", lambda a, b: False)
+    seen = _fsynced_dirs(monkeypatch)
+    target = tmp_path / "datasets" / "d-v0"
+    for content in ("old", "new"):
+        building = new_temp_dir(tmp_path / "datasets")
+        assert building.name.startswith(f"{TEMP_PREFIX}{os.getpid()}-")
+        (building / "data.txt").write_text(content)
+        replace_dir(building, target)
+        assert (target / "data.txt").read_text() == content
+    assert os.listdir(tmp_path / "datasets") == ["d-v0"]  # neither the build nor the old copy is left
+    assert seen == [target.parent, target.parent]
+
+
+def test_clean_stale_removes_dead_builds_only(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that was a process and is gone now
+    dead_dir = tmp_path / f"{TEMP_PREFIX}{dead.pid}-abcd"
+    dead_dir.mkdir()
+    dead_file = tmp_path / f"{TEMP_PREFIX}{dead.pid}-beef-data.hdf5"
+    dead_file.write_text("half")
+    live = tmp_path / f"{TEMP_PREFIX}{os.getpid()}-cafe"
+    live.mkdir()
+    other = tmp_path / "kept"
+    other.mkdir()
+    assert sorted(clean_stale(tmp_path)) == sorted([dead_dir, dead_file])
+    assert sorted(os.listdir(tmp_path)) == sorted([live.name, "kept"])
+    assert clean_stale(tmp_path / "missing") == []
