@@ -121,6 +121,9 @@ class BenchConfig:
     """Write a ``torch.profiler`` trace per implementation to ``<out>/profile`` (TensorBoard)."""
     peers: bool = False
     """Add peer rows from third-party packages when installed (extra ``bench-peers``)."""
+    sdpa_backends: bool = False
+    """Add SDPA forced onto its flash and memory-efficient backends as rows of their own (kernel target; on CUDA:
+    the default ``sdpa`` row is whatever SDPA dispatches to)."""
     quick: bool = False
     """Small smoke configuration: L in (256, 1024), kernel target, 5 repeats."""
     out: Path | None = None

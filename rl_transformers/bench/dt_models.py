@@ -87,7 +87,7 @@ def ours_generic(shape: DTShape, device: torch.device) -> Candidate:
     return ours(shape, device, fused=False)
 
 
-def huggingface(shape: DTShape, device: torch.device) -> Candidate | None:
+def huggingface(shape: DTShape, device: torch.device, n_positions: int = 1024) -> Candidate | None:
     try:
         from transformers import DecisionTransformerConfig, DecisionTransformerModel
     except ImportError:
@@ -96,6 +96,7 @@ def huggingface(shape: DTShape, device: torch.device) -> Candidate | None:
     cfg = DecisionTransformerConfig(
         state_dim=OBS_DIM, act_dim=ACT_DIM, hidden_size=shape.d_model, n_layer=shape.n_layers,
         n_head=shape.n_heads, max_ep_len=MAX_EP_LEN, resid_pdrop=p, embd_pdrop=p, attn_pdrop=p,
+        n_positions=n_positions,
     )  # fmt: skip
     model = DecisionTransformerModel(cfg).to(device)  # type: ignore[arg-type]  # transformers' stub of `to`
 
@@ -112,6 +113,13 @@ def huggingface(shape: DTShape, device: torch.device) -> Candidate | None:
         return _masked_mse(out.action_preds, batch["actions"], mask)
 
     return Candidate(model, loss)
+
+
+def huggingface_equal_params(shape: DTShape, device: torch.device) -> Candidate | None:
+    """Hugging Face's model with GPT-2's position table cut from 1024 rows (its default: 131k of its 859k
+    parameters at the paper's size) to the 3K rows a K-step window uses, so both sides count about the same
+    parameters (the DT's own timestep embedding positions the tokens in both)."""
+    return huggingface(shape, device, n_positions=3 * shape.context_len)
 
 
 def d3rlpy_model(shape: DTShape, device: torch.device) -> Candidate | None:
@@ -156,9 +164,14 @@ BUILDERS: dict[str, Callable[[DTShape, torch.device], Candidate | None]] = {
     "rl_transformers": ours,
     "rl_transformers_generic": ours_generic,
     "huggingface": huggingface,
+    "huggingface_equal_params": huggingface_equal_params,
     "d3rlpy": d3rlpy_model,
 }
 """Candidate name -> builder (None when the peer is not installed)."""
-INSTALL_HINT = {"huggingface": "pip install transformers", "d3rlpy": "pip install d3rlpy"}
+INSTALL_HINT = {
+    "huggingface": "pip install transformers",
+    "huggingface_equal_params": "pip install transformers",
+    "d3rlpy": "pip install d3rlpy",
+}
 
 __all__ = ["BUILDERS", "Candidate", "DTShape", "count_parameters", "make_batch"]

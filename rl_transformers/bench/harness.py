@@ -332,11 +332,21 @@ def select_impls(cfg: BenchConfig) -> tuple[list[Impl], list[str]]:
         impls += peers
         if missing:
             notes.append(f"peers not installed (pip install the bench-peers extra): {', '.join(missing)}")
+    if cfg.sdpa_backends:
+        from rl_transformers.bench.peers import sdpa_backend_impls
+
+        impls += sdpa_backend_impls()
     return impls, notes
 
 
-def run_benchmark(cfg: BenchConfig, impls: list[Impl] | None = None, write: bool = True) -> dict[str, Any]:
-    """Run the benchmark of ``cfg``; returns the results dict (and writes JSON / Markdown / plots to ``out``)."""
+def run_benchmark(
+    cfg: BenchConfig, impls: list[Impl] | None = None, write: bool = True, deadline: float | None = None
+) -> dict[str, Any]:
+    """Run the benchmark of ``cfg``; returns the results dict (and writes JSON / Markdown / plots to ``out``).
+
+    ``deadline`` (a ``time.monotonic()`` value): groups not started by then are left out, and the notes say how
+    many (a time-boxed run, e.g. on a lent GPU, still returns every row it measured).
+    """
     from rl_transformers.bench import report
 
     rc = cfg.resolve()
@@ -351,6 +361,7 @@ def run_benchmark(cfg: BenchConfig, impls: list[Impl] | None = None, write: bool
     meta["config"] = rc.to_dict()
     start = time.perf_counter()
     runner = Runner(rc, impls)
+    left_out = 0
     try:
         for position in cfg.positions:
             registry.get("position", position)
@@ -358,6 +369,9 @@ def run_benchmark(cfg: BenchConfig, impls: list[Impl] | None = None, write: bool
                 for mode in cfg.modes:
                     for shape in rc.shapes:
                         if target == "model" and shape.length > rc.model_max_len:
+                            continue
+                        if deadline is not None and time.monotonic() > deadline:
+                            left_out += 1
                             continue
                         t0 = time.perf_counter()
                         rows = runner.run_group(position, target, mode, shape)
@@ -374,6 +388,8 @@ def run_benchmark(cfg: BenchConfig, impls: list[Impl] | None = None, write: bool
             f"machine load above the core count during the run (load {meta['loadavg_start'][0]:.1f} -> "
             f"{meta['loadavg_end'][0]:.1f} on {meta['cores']} cores): absolute times are noisy, ratios less so"
         )
+    if left_out:
+        notes.append(f"time budget reached: {left_out} groups (position, target, mode, size) not run")
     meta["notes"] = notes
     results = {
         "schema_version": SCHEMA_VERSION,

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from rl_transformers.backbone.reference import causal_mask
 
@@ -68,7 +69,7 @@ class Peer:
     @property
     def reference_mask(self) -> Callable[[int, bool, torch.device], Tensor | None] | None:
         """The mask this peer computes exactly (None: approximate, compared with the full mask)."""
-        if self.name == "x-transformers":
+        if self.name == "x-transformers" or self.name.startswith("sdpa-"):
             return _full_mask
         if self.name == "local-attention":
             return _local_mask
@@ -171,6 +172,52 @@ PEERS = (
         ),
     ),
 )
+
+
+def _sdpa_backend(backend: str) -> Callable[[Any, bool], tuple[nn.Module, Callable[..., Tensor]]]:
+    """SDPA forced onto one backend (``flash`` or ``efficient``) on CUDA.
+
+    The forced backend raises when it cannot run the call (e.g. flash in float32), and the row says so. The
+    float64 twin of the correctness gate runs through SDPA's math backend: neither fused backend has float64,
+    and the twin checks the operator, not the kernel.
+    """
+
+    def build(shape: Any, causal: bool) -> tuple[nn.Module, Callable[..., Tensor]]:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        chosen = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]
+
+        def call(m: nn.Module, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            if q.dtype == torch.float64 or not q.is_cuda:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            with sdpa_kernel([chosen]):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+        return nn.Identity(), call
+
+    return build
+
+
+SDPA_BACKENDS = ("flash", "efficient")
+"""SDPA backends timed as their own rows with ``BenchConfig.sdpa_backends`` (CUDA only; CPU runs use the
+default dispatch, so these rows equal ``sdpa`` there)."""
+_BUILDERS.update({f"sdpa-{name}": _sdpa_backend(name) for name in SDPA_BACKENDS})
+
+
+def sdpa_backend_impls() -> list[Any]:
+    """Impl rows of SDPA forced onto each of :data:`SDPA_BACKENDS` (kernel target, exact, full mask)."""
+    from rl_transformers.bench.ops import Impl
+
+    return [
+        Impl(
+            f"peer:sdpa-{name}",
+            "peer",
+            exact=True,
+            streaming="none",
+            peer=Peer(f"sdpa-{name}", "torch", exact=True),
+        )
+        for name in SDPA_BACKENDS
+    ]
 
 
 def peer_impls() -> tuple[list[Any], list[str]]:

@@ -1,0 +1,101 @@
+"""The GPU suite (scripts/bench_gpu.py): its CPU dry run end to end, and the report's arithmetic on hand-made rows."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rl_transformers.backbone import available
+from rl_transformers.bench import gpu_report
+from rl_transformers.bench.gpu_suite import GpuSuiteConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("gpu-dry")
+    proc = subprocess.run(
+        [sys.executable, "scripts/bench_gpu.py", "--dry-run", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+def test_dry_run_writes_every_stage(dry_run: Path) -> None:
+    assert sorted(p.name for p in dry_run.iterdir()) == ["attention.png", "results.json", "results.md"]
+    results = json.loads((dry_run / "results.json").read_text())
+    assert results["dry_run"] is True
+    assert {n: r["status"] for n, r in results["stages"].items()} == {
+        n: "ok" for n in ("device", "ceilings", "attention", "attention_fp32", "ppo", "dt")
+    }
+    rows = results["stages"]["attention"]["data"]["rows"]
+    # Every registered attention, SDPA and both forced SDPA backends have a row: nothing silently dropped.
+    variants = {r["variant"] for r in rows}
+    assert set(available()["attention"]) | {"sdpa", "peer:sdpa-flash", "peer:sdpa-efficient"} <= variants
+    assert {(r["target"], r["mode"]) for r in rows} == {
+        (t, m) for t in ("kernel", "layer") for m in ("forward", "backward")
+    }
+    ppo = results["stages"]["ppo"]["data"]["rows"]
+    assert [r["num_envs"] for r in ppo] == [2, 4] and all(r["steps_per_s"] > 0 for r in ppo)
+    assert "rl_transformers" in results["stages"]["dt"]["data"]["table"]
+
+
+def test_dry_run_markdown_columns(dry_run: Path) -> None:
+    text = (dry_run / "results.md").read_text()
+    assert "**Dry run**" in text
+    assert "| variant | L = 32 |" in text
+    assert "| envs | parameters | rollout env steps/s | update samples/s | env steps/s (both) |" in text
+    assert "| candidate | parameters | updates/s | samples/s | rl_transformers speed-up |" in text
+    for section in ("### Attention, bf16: kernel, forward", "### Attention, bf16: layer, backward"):
+        assert section in text
+
+
+def _row(variant: str, kind: str, mode: str, time_ms: float | None, ratio: float | None, **kw) -> dict:
+    row = {
+        "variant": variant, "attention": kw.get("attention", variant), "kind": kind, "target": "kernel",
+        "mode": mode, "length": 16384, "batch": 1, "heads": 32, "d_head": 64, "dtype": "bfloat16",
+        "status": kw.get("status", "ok"), "reason": kw.get("reason"), "time_ms": time_ms, "ratio_sdpa": ratio,
+        "tflops": kw.get("tflops"),
+    }  # fmt: skip
+    return row
+
+
+def test_limit_shares_follow_the_ceilings() -> None:
+    rows = [
+        _row("sdpa", "sdpa", "forward", 2.0, 1.0, attention="full", tflops=300.0),
+        _row("local", "ours", "forward", 1.0, 0.5, tflops=600.0),
+        _row("linear", "ours", "forward", 4.0, 2.0, tflops=150.0),
+        _row("lsh", "ours", "forward", None, None, status="failed", reason="numerical error"),
+    ]
+    results = {
+        "stages": {
+            "ceilings": {"data": {"matmul_tflops": 800.0, "copy_tb_per_s": 3.0}},
+            "attention": {"data": {"rows": rows}},
+        }
+    }
+    limits = {r["which"]: r for r in gpu_report.limit_rows(results)}
+    assert limits["sdpa"]["share_matmul"] == pytest.approx(300 / 800)
+    assert limits["fastest efficient attention"]["variant"] == "local"
+    # q, k, v read and the output written once: 4 tensors of 1·32·16384·64 bf16 elements in 1 ms.
+    expected_tb = 4 * 32 * 16384 * 64 * 2 / 1e-3 / 1e12
+    assert limits["fastest efficient attention"]["tb_per_s"] == pytest.approx(expected_tb)
+    assert limits["fastest efficient attention"]["share_copy"] == pytest.approx(expected_tb / 3.0)
+    slow = gpu_report.slower_than_sdpa(results)
+    assert any(s.startswith("linear (forward): ×2.00") for s in slow)
+    assert any(s.startswith("lsh (forward): failed") for s in slow)
+    assert not any(s.startswith("local") for s in slow)
+
+
+def test_config_refuses_unknown_stage() -> None:
+    with pytest.raises(ValueError, match="unknown stage"):
+        GpuSuiteConfig(stages=("attention", "atention"))
