@@ -1,4 +1,4 @@
-"""Does the current tree reproduce a published run of an older commit bit for bit?
+r"""Does the current tree reproduce a published run of an older commit bit for bit?
 
     python scripts/check_reproducible.py --commit e92ead2 \
         --command "python scripts/train_gtrxl.py --total-timesteps 8192"

@@ -1,10 +1,10 @@
 """Evaluate a finished PPO or DT run: mean ± std return over N episodes, per-episode JSON, optional video.
 
-python scripts/evaluate.py runs/ppo/rlt-TMaze-v0/<run>/             # last.pt; the trainer's eval seeds
-python scripts/evaluate.py runs/ppo/.../<run> --checkpoint best --episodes 100 --stochastic
-python scripts/evaluate.py runs/dt/<dataset>/<run> --target-return 3600 1800
-python scripts/evaluate.py <run> --video videos/                    # needs rgb_array frames + moviepy
-python scripts/evaluate.py <run> --allow-env-modules my_envs        # a run whose env comes from my_envs
+    python scripts/evaluate.py runs/ppo/rlt-TMaze-v0/<run>/             # last.pt; the trainer's eval seeds
+    python scripts/evaluate.py runs/ppo/.../<run> --checkpoint best --episodes 100 --stochastic
+    python scripts/evaluate.py runs/dt/<dataset>/<run> --target-return 3600 1800
+    python scripts/evaluate.py <run> --video videos/                    # needs rgb_array frames + moviepy
+    python scripts/evaluate.py <run> --allow-env-modules my_envs        # a run whose env comes from my_envs
 
 Defaults repeat the trainer's own evaluation of that checkpoint (same seeds, episodes, envs, targets), so the
 result matches what the run logged. Per-episode returns go to <run>/eval/evaluate-<checkpoint>.json

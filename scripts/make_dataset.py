@@ -1,4 +1,4 @@
-"""Build D4RL-style offline datasets (random / medium / medium-replay / expert / medium-expert) as Minari.
+r"""Build D4RL-style offline datasets (random / medium / medium-replay / expert / medium-expert) as Minari.
 
 Trains (or loads) a Stable-Baselines3 behaviour policy on a Gymnasium task and writes one Minari dataset
 per kind with reference scores; see `offline_data.build` for the method and the seeds. Examples:
@@ -42,4 +42,4 @@ def main(config: BuildConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(lambda: main(tyro.cli(BuildConfig)))
+    run_cli(lambda: main(tyro.cli(BuildConfig, description=__doc__)))

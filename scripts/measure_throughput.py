@@ -4,6 +4,7 @@
     python scripts/measure_throughput.py --threads 2 --num-envs 32
     python scripts/measure_throughput.py --policy lstm
     python scripts/measure_throughput.py --all-attentions --backbone.memory None --backbone.position rope
+
 Takes every training flag of train_gtrxl.py (--backbone.*, --ppo.*, --env-id ...). Prints one JSON line with the
 policy's parameter count.
 

@@ -1,8 +1,8 @@
 """Rebuild the results table of Decision Transformer / BC runs from their run directories.
 
-python scripts/offline_table.py runs/experiments/hopper                 # every DT / BC run below it
-python scripts/offline_table.py runs/dt/<dataset>/<run> runs/bc/<dataset>/<run> --step 1500
-python scripts/offline_table.py runs/experiments/hopper --json table.json --output table.md
+    python scripts/offline_table.py runs/experiments/hopper                 # every DT / BC run below it
+    python scripts/offline_table.py runs/dt/<dataset>/<run> runs/bc/<dataset>/<run> --step 1500
+    python scripts/offline_table.py runs/experiments/hopper --json table.json --output table.md
 
 Per (algorithm, dataset, target): each seed's mean return over the final evaluation's episodes
 (eval/step_<n>.json), the mean over seeds ± a 95 % Student-t interval, the D4RL normalized score (the
