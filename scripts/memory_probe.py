@@ -1,0 +1,43 @@
+"""Supervised memory probe: can each study encoder, trained through its policy's own acting and training path,
+output the symbol it saw k steps ago? (method: rl_transformers/study/probe.py)
+
+    python scripts/memory_probe.py --dry-run                                # cell count and estimated time
+    python scripts/memory_probe.py --encoders gtrxl gru --ks 1 4 16 --seeds 0
+    python scripts/memory_probe.py --docs docs/results                      # the whole grid, resumable
+    python scripts/memory_probe.py --report-only --docs docs/results        # rebuild the documents
+
+Each finished cell is a file under --out; a second invocation skips them, so an interrupted grid resumes.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+import torch
+import tyro
+
+from rl_transformers.study.encoders import ppo_encoders, select
+from rl_transformers.study.probe_grid import ProbeConfig, estimate, plan_rows, run_grid
+from rl_transformers.utils.errors import run_cli
+
+
+def main(cfg: ProbeConfig) -> None:
+    torch.set_num_threads(cfg.threads)
+    encoders, _excluded = ppo_encoders(match=True)
+    rows = plan_rows(select(encoders, cfg.encoders), cfg.bounds)
+    if cfg.dry_run:
+        print(estimate(cfg, rows))
+        return
+    if not cfg.report_only:
+        run_grid(cfg, rows)
+    if cfg.docs is not None:
+        from rl_transformers.study import probe_report
+
+        command = shlex.join(["python", "scripts/memory_probe.py", *sys.argv[1:]])
+        for path in probe_report.write(probe_report.build(cfg, rows, command), cfg.docs):
+            print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    run_cli(lambda: main(tyro.cli(ProbeConfig, description=__doc__)))
