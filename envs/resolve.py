@@ -12,8 +12,9 @@ this project builds envs through :func:`resolve_env` / :func:`make_env` instead,
   ``EnvSpec.from_json`` -- and its ``entry_point`` (and each wrapper's / the vector entry point) is accepted
   when it is the entry point of a registered env, or its module lies under a module the user allowed, or its
   module lies under a default package (``gymnasium``, ``envs``, ``popgym``, ``minigrid``) *and* it names a
-  ``gymnasium.Env`` subclass (a ``gymnasium.Wrapper`` subclass for wrappers) -- so a file cannot call
-  functions such as ``gymnasium.make`` through an entry point.
+  ``gymnasium.Env`` subclass -- so a file cannot call functions such as ``gymnasium.make`` through an entry
+  point. A wrapper must be one of a named list of harmless wrappers (or lie under a module the user allowed),
+  keywords naming paths are refused and sizes bounded (:mod:`envs.file_rules`).
 
 Anything else raises :class:`EnvRefusedError` naming the spec, the file / flag it came from and how to
 allow it. Allowed modules: :data:`DEFAULT_ALLOWED_MODULES`, those given in ``allow_modules=`` and those
@@ -38,6 +39,7 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.envs.registration import EnvSpec, WrapperSpec
 
+from envs.file_rules import check_file_kwargs, wrapper_refusal
 from rl_transformers.utils.errors import UserError
 
 __all__ = [
@@ -218,6 +220,10 @@ def _check_entry_point(
         )
 
 
+def _refused_value(what: str, source: str, reason: str) -> EnvRefusedError:
+    return EnvRefusedError(f"refused env spec {what} from {source}: {reason}")
+
+
 def _parse_spec(data: Any, source: str, allow: tuple[str, ...], user: tuple[str, ...]) -> EnvSpec:
     if isinstance(data, str | bytes):
         try:
@@ -240,6 +246,9 @@ def _parse_spec(data: Any, source: str, allow: tuple[str, ...], user: tuple[str,
         value = data.get(name)
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
             raise EnvResolutionError(f"env spec {what} from {source}: {name} must be a number, got {value!r}")
+    check_file_kwargs(
+        {"max_episode_steps": data.get("max_episode_steps")}, "its", lambda r: _refused_value(what, source, r)
+    )
     for name in ("nondeterministic", "order_enforce", "disable_env_checker"):
         if name in data and not isinstance(data[name], bool):
             raise EnvResolutionError(
@@ -254,6 +263,7 @@ def _parse_spec(data: Any, source: str, allow: tuple[str, ...], user: tuple[str,
     vector_entry_point = data.get("vector_entry_point")
     if vector_entry_point is not None:
         _check_entry_point(vector_entry_point, gym.vector.VectorEnv, what, source, allow, user)
+    check_file_kwargs(kwargs, "its kwargs", lambda reason: _refused_value(what, source, reason))
     wrappers = []
     for index, raw in enumerate(data.get("additional_wrappers") or ()):
         if not isinstance(raw, Mapping) or set(raw) - {"name", "entry_point", "kwargs"}:
@@ -261,16 +271,19 @@ def _parse_spec(data: Any, source: str, allow: tuple[str, ...], user: tuple[str,
                 f"env spec {what} from {source}: additional_wrappers[{index}] is malformed"
             )
         w_kwargs = raw.get("kwargs")
-        if w_kwargs is not None and not isinstance(w_kwargs, Mapping):
+        if not isinstance(w_kwargs, Mapping):  # null: gymnasium cannot rebuild the wrapper
             raise EnvResolutionError(
-                f"env spec {what} from {source}: wrapper {index} kwargs must be an object"
+                f"env spec {what} from {source}: wrapper {index} kwargs must be an object, got {w_kwargs!r}"
             )
-        _check_entry_point(
-            raw.get("entry_point"), gym.Wrapper, f"{what} (wrapper {index})", source, allow, user
+        entry = raw.get("entry_point")
+        _check_module_name(str(entry).split(":")[0], f"wrapper {entry!r} of {what} from {source}")
+        reason = wrapper_refusal(entry, trusted=lambda m: _under(m, user), default=lambda m: _under(m, allow))
+        if reason is not None:
+            raise _refused(f"{what} (wrapper {index})", source, str(entry).split(":")[0], reason)
+        check_file_kwargs(
+            w_kwargs, f"wrapper {index} kwargs", lambda reason: _refused_value(what, source, reason)
         )
-        wrappers.append(
-            WrapperSpec(str(raw.get("name", "")), raw["entry_point"], dict(w_kwargs or {}) or None)
-        )
+        wrappers.append(WrapperSpec(str(raw.get("name", "")), raw["entry_point"], dict(w_kwargs)))
     return EnvSpec(
         id=env_id,
         entry_point=entry_point,
