@@ -53,9 +53,9 @@ def evaluate_policy(
             env_id, env_kwargs, render_mode="rgb_array", allow_env_modules=allow_env_modules
         )
 
-        def thunk() -> gym.Env:
+        def thunk() -> gym.Env:  # the autoreset after the last episode starts no (n + 1)-th one-frame video
             return gym.wrappers.RecordVideo(
-                base(), video_dir, episode_trigger=lambda _: True, disable_logger=True
+                base(), video_dir, episode_trigger=lambda episode: episode < n_episodes, disable_logger=True
             )
 
         envs: gym.vector.VectorEnv = gym.vector.SyncVectorEnv([thunk], autoreset_mode=AutoresetMode.SAME_STEP)
