@@ -1,0 +1,346 @@
+"""Tune any encoder on any task with Optuna (Akiba et al. 2019, arXiv 1907.10902): ``scripts/tune.py``.
+
+The set-up rl-baselines3-zoo made common for RL: a TPE sampler (Bergstra et al. 2011) that samples at random for
+its first ``n_startup_trials`` trials and models the good region afterwards; a median pruner that stops a trial
+whose intermediate evaluation is below the median of earlier trials at the same step (after the same number of
+startup trials, and never before ``pruner_warmup_steps`` env steps); and a study stored in SQLite, so a killed
+tuning run resumes where it stopped: a second invocation with the same ``--out`` and study name adds only the
+missing trials (``n_trials`` counts finished trials: complete or pruned), and a trial left running by a killed
+process is failed by Optuna's heartbeat and retried once. A study refuses to be continued with other settings
+(task, budget, encoder, search space, objective, ...): those are stored with it.
+
+A trial: sample the space (:class:`~rl_transformers.tune.space.SearchSpace`), train PPO with the public API
+(``rl_transformers.train_ppo``) on its own tuning seed (:func:`~rl_transformers.tune.seeds.tuning_seed`,
+disjoint from the test seeds), evaluate greedily every ``eval_every`` env steps and after the last update (the
+trainer's ``evaluate``: ``eval_episodes`` fresh episodes), report each evaluation to the pruner, and score the
+trial by the last evaluation (``objective="final"``) or the mean of all of them (``"mean"``: the normalised
+area under the evaluation curve). Each trial's run directory is ``<out>/<study>/trial_<n>/``; the best trial so
+far is written to ``<out>/<study>/best.json`` with the command that trains it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
+from rl_transformers.study.encoders import label, parse_spec, policy_config
+from rl_transformers.tune.knobs import Knob, context_knob
+from rl_transformers.tune.seeds import tuning_seed
+from rl_transformers.tune.space import SearchSpace
+from rl_transformers.utils.atomic import atomic_write_json
+from rl_transformers.utils.cli import JsonDict
+from rl_transformers.utils.errors import UserError, choice_hint
+
+SETTINGS_ATTR = "rlt_settings"
+"""Study user attribute holding the settings a study was created with (compared on every reopening)."""
+PER_INVOCATION = ("n_trials", "out", "threads", "study_name", "device")
+"""Fields that may change between invocations of one study."""
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """A tuning study (``scripts/tune.py``)."""
+
+    encoder: str = "gtrxl"
+    """A study encoder name (parameter-matched as in scripts/encoder_study.py) or an override string such as
+    'attention=local;position=rope;memory=None' (rl_transformers/study/encoders.py)."""
+    env_id: str = "rlt/popgym-RepeatPreviousEasy-v0"
+    """Task (any Gymnasium id the trainer accepts)."""
+    env_kwargs: JsonDict = field(default_factory=dict)
+    """Keyword arguments of gym.make, as JSON."""
+    total_timesteps: int = 196_608
+    """Env steps per trial."""
+    num_envs: int = 32
+    """Parallel envs per trial."""
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    """PPO settings; the searched ones (learning rate, entropy, seq_len) are replaced per trial."""
+    eval_every: int = 16_384
+    """Env steps between the greedy evaluations reported to the pruner (one also follows the last update)."""
+    eval_episodes: int = 16
+    """Episodes per evaluation."""
+    n_trials: int = 8
+    """Finished trials (complete or pruned) the study should hold; a resumed study runs the missing ones."""
+    study_name: str | None = None
+    """Default: <encoder>-<env id>."""
+    out: Path = Path("runs/tune")
+    """<out>/<study>.db (the Optuna storage) and <out>/<study>/ (trial runs, best.json)."""
+    objective: Literal["final", "mean"] = "final"
+    """Trial score: the last evaluation's mean return, or the mean over all evaluations (area under the curve)."""
+    space: SearchSpace = field(default_factory=SearchSpace)
+    """The search space."""
+    sampler_seed: int = 0
+    """Seed of the TPE sampler."""
+    n_startup_trials: int = 4
+    """Random trials before TPE models the results; also the trials the pruner waits for."""
+    pruner_warmup_steps: int = 0
+    """Env steps before a trial may be pruned (0: from its first evaluation)."""
+    threads: int = 1
+    """torch threads per trial."""
+    device: str = "auto"
+    """torch device of the trials."""
+
+    def __post_init__(self) -> None:
+        for name in ("total_timesteps", "num_envs", "eval_every", "eval_episodes", "n_trials"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise UserError(f"must be an integer >= 1, got {getattr(self, name)!r}", source=_flag(name))
+        if self.objective not in ("final", "mean"):
+            raise UserError(f"{choice_hint(self.objective, ('final', 'mean'))}", source="--objective")
+        if self.n_startup_trials < 0 or self.pruner_warmup_steps < 0:
+            raise UserError("--n-startup-trials and --pruner-warmup-steps must be >= 0")
+
+    @property
+    def name(self) -> str:
+        return self.study_name or label(f"{self.encoder}-{self.env_id}")
+
+    def settings(self) -> dict[str, Any]:
+        """What a trial's value depends on (stored with the study, JSON-compatible)."""
+        data = {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in PER_INVOCATION
+        }
+        return json.loads(json.dumps(data, default=_plain))
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return str(value)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def resolve_encoder(name: str) -> str:
+    """The override string of a study encoder name, or ``name`` itself when it is an override string."""
+    if "=" in name or name == "":
+        parse_spec(name)  # a bad field is a ValueError naming it
+        return name
+    from rl_transformers.study.encoders import ppo_encoders, select
+
+    encoders, _ = ppo_encoders(match=True)
+    return select(encoders, (name,), source="--encoder")[0].spec
+
+
+def train_command(env_id: str, spec: str, params: dict[str, Any], knob: Knob | None) -> str:
+    """A ``scripts/train_gtrxl.py`` command that trains the encoder ``spec`` (knob already applied) with
+    ``params``."""
+    args = ["python", "scripts/train_gtrxl.py", "--env-id", env_id]
+    for key, value in parse_spec(spec).items():
+        text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+        if key == "policy":
+            args += ["--policy", text]
+        elif key == "hidden_size":
+            args += ["--hidden-size", text]
+        else:
+            args += [f"--backbone.{key.replace('_', '-')}", text]
+    args += ["--ppo.learning-rate", repr(params["learning_rate"]), "--ppo.ent-coef", repr(params["ent_coef"])]
+    args += ["--ppo.seq-len", str(params["seq_len"])]
+    return shlex.join(args)
+
+
+def trial_config(
+    cfg: TuneConfig, spec: str, params: dict[str, Any], seed: int, run_root: Path
+) -> TrainConfig:
+    ppo = dataclasses.replace(
+        cfg.ppo, learning_rate=params["learning_rate"], ent_coef=params["ent_coef"], seq_len=params["seq_len"]
+    )
+    return TrainConfig(
+        env_id=cfg.env_id,
+        env_kwargs=dict(cfg.env_kwargs),
+        total_timesteps=cfg.total_timesteps,
+        num_envs=cfg.num_envs,
+        policy=policy_config(spec),
+        ppo=ppo,
+        seed=seed,
+        eval_every=0,  # the tuner evaluates itself, so it can report to the pruner and stop early
+        progress=False,
+        threads=cfg.threads,
+        device=cfg.device,
+        run_root=run_root,
+    )
+
+
+class Objective:
+    """The Optuna objective of one study (see the module docstring)."""
+
+    def __init__(self, cfg: TuneConfig, spec: str, knob: Knob | None) -> None:
+        self.cfg, self.spec, self.knob = cfg, spec, knob
+        self.runs = Path(cfg.out) / cfg.name
+
+    def __call__(self, trial: Any) -> float:
+        import optuna
+
+        import rl_transformers as rlt
+
+        cfg = self.cfg
+        seed = tuning_seed(trial.number)
+        params = cfg.space.sample(trial, self.knob)
+        spec = self.spec
+        if self.knob is not None and self.knob.name in params:
+            spec = self.knob.apply(spec, params[self.knob.name])
+        train = trial_config(cfg, spec, params, seed, self.runs)
+        n_updates = cfg.total_timesteps // (cfg.num_envs * train.ppo.num_steps)
+        batch = cfg.num_envs * train.ppo.num_steps
+        trial.set_user_attr("seed", seed)
+        trial.set_user_attr("spec", spec)
+        trial.set_user_attr("command", train_command(cfg.env_id, spec, params, self.knob))
+        curve: list[list[float]] = []
+        pruned, updates = False, 0
+
+        def after_update(trainer: Any) -> bool | None:
+            nonlocal pruned, updates
+            updates += 1
+            step = updates * batch
+            if step // cfg.eval_every == (step - batch) // cfg.eval_every and updates < n_updates:
+                return None  # no evaluation due
+            returns, _ = trainer.evaluate(cfg.eval_episodes)
+            value = float(returns.mean())
+            curve.append([step, value])
+            trial.report(value, step)
+            if updates < n_updates and trial.should_prune():
+                pruned = True
+                return False  # the trainer saves and stops
+            return None
+
+        result = rlt.train_ppo(train, self.runs / f"trial_{trial.number}", callback=after_update)
+        trial.set_user_attr("curve", curve)
+        trial.set_user_attr("run_dir", str(result.run_dir))
+        if pruned:
+            raise optuna.TrialPruned(f"pruned at step {curve[-1][0]} (value {curve[-1][1]:.3g})")
+        if not curve:
+            raise RuntimeError(f"trial {trial.number} ended before its first evaluation (step {result.step})")
+        values = [v for _, v in curve]
+        return values[-1] if cfg.objective == "final" else sum(values) / len(values)
+
+
+def open_study(cfg: TuneConfig, spec: str) -> Any:
+    """Create, or reopen, the study in ``<out>/<study>.db``; other settings than the stored ones are refused."""
+    import warnings
+
+    import optuna
+    from optuna.storages import RDBStorage
+
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    # A trial left running by a killed process stops beating and is failed, then retried once (the callback's
+    # name changed in Optuna 4.9).
+    retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
+    stale: dict[str, Any] = (
+        {"heartbeat_stale_trial_callback": retry(max_retry=1)}
+        if retry is not None
+        else {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=1)}
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        storage = RDBStorage(
+            f"sqlite:///{Path(cfg.out).resolve() / (cfg.name + '.db')}",
+            heartbeat_interval=60,
+            grace_period=180,
+            **stale,
+        )
+    pruner = optuna.pruners.MedianPruner(
+        n_startup_trials=cfg.n_startup_trials, n_warmup_steps=cfg.pruner_warmup_steps
+    )
+    study = optuna.create_study(
+        study_name=cfg.name, storage=storage, pruner=pruner, direction="maximize", load_if_exists=True
+    )
+    settings = {**cfg.settings(), "spec": spec}
+    saved = study.user_attrs.get(SETTINGS_ATTR)
+    if saved is None:
+        study.set_user_attr(SETTINGS_ATTR, settings)
+    elif saved != settings:
+        keys = sorted(k for k in {*saved, *settings} if saved.get(k) != settings.get(k))
+        diff = "; ".join(f"{k}: stored {saved.get(k)!r}, now {settings.get(k)!r}" for k in keys)
+        raise UserError(
+            f"study {cfg.name!r} was created with other settings ({diff}); give those again to resume it, or "
+            "choose another --study-name / --out",
+            source=str(Path(cfg.out) / f"{cfg.name}.db"),
+        )
+    # A sampler seeded per resume point: a reopened study does not redraw its first trials' random points.
+    n_before = len(study.trials)
+    study.sampler = optuna.samplers.TPESampler(
+        seed=cfg.sampler_seed + n_before, n_startup_trials=cfg.n_startup_trials
+    )
+    return study
+
+
+def finished(study: Any) -> list[Any]:
+    from optuna.trial import TrialState
+
+    return [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+
+
+def run_tuning(cfg: TuneConfig, log: Any = print) -> Any:
+    """Run (or resume) the study until it holds ``n_trials`` finished trials; returns the Optuna study."""
+    import optuna
+
+    from rl_transformers.utils import NonFiniteError
+
+    spec = resolve_encoder(cfg.encoder)
+    knob = context_knob(spec)
+    cfg.space.check(knob, cfg.ppo.num_steps, cfg.encoder)
+    for window in cfg.space.seq_len:  # PPO's own checks (minibatches divide the sequences, ...) up front
+        point = {
+            "learning_rate": cfg.space.learning_rate[0],
+            "ent_coef": cfg.space.ent_coef[0],
+            "seq_len": window,
+        }
+        trial_config(cfg, spec, point, tuning_seed(0), Path(cfg.out))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = open_study(cfg, spec)
+    todo = cfg.n_trials - len(finished(study))
+    log(
+        f"study {cfg.name!r}: {len(finished(study))} finished trials, {max(todo, 0)} to run (encoder {spec or 'gtrxl'})"
+    )
+
+    def report(study: Any, trial: Any) -> None:
+        value = "" if trial.value is None else f" value {trial.value:.4g}"
+        log(
+            f"trial {trial.number} {trial.state.name.lower()}{value} seed {trial.user_attrs.get('seed')} {trial.params}"
+        )
+
+    if todo > 0:
+        study.optimize(Objective(cfg, spec, knob), n_trials=todo, catch=(NonFiniteError,), callbacks=[report])
+    write_best(cfg, study)
+    return study
+
+
+def write_best(cfg: TuneConfig, study: Any) -> Path | None:
+    """``<out>/<study>/best.json``: the best complete trial, its parameters, seed and training command."""
+    from optuna.trial import TrialState
+
+    complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    if not complete:
+        return None
+    best = max(complete, key=lambda t: t.value)
+    path = Path(cfg.out) / cfg.name / "best.json"
+    atomic_write_json(
+        path,
+        {
+            "study": cfg.name,
+            "objective": cfg.objective,
+            "value": best.value,
+            "trial": best.number,
+            "params": best.params,
+            "seed": best.user_attrs.get("seed"),
+            "spec": best.user_attrs.get("spec"),
+            "command": best.user_attrs.get("command"),
+            "finished_trials": len(finished(study)),
+        },
+    )
+    return path
+
+
+__all__ = [
+    "Objective",
+    "TuneConfig",
+    "open_study",
+    "resolve_encoder",
+    "run_tuning",
+    "train_command",
+    "trial_config",
+]

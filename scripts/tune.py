@@ -1,0 +1,37 @@
+"""Tune PPO hyper-parameters of any encoder on any task with Optuna: TPE sampler, median pruner, a resumable
+SQLite study (method: rl_transformers/tune/tuner.py).
+
+    python scripts/tune.py --encoder gtrxl --env-id rlt/popgym-RepeatPreviousEasy-v0 --n-trials 8
+    python scripts/tune.py --encoder gru --space.learning-rate 1e-4 1e-2 --space.seq-len 16 32
+    python scripts/tune.py --encoder 'attention=local;position=rope;memory=None' --space.knob 8 128
+    python scripts/tune.py --encoder gtrxl --n-trials 12      # the same study again: adds 4 trials
+
+Searches the learning rate, the entropy coefficient, the training window (--ppo.seq-len) and the encoder's
+context knob (mem_len / max_cache / window ...; hidden size for GRU / LSTM). Trials train on tuning seeds,
+disjoint from the test seeds (rl_transformers/tune/seeds.py). Writes <out>/<study>.db and <out>/<study>/
+(trial runs; best.json with the best parameters and the command that trains them).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rl_transformers.tune.tuner import TuneConfig, run_tuning
+from rl_transformers.utils.cli import cli_registry
+from rl_transformers.utils.errors import run_cli
+
+
+def main(cfg: TuneConfig) -> None:
+    torch.set_num_threads(cfg.threads)
+    study = run_tuning(cfg)
+    best = [t for t in study.trials if t.value is not None and t.state.name == "COMPLETE"]
+    if best:
+        top = max(best, key=lambda t: t.value)
+        print(f"best: trial {top.number}, value {top.value:.4g}, {top.params}")
+        print(f"train it: {top.user_attrs.get('command')}")
+
+
+if __name__ == "__main__":
+    import tyro
+
+    run_cli(lambda: main(tyro.cli(TuneConfig, description=__doc__, registry=cli_registry())))
