@@ -4,16 +4,18 @@
     python scripts/train_gtrxl.py --env-id rlt/CartPoleNoVel-v0 --total-timesteps 500000
     python scripts/train_gtrxl.py --backbone.attention linear --backbone.memory None --backbone.position rope
     python scripts/train_gtrxl.py --backbone.memory-options '{"mem_len": 64}' --ppo.seq-len 32
-    python scripts/train_gtrxl.py --policy lstm                      # baseline on equal terms
+    python scripts/train_gtrxl.py --policy lstm                      # baseline, sized to GTrXL's parameters
+    python scripts/train_gtrxl.py --policy gru --no-match-params     # baseline of width backbone.d_model
     python scripts/train_gtrxl.py --resume runs/ppo/rlt-TMaze-v0/<run>/   # continue a run
     torchrun --nproc_per_node 2 scripts/train_gtrxl.py --threads 1   # data-parallel PPO (gloo on CPU)
 
 Writes runs/ppo/<env>/<YYYYmmdd-HHMMSS>-s<seed>/ (config.json, TensorBoard events, progress.jsonl, checkpoints/),
 greedy evaluation every --eval-every steps (eval/mean_reward selects best.pt). Prints the parameter count at the
-start and a JSON summary at the end (the last logged rollout/ep_rew_mean and eval/mean_reward). Ctrl-C saves a
-checkpoint and exits; a non-finite loss stops the run and keeps the last good checkpoint. The run flags
-(--run-root, --seed, --threads, --device, --resume, --verbose, --progress, --allow-env-modules) are the same
-as train_dt.py's.
+start (with --policy lstm|gru|mlp also the transformer policy's: --match-params, on by default, sizes the
+baseline's hidden size to it within 10 %, as the encoder study does) and a JSON summary at the end (the last
+logged rollout/ep_rew_mean and eval/mean_reward). Ctrl-C saves a checkpoint and exits; a non-finite loss stops
+the run and keeps the last good checkpoint. The run flags (--run-root, --seed, --threads, --device, --resume,
+--verbose, --progress, --allow-env-modules) are the same as train_dt.py's.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import sys
 from rl_transformers.algos.lifecycle import summary_text
 from rl_transformers.algos.ppo import TrainConfig, train
 from rl_transformers.algos.ppo_config import RESUME_PER_INVOCATION
+from rl_transformers.policies.sizing import match_run_config
 from rl_transformers.utils import NonFiniteError
 from rl_transformers.utils.cli import cli_registry
 from rl_transformers.utils.errors import run_cli
@@ -33,6 +36,7 @@ def main() -> int:
     cfg = parse_cli(
         TrainConfig, per_invocation=RESUME_PER_INVOCATION, registry=cli_registry(), description=__doc__
     )
+    cfg = match_run_config(cfg)  # --match-params: lstm / gru / mlp sized to the transformer's parameter count
     try:
         result = train(cfg)
     except NonFiniteError:

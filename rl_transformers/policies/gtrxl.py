@@ -64,9 +64,14 @@ class PolicyConfig:
     kind: Annotated[PolicyKind, tyro.conf.arg(name="policy")] = "transformer"
     """Core: transformer (the backbone below), lstm, gru, or mlp (memory-less)."""
     backbone: BackboneConfig = field(default_factory=gtrxl_backbone)
-    """Transformer backbone (kind=transformer). Its d_model is also the width of the lstm/gru/mlp cores."""
+    """Transformer backbone (kind=transformer). Its d_model is also the width of unmatched lstm/gru/mlp
+    cores (--no-match-params)."""
     hidden_size: int | None = None
-    """Width of the lstm / gru / mlp cores (default: backbone.d_model)."""
+    """Width of the lstm / gru / mlp cores (default: sized by match_params, else backbone.d_model)."""
+    match_params: bool = True
+    """Size an lstm / gru / mlp core (hidden_size unset) to the parameter count of the transformer policy of
+    this backbone, within ±10 %, as the encoder study does (rl_transformers/policies/sizing.py). Applied when a
+    run starts; the chosen hidden_size is saved in config.json. Off: width backbone.d_model."""
     rnn_layers: int = 1
     """Stacked LSTM / GRU layers."""
     mlp_layers: int = 2

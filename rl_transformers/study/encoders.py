@@ -38,12 +38,11 @@ from functools import lru_cache, partial
 from typing import Any
 
 from rl_transformers.backbone import BackboneConfig, available, capabilities
+from rl_transformers.policies.sizing import TOLERANCE, closest_value
 from rl_transformers.utils.errors import UserError, choice_hint
 
 POSITION_PREFERENCE = ("xl_relative", "rope", "none")
 """PPO attention rows take the first of these positional schemes the attention accepts."""
-TOLERANCE = 0.10
-"""Allowed relative difference of parameter counts from the reference."""
 REFERENCE_ENV = "rlt/popgym-RepeatPreviousEasy-v0"
 """Spaces on which PPO parameter counts are matched (the heads differ slightly per task)."""
 POLICY_KEYS = {"policy": "kind", "hidden_size": "hidden_size"}
@@ -184,14 +183,7 @@ def match_parameters(
         fields[key] = v
         return format_spec(fields)
 
-    while lo < hi:  # smallest value whose count >= target
-        mid = (lo + hi) // 2
-        if count(with_key(mid)) < target:
-            lo = mid + 1
-        else:
-            hi = mid
-    best = min((max(4, lo - 1), lo), key=lambda v: abs(count(with_key(v)) - target))
-    out = with_key(best)
+    out = with_key(closest_value(lambda v: count(with_key(v)), target, lo, hi))
     return out, count(out)
 
 
