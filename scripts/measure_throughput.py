@@ -24,7 +24,8 @@ from typing import Annotated
 
 import tyro
 
-from rl_transformers.algos.ppo import TrainConfig, measure_throughput
+from rl_transformers.algos.ppo_config import TrainConfig
+from rl_transformers.algos.throughput import measure_throughput
 from rl_transformers.utils.cli import cli_registry
 from rl_transformers.utils.errors import UserError, closest
 

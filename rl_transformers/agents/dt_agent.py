@@ -197,8 +197,8 @@ class DecisionTransformerAgent:
         seed: int,
         num_envs: int = 10,
     ) -> list[Any]:
-        """The trainer's evaluation (:func:`rl_transformers.algos.dt.evaluate`): episode i resets with seed + i."""
-        from rl_transformers.algos.dt import evaluate
+        """The trainer's evaluation (:func:`rl_transformers.algos.evaluation.evaluate_dt`): episode i: seed + i."""
+        from rl_transformers.algos.evaluation import evaluate_dt as evaluate
 
         make_env = self.make_env_factory()
         env = make_env()

@@ -162,7 +162,7 @@ def _evaluate_dt_video(
     agent: DecisionTransformerAgent, targets: list[float | None], n: int, seed: int, video_dir: Path
 ) -> list[Any]:
     """The trainer's DT evaluation with one env wrapped in RecordVideo per target (episode i: seed + i)."""
-    from rl_transformers.algos.dt import evaluate
+    from rl_transformers.algos.evaluation import evaluate_dt as evaluate
 
     make_env = agent.make_env_factory()
     probe = make_env()

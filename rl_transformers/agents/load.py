@@ -93,7 +93,7 @@ def load(
 
 def _config(cls: type, ckpt: dict[str, Any], file: Path, allow_env_modules: tuple[str, ...]) -> Any:
     """The run's config; its per-invocation fields come from this call, never from the file."""
-    from rl_transformers.algos.lifecycle import saved_form
+    from rl_transformers.algos.run_config import saved_form
     from rl_transformers.utils.runs import from_dict
 
     try:
@@ -107,7 +107,7 @@ def _load_ppo(
     ckpt: dict[str, Any], file: Path, device: str | torch.device, allowed: tuple[str, ...]
 ) -> PPOAgent:
     from rl_transformers.algos.ppo_config import TrainConfig
-    from rl_transformers.algos.rollout import make_env_thunk
+    from rl_transformers.algos.env_util import make_env_thunk
     from rl_transformers.policies.gtrxl import make_policy
 
     cfg = _config(TrainConfig, ckpt, file, allowed)

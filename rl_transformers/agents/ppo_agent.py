@@ -111,7 +111,7 @@ class PPOAgent:
 
     def make_env(self, **kwargs: Any) -> gym.Env:
         """The run's environment (``rlt/`` ids included), built through the safe resolver."""
-        from rl_transformers.algos.rollout import make_env_thunk
+        from rl_transformers.algos.env_util import make_env_thunk
 
         return make_env_thunk(
             self.env_id, {**self.env_kwargs, **kwargs}, allow_env_modules=self.config.allow_env_modules
@@ -170,7 +170,7 @@ class PPOAgent:
         video_dir: str | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Returns and lengths of ``n_episodes`` episodes with the trainer's evaluation loop."""
-        from rl_transformers.algos.rollout import evaluate_policy
+        from rl_transformers.algos.evaluation import evaluate_policy
 
         return evaluate_policy(
             self.policy,

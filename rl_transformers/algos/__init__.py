@@ -16,10 +16,10 @@ _EXPORTS = {
     "TrainConfig": "ppo_config",
     "TrainResult": "ppo",
     "train": "ppo",
-    "RolloutStorage": "rollout",
-    "compute_gae": "rollout",
-    "evaluate_policy": "rollout",
-    "make_vec_env": "rollout",
+    "RolloutStorage": "storage",
+    "compute_gae": "storage",
+    "evaluate_policy": "evaluation",
+    "make_vec_env": "env_util",
 }
 
 __all__ = [
@@ -35,9 +35,11 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from rl_transformers.algos.env_util import make_vec_env
+    from rl_transformers.algos.evaluation import evaluate_policy
     from rl_transformers.algos.ppo import PPOTrainer, TrainResult, train
     from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
-    from rl_transformers.algos.rollout import RolloutStorage, compute_gae, evaluate_policy, make_vec_env
+    from rl_transformers.algos.storage import RolloutStorage, compute_gae
 
 
 def __getattr__(name: str) -> Any:

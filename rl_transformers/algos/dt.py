@@ -15,7 +15,9 @@ outside the seeds of the local dataset builder (``offline_data.build``: 10M and 
 (123 + episode); when the dataset records episode seeds, an overlap is refused. Logged: ``eval/return_mean@<target>``,
 ``eval/return_std@..``, ``eval/ep_length_mean@..``, ``eval/normalized_score@..`` (dataset references,
 100·(R − min)/(max − min)), and ``eval/return_mean`` / ``eval/normalized_score`` for the first (highest)
-target, which selects ``best.pt``; ``last.pt`` is the latest save (labels in ``checkpoints/index.json``).
+target, which selects ``best.pt``; ``last.pt`` is the latest save (labels in ``checkpoints/index.json``). The
+final summary names each number with its target (``eval/return_mean@<target>``, every target) and the step and
+checkpoint it comes from.
 
 Distributed: under ``torchrun --nproc_per_node N`` (``WORLD_SIZE`` > 1) the model is wrapped in
 DistributedDataParallel (gloo on CPU, nccl on GPU); ``batch_size`` is the global batch, each rank samples
@@ -28,6 +30,7 @@ Set-up decisions (env, targets, return scale, seeds): :mod:`~rl_transformers.alg
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,16 +45,11 @@ from torch import nn
 from rl_transformers import logging as L
 from rl_transformers import tags as T
 from rl_transformers.algos.distributed import DistContext
-from rl_transformers.algos.dt_checkpoint import (  # load_policy: re-exported
-    REQUIRED_KEYS,
-    checkpoint_state,
-    load_policy,
-    restore_checkpoint,
-)
+from rl_transformers.algos.dt_checkpoint import REQUIRED_KEYS, checkpoint_state, restore_checkpoint
 from rl_transformers.algos.dt_config import RESUME_MUTABLE, RESUME_PER_INVOCATION, DTConfig
 from rl_transformers.algos.dt_data import TrajectoryDataset
 from rl_transformers.algos.dt_logging import Window, eval_scalars, record_training, write_eval_episodes
-from rl_transformers.algos.dt_setup import (  # default_return_scale, target_label: re-exported
+from rl_transformers.algos.dt_setup import (
     check_eval_seeds,
     dataset_name,
     default_return_scale,
@@ -60,8 +58,9 @@ from rl_transformers.algos.dt_setup import (  # default_return_scale, target_lab
     target_label,
     time_limit,
 )
-from rl_transformers.algos.evaluation import EvalResult, evaluate_dt
-from rl_transformers.algos.lifecycle import Resumed, Run, RunOutcome, load_resume, session
+from rl_transformers.algos.evaluation import evaluate_dt
+from rl_transformers.algos.lifecycle import Resumed, RunOutcome, RunSpec, load_resume, train_run
+from rl_transformers.algos.run import Run
 from rl_transformers.policies.decision_transformer import DecisionTransformer
 from rl_transformers.utils import (
     capture_rng_state,
@@ -72,28 +71,25 @@ from rl_transformers.utils import (
 )
 from rl_transformers.utils.resume import merge_resume
 
-__all__ = [
-    "DTConfig",
-    "DTTrainer",
-    "EvalResult",
-    "TrainResult",
-    "default_return_scale",
-    "evaluate",
-    "load_policy",
-    "target_label",
-    "train",
-]
+__all__ = ["DTTrainer", "TrainResult", "train"]
 
 BEST_METRIC = T.EVAL_RETURN_MEAN
+"""The tag that selects best.pt: the mean return of the first (highest) target."""
 FUSED_ADAMW_DEVICES = frozenset({"cpu", "cuda"})
 """Devices where AdamW runs ``fused=True`` (one kernel per step instead of one loop per parameter; the same
 update, tested against the per-parameter loop in tests/algos/test_dt_optimizer.py)."""
-"""The tag that selects best.pt: the mean return of the first (highest) target."""
-HEADLINE = (T.EVAL_RETURN_MEAN, T.EVAL_NORMALIZED_SCORE, T.LOSS)
-"""Tags of the final summary (their last logged values)."""
-evaluate = evaluate_dt
-"""Old name of :func:`rl_transformers.algos.evaluation.evaluate_dt`."""
-_Window = Window  # old name
+
+
+def headline(targets: list[float | None]) -> tuple[str, ...]:
+    """Tags of the final summary (their last logged values): each target's mean return and normalised score,
+    named with the target (``eval/return_mean@3600``; BC's one unconditioned evaluation has no suffix), then
+    the loss."""
+    per_target = [
+        f"{tag}{target_label(target)}"
+        for target in targets
+        for tag in (T.EVAL_RETURN_MEAN, T.EVAL_NORMALIZED_SCORE)
+    ]
+    return (*per_target, T.LOSS)
 
 
 @dataclass
@@ -187,7 +183,7 @@ class DTTrainer:
             ids = [device.index] if device.type == "cuda" else None
             self.net = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
         self.run_dir: Path | None = None
-        """Set by :func:`train` (rank 0): evaluations write ``eval/step_<n>.json`` there."""
+        """Set by :meth:`learn` (rank 0): evaluations write ``eval/step_<n>.json`` there."""
         self.eval_envs: list[gym.Env] = []
         if dist.is_main and self.make_env is not None and config.eval_episodes > 0:
             n_envs = min(config.eval_envs, config.eval_episodes)
@@ -206,6 +202,21 @@ class DTTrainer:
             "max_ep_len": self.max_ep_len,
             "targets": self.targets,
         }
+
+    def run_spec(self) -> RunSpec:
+        """What the run records (:func:`~rl_transformers.algos.lifecycle.train_run`)."""
+        return RunSpec(
+            algo=self.config.algo,
+            name=self.name,
+            step=self.step,
+            model=self.model,
+            best_metric=BEST_METRIC,
+            best_label=f"{BEST_METRIC}{target_label(self.targets[0])}",
+            hparam_metrics=(BEST_METRIC, T.EVAL_NORMALIZED_SCORE, T.LOSS),
+            headline=headline(self.targets),
+            keep_checkpoints=self.config.keep_checkpoints,
+            facts=self.facts(),
+        )
 
     # -- one update -----------------------------------------------------------------------------------------
     def update(self, collect_info: bool = False) -> dict[str, Any]:
@@ -242,6 +253,7 @@ class DTTrainer:
         evaluate when due (:meth:`Run.end_iteration`: saved before evaluating; always at the last update).
         ``callback(trainer)`` after each update; False stops the run (as Ctrl-C does)."""
         config = self.config
+        self.run_dir = run.dir
         self._t0 = time.perf_counter()
         self._window = Window(self.device)
         run.progress_bar(config.total_steps, self.step, unit="update", desc=f"{config.algo} {self.name}")
@@ -277,6 +289,8 @@ class DTTrainer:
             interrupted=run.interrupted,
             metrics=run.finish(self.step, self.checkpoint),
             evaluations=run.evaluations,
+            sources=run.sources(),
+            best=run.best(),
             model=self.model,
             data_summary=self.data.describe(),
         )
@@ -342,37 +356,6 @@ def train(
     callback: Callable[[DTTrainer], bool | None] | None = None,
 ) -> TrainResult:
     """Train (or resume, ``config.resume``) a Decision Transformer / BC run (lifecycle:
-    :mod:`rl_transformers.algos.lifecycle`); ``run_dir`` forces the run directory."""
-    resumed = load_resume(config, DTConfig, _merge, REQUIRED_KEYS, "DT")
-    config = resumed.config if resumed is not None else config
-    with session(config.device, config.threads) as (dist, device):
-        trainer = DTTrainer(config, dist, device, resumed)
-        run = None
-        try:
-            run = Run(
-                config,
-                algo=config.algo,
-                name=trainer.name,
-                dist=dist,
-                step=trainer.step,
-                resumed=resumed,
-                run_dir=run_dir,
-                best_metric=BEST_METRIC,
-                hparam_metrics=(BEST_METRIC, T.EVAL_NORMALIZED_SCORE, T.LOSS),
-                headline=HEADLINE,
-                keep_checkpoints=config.keep_checkpoints,
-            )
-            trainer.run_dir = run.dir
-            run.announce(trainer.model, trainer.facts())
-            return trainer.learn(run, callback)
-        finally:
-            if run is not None:
-                run.close()
-            trainer.close()
-
-
-def cleanup_distributed() -> None:
-    """Destroy the default process group if this process created one (:func:`train` already does; kept for
-    old callers)."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    :func:`~rl_transformers.algos.lifecycle.train_run`); ``run_dir`` forces the run directory."""
+    resume = functools.partial(load_resume, cls=DTConfig, merge=_merge, required=REQUIRED_KEYS, kind="DT")
+    return train_run(config, resume, DTTrainer, run_dir, callback)

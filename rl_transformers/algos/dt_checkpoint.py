@@ -3,7 +3,7 @@
 A checkpoint holds tensors and plain data only (read back with ``torch.load(weights_only=True)``): the model's
 weights and constructor kwargs (normalisation and return scale included, so the file alone rebuilds the
 policy), optimizer and scheduler, the update counter, every rank's RNG states and sampler state, the run's
-config (per-invocation fields reset: :func:`~rl_transformers.algos.lifecycle.saved_form`) and what the run
+config (per-invocation fields reset: :func:`~rl_transformers.algos.run_config.saved_form`) and what the run
 knows of its dataset (source, env id, reference scores).
 """
 
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rl_transformers.algos.distributed import gather_objects
-from rl_transformers.algos.lifecycle import saved_form
+from rl_transformers.algos.run_config import saved_form
 from rl_transformers.policies.decision_transformer import DecisionTransformer
 from rl_transformers.utils import (
     capture_rng_state,

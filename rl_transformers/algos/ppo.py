@@ -17,10 +17,14 @@ anchor, and (single process, sync envs) the envs themselves with the rollout loo
 signed with this user's key (:mod:`rl_transformers.utils.trust`), so a resumed single-process CPU run of one's
 own continues bit-exactly; a blob that does not verify is never unpickled (fresh episodes, with a warning).
 
+Evaluation: every ``eval_every`` env steps and, with ``eval_final`` (the default), once more after the last
+update, so the summary's ``eval/mean_reward`` and ``best.pt`` consider the final policy (the encoder study
+turns it off to keep its protocol: evaluations at multiples of ``eval_every`` only).
+
 Modules: the loss, Adam and the epochs :mod:`~rl_transformers.algos.ppo_update`; logged tags
 :mod:`~rl_transformers.algos.ppo_logging`; checkpoints :mod:`~rl_transformers.algos.ppo_checkpoint`; config
 :mod:`~rl_transformers.algos.ppo_config`; throughput :mod:`~rl_transformers.algos.throughput` (the trainer's
-loop without a run directory; ``measure_throughput`` is still importable from here).
+loop without a run directory); the run around the loop :mod:`~rl_transformers.algos.lifecycle`.
 
 Resume (:mod:`rl_transformers.utils.resume`): flags in ``RESUME_MUTABLE`` apply, other changed flags are
 refused. Learning-rate rule: the rate anneals linearly from an anchor ``(update u0, rate lr0)`` to 0 at the
@@ -32,6 +36,7 @@ down to 0 over the remaining updates. An unchanged budget keeps the anchor (bit-
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections import deque
@@ -51,23 +56,14 @@ from rl_transformers.algos.distributed import (
 )
 from rl_transformers.algos.env_util import check_same_step, make_vec_env
 from rl_transformers.algos.evaluation import evaluate_policy
-from rl_transformers.algos.lifecycle import Run, RunOutcome, load_resume, run_dir_of, session
-from rl_transformers.algos.ppo_checkpoint import (  # RESUME_BLOB, load_policy: re-exported
-    RESUME_BLOB,  # noqa: F401
-    checkpoint_state,
-    load_policy,
-    restore_checkpoint,
-)
-from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig, resume_config  # noqa: F401
+from rl_transformers.algos.lifecycle import Resumed, RunOutcome, RunSpec, load_resume, train_run
+from rl_transformers.algos.ppo_checkpoint import checkpoint_state, restore_checkpoint
+from rl_transformers.algos.ppo_config import TrainConfig, resume_config
 from rl_transformers.algos.ppo_logging import record_update
-from rl_transformers.algos.ppo_update import (  # ppo_loss: re-exported
-    evaluate_minibatch,
-    make_adam,
-    ppo_loss,
-    train_epochs,
-    update_obs_norm,
-)
-from rl_transformers.algos.rollout import RolloutStorage, SequenceBatch, collect_rollout, reset_loop
+from rl_transformers.algos.ppo_update import make_adam, train_epochs, update_obs_norm
+from rl_transformers.algos.rollout import collect_rollout, reset_loop
+from rl_transformers.algos.run import Run
+from rl_transformers.algos.storage import RolloutStorage
 from rl_transformers.logging import Logger
 from rl_transformers.policies.gtrxl import ActorCritic, ContextCore, make_policy
 from rl_transformers.utils import (
@@ -77,7 +73,7 @@ from rl_transformers.utils import (
     seed_everything,
 )
 
-__all__ = ["PPOTrainer", "TrainResult", "load_policy", "make_adam", "ppo_loss", "run_dir_of", "train"]
+__all__ = ["PPOTrainer", "TrainResult", "train"]
 
 HEADLINE = (T.EP_REW_MEAN, T.EP_LEN_MEAN, T.EVAL_MEAN_REWARD)
 """Tags of the final summary (their last logged values)."""
@@ -101,10 +97,15 @@ class TrainResult(RunOutcome):
 
 # -- the trainer --------------------------------------------------------------------------------------------
 class PPOTrainer:
-    """Owns envs, policy, optimizer, storage and counters; :meth:`learn` runs the loop."""
+    """Owns envs, policy, optimizer, storage and counters (restored from ``resumed``); :meth:`learn` runs the
+    loop."""
 
     def __init__(
-        self, cfg: TrainConfig, dist: DistContext | None = None, device: torch.device | None = None
+        self,
+        cfg: TrainConfig,
+        dist: DistContext | None = None,
+        device: torch.device | None = None,
+        resumed: Resumed | None = None,
     ) -> None:
         self.cfg = cfg
         self.dist = dist or DistContext()
@@ -156,14 +157,39 @@ class PPOTrainer:
         """(update, rate) the linear anneal starts from (see the module docstring)."""
         self.episode_returns: deque[float] = deque(maxlen=100)
         self.episode_lengths: deque[int] = deque(maxlen=100)
+        if resumed is not None:
+            try:
+                self.load_checkpoint_state(resumed.checkpoint, resumed.source)
+            except BaseException:
+                self.close()
+                raise
+            if self.update >= self.num_updates and self.dist.is_main:
+                print(
+                    f"resume: the run is already at step {self.global_step} >= --total-timesteps "
+                    f"{cfg.total_timesteps}; nothing to train (raise --total-timesteps to continue)",
+                    file=sys.stderr,
+                )
+
+    def run_spec(self) -> RunSpec:
+        """What the run records (:func:`~rl_transformers.algos.lifecycle.train_run`)."""
+        return RunSpec(
+            algo="ppo",
+            name=self.cfg.env_id,
+            step=self.global_step,
+            model=self.policy,
+            best_metric=T.EVAL_MEAN_REWARD if self.cfg.eval_every else None,
+            best_label=None,
+            hparam_metrics=(T.EP_REW_MEAN, T.EVAL_MEAN_REWARD),
+            headline=HEADLINE,
+            keep_checkpoints=self.cfg.keep_checkpoints,
+            facts={
+                "batch_size": self.batch_size,
+                "num_updates": self.num_updates,
+                "device": str(self.device),
+            },
+        )
 
     # -- one update -----------------------------------------------------------------------------------------
-    def _evaluate_batch(
-        self, mb: SequenceBatch
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict, dict]:
-        """New log-probs, entropies, values (B, W) of a minibatch, plus aux losses and info."""
-        return evaluate_minibatch(self.policy, mb)
-
     def train_epochs(self, collect_info: bool = False) -> dict[str, float]:
         """PPO epochs over the stored rollout; returns the update's mean statistics
         (:func:`~rl_transformers.algos.ppo_update.train_epochs`)."""
@@ -240,7 +266,8 @@ class PPOTrainer:
         """Run updates until total_timesteps. ``callback(trainer)`` after each update; False stops the run.
 
         Each update, cleanrl's phases: anneal the learning rate, collect a rollout, train the epochs, log, then
-        checkpoint and evaluate when due (:meth:`Run.end_iteration`: saved before evaluating)."""
+        checkpoint and evaluate when due (:meth:`Run.end_iteration`: saved before evaluating), the final policy
+        too with ``eval_final``."""
         cfg, ppo, logger = self.cfg, self.cfg.ppo, run.logger
         start_time, start_step = time.perf_counter(), self.global_step
         run.progress_bar(self.num_updates * self.batch_size, self.global_step, unit="step")
@@ -275,8 +302,9 @@ class PPOTrainer:
                 if logger is not None:
                     self._record(logger, metrics, lr, fps)
                 # 5. checkpoint, then evaluate, when due; write the log row
-                eval_due = bool(cfg.eval_every) and _crossed(
-                    self.global_step, self.batch_size, cfg.eval_every
+                final = self.update == self.num_updates
+                eval_due = bool(cfg.eval_every) and (
+                    _crossed(self.global_step, self.batch_size, cfg.eval_every) or (final and cfg.eval_final)
                 )
                 save_due = bool(cfg.save_every) and _crossed(
                     self.global_step, self.batch_size, cfg.save_every
@@ -298,6 +326,8 @@ class PPOTrainer:
             interrupted=run.interrupted,
             metrics=run.finish(self.global_step, self._payload),
             evaluations=run.evaluations,
+            sources=run.sources(),
+            best=run.best(),
             episode_returns=list(self.episode_returns),
         )
 
@@ -329,56 +359,14 @@ def train(
     run_dir: Path | None = None,
     callback: Callable[[PPOTrainer], bool | None] | None = None,
 ) -> TrainResult:
-    """Build (or resume) a run, train it, close it (:mod:`rl_transformers.algos.lifecycle`). Only rank 0 writes
-    the run directory.
+    """Build (or resume) a run, train it, close it (:func:`~rl_transformers.algos.lifecycle.train_run`). Only
+    rank 0 writes the run directory.
 
     With ``cfg.resume`` the saved config is merged with ``cfg`` by :func:`resume_config` (changed frozen
     fields are refused; see :mod:`rl_transformers.utils.resume`)."""
-    resumed = load_resume(cfg, TrainConfig, lambda saved, given, src: resume_config(saved, given, str(src)))
-    cfg = resumed.config if resumed is not None else cfg
-    with session(cfg.device, cfg.threads) as (dist, device):
-        trainer = PPOTrainer(cfg, dist, device)
-        run = None
-        try:
-            if resumed is not None:
-                trainer.load_checkpoint_state(resumed.checkpoint, resumed.source)
-                if trainer.update >= trainer.num_updates and dist.is_main:
-                    print(
-                        f"resume: the run is already at step {trainer.global_step} >= --total-timesteps "
-                        f"{cfg.total_timesteps}; nothing to train (raise --total-timesteps to continue)",
-                        file=sys.stderr,
-                    )
-            run = Run(
-                cfg,
-                algo="ppo",
-                name=cfg.env_id,
-                dist=dist,
-                step=trainer.global_step,
-                resumed=resumed,
-                run_dir=run_dir,
-                best_metric=T.EVAL_MEAN_REWARD if cfg.eval_every else None,
-                hparam_metrics=(T.EP_REW_MEAN, T.EVAL_MEAN_REWARD),
-                headline=HEADLINE,
-                keep_checkpoints=cfg.keep_checkpoints,
-            )
-            facts = {
-                "batch_size": trainer.batch_size,
-                "num_updates": trainer.num_updates,
-                "device": str(device),
-            }
-            run.announce(trainer.policy, facts)
-            return trainer.learn(run, callback)
-        finally:
-            if run is not None:
-                run.close()
-            trainer.close()
+    merge = functools.partial(load_resume, cls=TrainConfig, merge=_merge)
+    return train_run(cfg, merge, PPOTrainer, run_dir, callback)
 
 
-def __getattr__(name: str) -> Any:
-    """``measure_throughput`` moved to :mod:`rl_transformers.algos.throughput` (imported lazily: it imports
-    this module)."""
-    if name == "measure_throughput":
-        from rl_transformers.algos.throughput import measure_throughput
-
-        return measure_throughput
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def _merge(saved: TrainConfig, given: TrainConfig, source: Path) -> TrainConfig:
+    return resume_config(saved, given, str(source))

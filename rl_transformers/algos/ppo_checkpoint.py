@@ -19,10 +19,9 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import torch
 
-from rl_transformers.algos.lifecycle import run_dir_of, saved_form  # noqa: F401  (run_dir_of: re-exported)
 from rl_transformers.algos.ppo_config import TrainConfig
 from rl_transformers.algos.rollout import LoopState, reset_loop
-from rl_transformers.algos.run_config import check_module_names
+from rl_transformers.algos.run_config import check_module_names, saved_form
 from rl_transformers.policies.encoders import tree_map
 from rl_transformers.policies.gtrxl import ActorCritic, make_policy
 from rl_transformers.utils import (

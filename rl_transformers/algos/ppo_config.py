@@ -117,6 +117,10 @@ class TrainConfig(RunConfig):
     Never read from a saved config (rl_transformers/utils/trust.py)."""
     eval_every: int = 25_000
     """Greedy evaluation every N env steps (0: never); eval/mean_reward selects best.pt."""
+    eval_final: bool = True
+    """Also evaluate the final policy after the last update (when eval_every > 0), so the summary's
+    eval/mean_reward and best.pt consider it; --no-eval-final evaluates at multiples of eval_every only (the
+    encoder study's protocol)."""
     eval_episodes: int = 16
     """Episodes per evaluation (deterministic actions, fresh seeds per evaluation)."""
     save_every: int = 0
@@ -156,6 +160,7 @@ RESUME_MUTABLE = (
     *SHARED_RESUME_MUTABLE,
     "total_timesteps",
     "eval_every",
+    "eval_final",
     "eval_episodes",
     "save_every",
     "keep_checkpoints",

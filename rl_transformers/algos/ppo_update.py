@@ -20,7 +20,7 @@ import torch
 
 from rl_transformers.algos.distributed import DistContext, allreduce_gradients, allreduce_sum
 from rl_transformers.algos.ppo_config import PPOConfig
-from rl_transformers.algos.rollout import RolloutStorage, SequenceBatch
+from rl_transformers.algos.storage import RolloutStorage, SequenceBatch
 from rl_transformers.policies.actor_critic import ActorCritic
 from rl_transformers.utils import NonFiniteError
 

@@ -1,7 +1,6 @@
 """The rollout loop of PPO: step a vector env with the policy, fill the rollout storage, bootstrap truncations
 (storage and GAE: :mod:`~rl_transformers.algos.storage`; env construction:
-:mod:`~rl_transformers.algos.env_util`; evaluation: :mod:`~rl_transformers.algos.evaluation`; all
-re-exported here).
+:mod:`~rl_transformers.algos.env_util`; evaluation: :mod:`~rl_transformers.algos.evaluation`).
 
 Vector envs run with Gymnasium's ``SAME_STEP`` autoreset: the observation returned at an episode end is
 already the next episode's first one and the final observation is in ``info["final_obs"]``; it is evaluated
@@ -21,25 +20,12 @@ from gymnasium import spaces
 from gymnasium.vector.utils import concatenate, create_empty_array
 from torch import Tensor
 
-from rl_transformers.algos.env_util import (  # re-exported: env construction moved there
-    check_same_step,  # noqa: F401
-    make_env_thunk,  # noqa: F401
-    make_vec_env,  # noqa: F401
-    register_rlt_envs,  # noqa: F401
-    video_unavailable,  # noqa: F401
-)
-from rl_transformers.algos.storage import (  # re-exported: storage and GAE moved there
-    RolloutStorage,
-    SequenceBatch,  # noqa: F401
-    compute_gae,  # noqa: F401
-    state_signature,  # noqa: F401
-)
+from rl_transformers.algos.storage import RolloutStorage
 from rl_transformers.backbone.state import State, cat_rows
 from rl_transformers.policies.encoders import Obs, obs_to_tensor
 from rl_transformers.policies.gtrxl import ActorCritic
 
 
-# -- vector envs: built by rl_transformers.algos.env_util (names re-exported above) ------------------------
 def final_observations(info: dict[str, Any], space: spaces.Space, done_idx: np.ndarray) -> Any:
     """Batch the final observations of envs ``done_idx`` from a SAME_STEP ``info``."""
     items = [info["final_obs"][i] for i in done_idx]
@@ -250,13 +236,3 @@ def _check_env_output(obs: Any, reward: np.ndarray, env_id: str | None, step: in
         f"{global_step}; this is the environment's output, not a training divergence"
     )
     raise NonFiniteError(name, global_step + step * n, detail)
-
-
-def __getattr__(name: str) -> Any:
-    """``evaluate_policy`` moved to :mod:`rl_transformers.algos.evaluation` (imported lazily: it imports this
-    module)."""
-    if name == "evaluate_policy":
-        from rl_transformers.algos.evaluation import evaluate_policy
-
-        return evaluate_policy
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,6 +20,7 @@ Renamed fields are listed in ``RENAMED_FIELDS`` (old -> new): configs saved unde
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -86,6 +87,16 @@ def check_module_names(modules: Any, flag: str = "--allow-env-modules") -> tuple
 
 INVOCATION_FIELDS = {"resume": None, "trust_checkpoint": False, "allow_env_modules": ()}
 """Fields that belong to one invocation, with the value a saved config holds: never read from a file."""
+
+
+def saved_form(config: Any) -> Any:
+    """``config`` as a checkpoint or ``config.json`` stores it: the :data:`INVOCATION_FIELDS` (``resume``,
+    ``trust_checkpoint``, ``allow_env_modules``) reset, so a saved file never carries (or grants) them."""
+    if not dataclasses.is_dataclass(config) or isinstance(config, type):
+        return config
+    fresh = {name: value for name, value in INVOCATION_FIELDS.items() if hasattr(config, name)}
+    return dataclasses.replace(config, **fresh) if fresh else config
+
 
 SHARED_RESUME_MUTABLE = ("device", "threads", "verbose", "progress")
 """RunConfig fields a ``--resume`` may change (each trainer adds its own to RESUME_MUTABLE)."""

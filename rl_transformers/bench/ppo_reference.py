@@ -8,7 +8,7 @@ at a checkout (the script and its ``pom_env.py``) and ``cleanrl_python`` at an i
 dependencies (gymnasium 0.29, memory-gym, einops, tyro, tensorboard, torch); it runs unmodified in a
 temporary directory with one torch thread (``OMP_NUM_THREADS=1``).
 
-Ours runs :func:`rl_transformers.algos.ppo.measure_throughput` on the same environment (``pom_env`` imported
+Ours runs :func:`rl_transformers.algos.throughput.measure_throughput` on the same environment (``pom_env`` imported
 from ``cleanrl_dir``) with the same rollout and update shape, for models sized to the same parameter count
 (:data:`OUR_MODELS`; the counts are measured and reported, never assumed). Rates are steady-state env steps/s
 of rollout + training, warm-up iterations excluded on both sides: cleanrl's printed cumulative ``SPS`` at

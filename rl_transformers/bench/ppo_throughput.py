@@ -2,7 +2,7 @@
 
 Each attention runs the same :class:`~rl_transformers.algos.ppo.TrainConfig` (the caller's flags: env,
 sizes, memory, position ...) with only ``backbone.attention`` changed (its options reset to the entry's
-defaults), through :func:`rl_transformers.algos.ppo.measure_throughput` (warm-up updates, then timed updates
+defaults), through :func:`rl_transformers.algos.throughput.measure_throughput` (warm-up updates, then timed updates
 of rollout + training). One fresh process per measurement, one at a time: no shared allocator or thread
 state, and a crash or a refused configuration costs only its own row. With ``rounds`` > 1 the whole list is
 measured again in a rotated order and each figure is the median over rounds. ``ratio_full`` = env steps/s
@@ -41,7 +41,7 @@ def _worker(
         except ValueError as err:
             queue.put({"status": STATUS_UNSUPPORTED, "reason": str(err)})
             return
-        from rl_transformers.algos.ppo import measure_throughput
+        from rl_transformers.algos.throughput import measure_throughput
 
         if env_modules:  # environments defined outside the allow-list (e.g. cleanrl's pom_env), trusted here
             from envs.resolve import allow_env_modules

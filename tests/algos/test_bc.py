@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rl_transformers.algos.bc import as_bc, bc_config, train_bc
-from rl_transformers.algos.dt import DTConfig
+from rl_transformers.algos.dt_config import DTConfig
 from tests.algos.test_dt import cartpole_dataset, tiny_config
 
 

@@ -17,14 +17,11 @@ import pytest
 import torch
 
 from offline_data import Episode, write_d4rl_hdf5, write_minari_dataset
-from rl_transformers.algos.dt import (
-    DTConfig,
-    default_return_scale,
-    evaluate,
-    load_policy,
-    target_label,
-    train,
-)
+from rl_transformers.algos.dt import train
+from rl_transformers.algos.dt_checkpoint import load_policy
+from rl_transformers.algos.dt_config import DTConfig
+from rl_transformers.algos.dt_setup import default_return_scale, target_label
+from rl_transformers.algos.evaluation import evaluate_dt as evaluate
 from rl_transformers.policies.decision_transformer import dt_backbone_config
 
 CARTPOLE_REFS = (20.0, 500.0)

@@ -29,7 +29,7 @@ def _worker(rank: int, world: int, port: int, dataset: str, out: str) -> None:
         LOCAL_RANK=str(rank),
     )
     torch.set_num_threads(1)
-    from rl_transformers.algos.dt import cleanup_distributed, train
+    from rl_transformers.algos.dt import train
 
     config = tiny_config(
         Path(dataset), Path(out), total_steps=5, eval_every=0, eval_episodes=0, save_every=5, device="cpu"
@@ -37,8 +37,9 @@ def _worker(rank: int, world: int, port: int, dataset: str, out: str) -> None:
     try:
         result = train(config, run_dir=Path(out) / "run")
         torch.save({k: v.clone() for k, v in result.model.state_dict().items()}, Path(out) / f"rank{rank}.pt")
-    finally:
-        cleanup_distributed()
+    finally:  # train() destroys its process group; this catches a failure before it made one
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl_transformers.algos.rollout import compute_gae
+from rl_transformers.algos.storage import compute_gae
 
 
 def _t(rows: list[list[float]]) -> torch.Tensor:

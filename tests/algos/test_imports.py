@@ -17,7 +17,7 @@ def test_dt_import_does_not_import_ppo() -> None:
 
 
 def test_lazy_names_resolve_and_unknown_names_fail() -> None:
-    from rl_transformers.algos.rollout import compute_gae
+    from rl_transformers.algos.storage import compute_gae
 
     assert algos.compute_gae is compute_gae
     assert sorted(algos.__all__) == sorted(algos._EXPORTS)

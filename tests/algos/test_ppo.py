@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from rl_transformers.algos.distributed import parameter_checksum
-from rl_transformers.algos.ppo import PPOConfig, PPOTrainer, TrainConfig, load_policy, train
+from rl_transformers.algos.ppo import PPOTrainer, train
+from rl_transformers.algos.ppo_checkpoint import load_policy
+from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
 from rl_transformers.policies import PolicyConfig, gtrxl_backbone
 from rl_transformers.utils import GracefulInterrupt, NonFiniteError, load_checkpoint
 
@@ -287,8 +289,8 @@ def test_bad_settings_are_explained(tmp_path: Path) -> None:
 def test_ppo_loss_hand_computed() -> None:
     import math
 
-    from rl_transformers.algos.ppo import ppo_loss
-    from rl_transformers.algos.rollout import SequenceBatch
+    from rl_transformers.algos.ppo_update import ppo_loss
+    from rl_transformers.algos.storage import SequenceBatch
 
     def t(*v: float) -> torch.Tensor:
         return torch.tensor([list(v)], dtype=torch.float64)

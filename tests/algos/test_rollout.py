@@ -13,12 +13,8 @@ import torch
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from rl_transformers.algos.rollout import (
-    RolloutStorage,
-    collect_rollout,
-    compute_gae,
-    reset_loop,
-)
+from rl_transformers.algos.rollout import collect_rollout, reset_loop
+from rl_transformers.algos.storage import RolloutStorage, compute_gae
 from rl_transformers.backbone import BackboneConfig
 from rl_transformers.policies import GTrXLPolicy
 

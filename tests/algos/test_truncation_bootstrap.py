@@ -18,7 +18,9 @@ import pytest
 import torch
 from gymnasium.vector import AutoresetMode
 
-from rl_transformers.algos.rollout import RolloutStorage, collect_rollout, register_rlt_envs, reset_loop
+from rl_transformers.algos.env_util import register_rlt_envs
+from rl_transformers.algos.rollout import collect_rollout, reset_loop
+from rl_transformers.algos.storage import RolloutStorage
 from rl_transformers.backbone import BackboneConfig
 from rl_transformers.policies.actor_critic import ActorCritic
 from rl_transformers.policies.gtrxl import PolicyConfig, make_policy

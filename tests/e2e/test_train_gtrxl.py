@@ -11,8 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rl_transformers.algos.ppo import PPOConfig, TrainConfig, load_policy, train
-from rl_transformers.algos.rollout import evaluate_policy
+from rl_transformers.algos.evaluation import evaluate_policy
+from rl_transformers.algos.ppo import train
+from rl_transformers.algos.ppo_checkpoint import load_policy
+from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
 from rl_transformers.policies import PolicyConfig
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from envs.resolve import EnvKwargsError, UnknownEnvError, make_env, resolve_env
-from rl_transformers.algos.rollout import make_vec_env
+from rl_transformers.algos.env_util import make_vec_env
 from rl_transformers.utils.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -31,6 +31,16 @@ class Family:
     loss_tag: str
     script: str
 
+    @property
+    def eval_prefix(self) -> str:
+        """The summary's evaluation tag (DT: named with its target, ``eval/return_mean@<target>``)."""
+        return "eval/mean_reward" if self.name == "ppo" else "eval/return_mean@"
+
+    @property
+    def best_tag(self) -> str:
+        """The logged tag that selects best.pt."""
+        return "eval/mean_reward" if self.name == "ppo" else "eval/return_mean"
+
     def iteration(self, trainer: Any) -> int:
         return trainer.update if self.name == "ppo" else trainer.step
 

@@ -91,7 +91,19 @@ def test_cli_prints_parameters_and_the_logged_metrics(
     model = agent.policy if name == "train_gtrxl.py" else agent.model
     assert f"{sum(p.numel() for p in model.parameters()):,} parameters" in out.splitlines()[0]
     rows = progress(run_dir)
-    eval_tag = "eval/mean_reward" if name == "train_gtrxl.py" else "eval/return_mean"
-    assert eval_tag in summary["metrics"]
+    if name == "train_gtrxl.py":
+        eval_tags = ["eval/mean_reward"]
+    else:  # every target's number, named with its target (the targets as the evaluation file records them)
+        targets = [
+            e["target"] for e in json.loads((run_dir / "eval" / "step_4.json").read_text())["episodes"]
+        ]
+        eval_tags = [f"eval/return_mean@{t:g}" for t in targets]
+        assert len(targets) == 2 and "eval/return_mean" not in summary["metrics"]
+    assert set(eval_tags) <= set(summary["metrics"])
     for tag, value in summary["metrics"].items():
         assert value == [r[tag] for r in rows if tag in r][-1], tag
+        assert summary["sources"][tag]["step"] == [r["step"] for r in rows if tag in r][-1], tag
+    final = 128 if name == "train_gtrxl.py" else 4
+    assert all(summary["sources"][t] == {"step": final, "checkpoint": "last.pt"} for t in eval_tags)
+    assert summary["best"]["checkpoint"] == "best.pt" and (run_dir / "checkpoints" / "best.pt").is_file()
+    assert summary["best"]["tag"] == ("eval/mean_reward" if name == "train_gtrxl.py" else eval_tags[0])

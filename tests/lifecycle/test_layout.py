@@ -4,6 +4,7 @@ the shared env / evaluation helpers make ``rlt/`` envs without importing the PPO
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -82,32 +83,31 @@ def test_shared_env_helpers_make_rlt_envs_without_the_ppo_trainer() -> None:
     assert out.stdout.split() == ["rlt/TMazeShort-v0", "False"]
 
 
-def test_trainer_modules_stay_small_and_old_import_paths_work() -> None:
-    """One concern per module (≤ ~400 lines); names that moved out of ppo.py / dt.py / rollout.py are still
-    importable from there (the same objects)."""
-    sizes = {
-        p.name: len(p.read_text().splitlines()) for p in (ROOT / "rl_transformers" / "algos").glob("*.py")
-    }
+def test_trainer_modules_stay_small_and_export_only_their_own_names() -> None:
+    """One concern per module (≤ ~400 lines); no compatibility shims: a module's ``__all__`` lists only what it
+    defines, no module resolves moved names lazily (``__getattr__``, the package's lazy index aside), and the
+    names that moved out of ppo.py / dt.py / rollout.py / lifecycle.py are gone from there."""
+    folder = ROOT / "rl_transformers" / "algos"
+    sizes = {p.name: len(p.read_text().splitlines()) for p in folder.glob("*.py")}
     assert max(sizes.values()) <= 400, sorted(sizes.items(), key=lambda kv: -kv[1])[:3]
 
-    from rl_transformers.algos import (
-        dt,
-        dt_checkpoint,
-        dt_logging,
-        dt_setup,
-        ppo,
-        ppo_update,
-        rollout,
-        storage,
-        throughput,
-    )
+    for path in sorted(folder.glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        module = importlib.import_module(module_name(path))
+        assert "__getattr__" not in vars(module), module.__name__
+        for name in getattr(module, "__all__", ()):
+            owner = getattr(getattr(module, name), "__module__", module.__name__)
+            assert owner == module.__name__, f"{module.__name__}.{name} is re-exported from {owner}"
 
-    assert ppo.ppo_loss is ppo_update.ppo_loss and ppo.make_adam is ppo_update.make_adam
-    assert ppo.measure_throughput is throughput.measure_throughput  # lazy: throughput imports ppo
-    assert dt.load_policy is dt_checkpoint.load_policy and dt.REQUIRED_KEYS is dt_checkpoint.REQUIRED_KEYS
-    assert (
-        dt.default_return_scale is dt_setup.default_return_scale and dt.target_label is dt_setup.target_label
-    )
-    assert dt._Window is dt_logging.Window
-    for name in ("RolloutStorage", "SequenceBatch", "compute_gae", "state_signature"):
-        assert getattr(rollout, name) is getattr(storage, name)
+    from rl_transformers.algos import dt, lifecycle, ppo, rollout
+
+    gone = {
+        ppo: ["measure_throughput", "ppo_loss", "load_policy", "RESUME_BLOB", "run_dir_of", "PPOConfig"],
+        dt: ["evaluate", "load_policy", "EvalResult", "_Window", "cleanup_distributed"],
+        rollout: ["compute_gae", "SequenceBatch", "make_vec_env", "make_env_thunk", "evaluate_policy"],
+        lifecycle: ["count_parameters", "saved_form", "_without_invocation_fields"],
+    }
+    for module, names in gone.items():
+        assert [n for n in names if hasattr(module, n)] == [], module.__name__
+    assert not hasattr(ppo.PPOTrainer, "_evaluate_batch")  # dead code, removed

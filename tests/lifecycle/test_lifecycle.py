@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_transformers.algos.lifecycle import count_parameters, summary_text
+from rl_transformers.algos.lifecycle import summary_text
 from rl_transformers.utils import GracefulInterrupt, NonFiniteError, load_checkpoint
+from rl_transformers.utils.params import count_parameters
 from rl_transformers.utils.provenance import read_invocations
 from tests.lifecycle.conftest import Family, progress, replace
 
@@ -99,7 +100,7 @@ def test_parameter_count_printed_and_logged(family: Family, tmp_path: Path, caps
     agent = rlt.load(result.run_dir)
     model = agent.policy if family.name == "ppo" else agent.model
     n = sum(p.numel() for p in model.parameters())  # rebuilt from the checkpoint, counted here
-    assert n == count_parameters(model) > 0
+    assert n == count_parameters(model, trainable_only=False) > 0
     assert f"{n:,} parameters" in capsys.readouterr().out
     acc = EventAccumulator(str(result.run_dir), size_guidance={"tensors": 0})
     acc.Reload()
@@ -115,8 +116,62 @@ def test_final_summary_is_the_last_logged_value(family: Family, tmp_path: Path) 
     for tag, value in result.metrics.items():
         assert value == [r[tag] for r in rows if tag in r][-1], tag
     assert family.loss_tag in result.metrics or "rollout/ep_rew_mean" in result.metrics
-    eval_tag = "eval/mean_reward" if family.name == "ppo" else "eval/return_mean"
-    assert result.metrics[eval_tag] == result.evaluations[4 * family.unit][eval_tag]
+    eval_tags = [t for t in result.metrics if t.startswith(family.eval_prefix)]
+    assert eval_tags and all(result.metrics[t] == result.evaluations[4 * family.unit][t] for t in eval_tags)
     summary = json.loads(summary_text(result))
     assert summary["metrics"] == result.metrics and summary["step"] == 4 * family.unit
     assert summary["run_dir"] == str(result.run_dir) and summary["algo"] == family.name
+    # each number names the step it was logged at and the checkpoint of that step
+    for tag in result.metrics:
+        assert summary["sources"][tag]["step"] == [r["step"] for r in rows if tag in r][-1], tag
+    assert all(summary["sources"][t] == {"step": 4 * family.unit, "checkpoint": "last.pt"} for t in eval_tags)
+
+
+def _rising_evaluation(family: Family, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each evaluation scores the trainer's step: the last one evaluated is the best."""
+    from rl_transformers.algos.dt import DTTrainer
+    from rl_transformers.algos.ppo import PPOTrainer
+
+    def rising(self):
+        step = float(family.iteration(self) * family.unit)
+        return {family.best_tag: step}, step
+
+    monkeypatch.setattr(PPOTrainer if family.name == "ppo" else DTTrainer, "_evaluation", rising)
+
+
+def test_the_final_policy_is_evaluated_and_can_be_best(
+    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """5 iterations, evaluated every 2: at 2, 4 and the end (5); best.pt holds the final model when it scores
+    best, and the summary says so."""
+    _rising_evaluation(family, monkeypatch)
+    result = family.train(family.make(tmp_path, 5, eval_every=2))
+    u = family.unit
+    assert sorted(result.evaluations) == [2 * u, 4 * u, 5 * u]
+    run = result.run_dir
+    best = load_checkpoint(run / "checkpoints" / "best.pt")
+    assert best["checkpoint_meta"]["step"] == 5 * u
+    assert json.loads((run / "checkpoints" / "index.json").read_text())["best"]["step"] == 5 * u
+    assert result.best == {
+        "checkpoint": "best.pt",
+        "step": 5 * u,
+        "tag": result.best["tag"],
+        "value": 5.0 * u,
+    }
+    assert result.best["tag"].startswith(family.eval_prefix.rstrip("@"))
+
+
+def test_ppo_final_evaluation_can_be_turned_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--no-eval-final keeps evaluations at multiples of eval_every (the encoder study's protocol): best.pt is
+    then the step-4 model, and the summary's evaluation comes from step 4, not the last checkpoint."""
+    from rl_transformers.algos.ppo import train
+    from tests.lifecycle.conftest import PPO_BATCH, _ppo_config
+
+    family = Family("ppo", PPO_BATCH, _ppo_config, train, "policy", "train/loss", "train_gtrxl.py")
+    _rising_evaluation(family, monkeypatch)
+    result = train(_ppo_config(tmp_path, 5, eval_every=2, eval_final=False))
+    u = PPO_BATCH
+    assert sorted(result.evaluations) == [2 * u, 4 * u]
+    assert result.best is not None and result.best["step"] == 4 * u
+    assert result.sources["eval/mean_reward"]["step"] == 4 * u
+    assert result.sources["eval/mean_reward"]["checkpoint"] == "best.pt"  # step_<4u>.pt too, best.pt named

@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_transformers.algos.ppo import RESUME_BLOB, PPOConfig, TrainConfig, load_policy, train
-from rl_transformers.algos.ppo_config import RESUME_PER_INVOCATION
+from rl_transformers.algos import dt_checkpoint
+from rl_transformers.algos.ppo import train
+from rl_transformers.algos.ppo_checkpoint import RESUME_BLOB, load_policy
+from rl_transformers.algos.ppo_config import RESUME_PER_INVOCATION, PPOConfig, TrainConfig
 from rl_transformers.policies import PolicyConfig, gtrxl_backbone
 from rl_transformers.utils import (
     CheckpointManager,
@@ -206,8 +208,6 @@ def evil_checkpoints(tmp_path: Path, marker: Path, run: Path) -> list[Path]:
 # the hostile files are written with pickle protocol 4; torch warns about it before refusing them
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol:UserWarning")
 def test_hostile_objects_through_library_loaders(ppo_run: Path, tmp_path: Path) -> None:
-    from rl_transformers.algos import dt
-
     marker = tmp_path / "marker"
     for path in evil_checkpoints(tmp_path, marker, ppo_run):
         run = path.parent.parent if path.parent.name == "checkpoints" else path
@@ -215,7 +215,7 @@ def test_hostile_objects_through_library_loaders(ppo_run: Path, tmp_path: Path) 
             lambda p=path: load_checkpoint(p),
             lambda p=path: read_checkpoint(p),
             lambda p=path: load_policy(p),
-            lambda p=path: dt.load_policy(p),
+            lambda p=path: dt_checkpoint.load_policy(p),
             lambda p=path: train(resume_cfg(ppo_run, p)),
         ]
         if path.parent.name == "checkpoints":

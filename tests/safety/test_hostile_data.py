@@ -31,7 +31,8 @@ from offline_data import (
     write_minari_dataset,
 )
 from offline_data.errors import DatasetError
-from rl_transformers.algos.rollout import evaluate_policy, make_env_thunk, make_vec_env
+from rl_transformers.algos.env_util import make_env_thunk, make_vec_env
+from rl_transformers.algos.evaluation import evaluate_policy
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,8 +15,8 @@ import pytest
 
 from rl_transformers.algos.dt_config import RESUME_MUTABLE as DT_MUTABLE
 from rl_transformers.algos.dt_config import DTConfig
-from rl_transformers.algos.ppo import PPOConfig, TrainConfig, train
-from rl_transformers.algos.ppo_config import RESUME_PER_INVOCATION
+from rl_transformers.algos.ppo import train
+from rl_transformers.algos.ppo_config import RESUME_PER_INVOCATION, PPOConfig, TrainConfig
 from rl_transformers.policies import PolicyConfig, gtrxl_backbone
 from rl_transformers.utils import NonFiniteError, atomic_save, read_checkpoint, to_jsonable
 from rl_transformers.utils.resume import ResumeRefused, merge_resume, parse_cli
@@ -124,7 +124,7 @@ def test_raised_budget_keeps_the_learning_rate_continuous(tmp_path: Path) -> Non
 
 
 def test_allowed_flags_apply_on_resume(tmp_path: Path) -> None:
-    first = train(tiny(tmp_path, updates=2))
+    first = train(tiny(tmp_path, updates=2, eval_final=False))  # no evaluation before the resume
     resumed = train(
         dataclasses.replace(
             tiny(tmp_path, updates=3, eval_every=BATCH, eval_episodes=1), resume=str(first.run_dir)
@@ -170,7 +170,7 @@ def make_nan_obs(**kwargs) -> gym.Env:
 
 
 def _register(name: str, entry_point) -> str:
-    from rl_transformers.algos.rollout import make_env_thunk
+    from rl_transformers.algos.env_util import make_env_thunk
 
     make_env_thunk("rlt/TMazeShort-v0")  # registers the rlt/ tasks
     env_id = f"rlt_test/{name}-v0"
