@@ -17,6 +17,7 @@ import torch
 
 from rl_transformers.agents.dt_agent import DecisionTransformerAgent, run_dir_of
 from rl_transformers.agents.ppo_agent import PPOAgent
+from rl_transformers.agents.run_listing import missing_run_message
 from rl_transformers.algos.run_config import check_module_names
 from rl_transformers.utils.errors import UserError, choice_hint
 
@@ -36,7 +37,7 @@ def _checkpoint_file(path: Path, which: Which) -> Path:
     if path.is_file():
         return path
     if not path.exists():
-        raise CheckpointNotFoundError(f"{path}: no such run directory or checkpoint file")
+        raise CheckpointNotFoundError(missing_run_message(path))  # lists the runs that exist
     directory = path / "checkpoints" if (path / "checkpoints").is_dir() else path
     if (directory / f"{which}.pt").is_file():
         return directory / f"{which}.pt"

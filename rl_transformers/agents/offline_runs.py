@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from rl_transformers.agents.run_listing import missing_run_message
 from rl_transformers.utils.checkpoint import InvalidCheckpointError, latest_checkpoint, read_checkpoint
 from rl_transformers.utils.errors import UserError
 from rl_transformers.utils.provenance import read_invocations
@@ -195,7 +196,7 @@ def collect_runs(paths: Iterable[str | Path], step: int | None = None) -> list[O
     chosen: dict[Path, Path] = {}
     for p in roots:
         if not p.exists():
-            raise UserError(f"{p}: no such run directory")
+            raise UserError(missing_run_message(p, "run directory"))  # lists the runs that exist
         direct = (p / "config.json").is_file()
         for run_dir in _run_dirs(p):
             config = _config(run_dir)
