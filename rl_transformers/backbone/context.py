@@ -39,6 +39,11 @@ class ForwardContext:
     causal: bool
     all_valid: bool = False
     """True when no key-padding mask was given (lets kernels skip mask checks without a device sync)."""
+    aligned: bool = False
+    """True when key positions are column-aligned: for every key a mask lets a query see, q_pos - k_pos equals
+    their column distance (KV caches and XL memories of the Backbone: time-aligned columns, positions counted
+    since the row's reset, keys from before a reset invalid). Kernels that call the scheme on the whole
+    bottom-right aligned key set pass it on (``Position.logits_aligned``)."""
     aux: dict[str, Tensor] = field(default_factory=dict)
     info: dict[str, Any] | None = None
     memory: list[MemoryContext | None] | None = None

@@ -111,6 +111,7 @@ class Backbone(nn.Module):
             valid=valid,
             causal=self.cfg.causal,
             all_valid=key_padding_mask is None,
+            aligned=self.memory is None or self.memory.aligned_positions,
             info={} if self.collect_info else None,
             memory=self.memory.read(state.memory) if self.memory is not None else None,
             embed=self.position.embed if self.position.kind == "input" else None,

@@ -62,20 +62,9 @@ class State:
         """
         if mask is None:
             return self
-        if not bool(mask.any()):
-            return self
-        rows = mask.nonzero().squeeze(1)  # after the any() sync above; indices of the rows to clear
-        by_device: dict[torch.device, Tensor] = {}
-
-        def clear(t: Tensor) -> Tensor:
-            index = by_device.get(t.device)
-            if index is None:
-                index = by_device[t.device] = rows.to(t.device)
-            # Same values as zero_rows (a copy with +0 / False rows), a plain copy plus row fills instead of
-            # an elementwise select with a broadcast mask.
-            return t.clone().index_fill_(0, index, 0)
-
-        return self.map(clear)
+        # Masked arithmetic, no host sync or data-dependent branch (``mask.any()`` / ``nonzero``): the same
+        # work with or without resets, so a compiled step has one graph and no break (issue 26).
+        return self.map(lambda t: zero_rows(t, mask))
 
     @property
     def batch_size(self) -> int | None:

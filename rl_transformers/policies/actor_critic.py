@@ -18,6 +18,7 @@ Shapes: B envs (or sequences), T time steps, d = core width; obs (B, *obs_shape)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -82,6 +83,10 @@ class ActorCritic(nn.Module):
         self.critic = _init_linear(nn.Linear(core.d_out, 1), 1.0)
         self.obs_norm: RunningNorm | None = None
         """Observation normaliser (``enable_obs_norm``); None: observations go to the encoder as they are."""
+        self.compiled_step: Callable[..., tuple[Tensor, Any]] | None = None
+        """Compiled :meth:`eager_step` used by :meth:`act` (``policies.compile.compile_policy``), or None."""
+        self.compiled_core: Callable[..., CoreOutput] | None = None
+        """Compiled core used by :meth:`features` (the training forward), or None."""
 
     def enable_obs_norm(self, clip: float = 10.0) -> None:
         """Normalise observations with running statistics (Box observation spaces only)."""
@@ -107,7 +112,8 @@ class ActorCritic(nn.Module):
         return self.core.segment_start(state)
 
     # -- acting -------------------------------------------------------------------------------------------
-    def _step(self, obs: Obs, state: Any, episode_start: Tensor | None) -> tuple[Tensor, Any]:
+    def eager_step(self, obs: Obs, state: Any, episode_start: Tensor | None) -> tuple[Tensor, Any]:
+        """Core features (B, d) of one step and the new state (encoder + core, no heads)."""
         x = self.encode(obs).unsqueeze(1)
         reset = None if episode_start is None else episode_start.to(device=x.device, dtype=torch.bool)
         out = self.core(x, state, reset=reset)
@@ -117,14 +123,15 @@ class ActorCritic(nn.Module):
         self, obs: Obs, state: Any, episode_start: Tensor | None = None, deterministic: bool = False
     ) -> ActOutput:
         """One step for B envs: obs (B, ...), episode_start (B,) bool (True: the episode begins with obs)."""
-        h, new_state = self._step(obs, state, episode_start)
+        step = self.compiled_step if self.compiled_step is not None else self.eager_step
+        h, new_state = step(obs, state, episode_start)
         dist = self.actor(h)
         action = dist.mode() if deterministic else dist.sample()
         return ActOutput(action, self.critic(h).squeeze(-1), dist.log_prob(action), new_state)
 
     def value(self, obs: Obs, state: Any, episode_start: Tensor | None = None) -> Tensor:
         """(B,) critic values of ``obs`` given the state (used to bootstrap truncated episodes)."""
-        h, _ = self._step(obs, state, episode_start)
+        h, _ = self.eager_step(obs, state, episode_start)  # batch sizes vary (bootstraps): eager
         return self.critic(h).squeeze(-1)
 
     def to_env(self, action: Tensor) -> np.ndarray:
@@ -137,11 +144,12 @@ class ActorCritic(nn.Module):
         x = self.encode(obs)
         b, t = x.shape[:2]
         starts = episode_starts.to(device=x.device, dtype=torch.bool)
+        core = self.compiled_core if self.compiled_core is not None else self.core
         if not self.core.stateful or t == 1 or not bool(starts[:, 1:].any()):
-            return self.core(x, state, reset=starts[:, 0])
-        packing = Packing.from_starts(starts)
+            return core(x, state, reset=starts[:, 0])
+        packing = Packing.from_starts(starts)  # data-dependent cut: eager, before the (compiled) core
         piece_state = state.index_select(packing.row)
-        out = self.core(packing.pack(x), piece_state, reset=packing.reset, valid=packing.valid())
+        out = core(packing.pack(x), piece_state, reset=packing.reset, valid=packing.valid())
         return CoreOutput(packing.unpack(out.y, b, t), None, out.aux_losses, out.info)
 
     def evaluate_sequence(

@@ -315,7 +315,9 @@ def test_most_used_keeps_the_memory_with_most_attention() -> None:
         )
     usage = probs.sum((1, 2))  # (B, 11): attention each token received, summed over heads and queries
     # 11 tokens, FIFO = 9, 10: groups {0,1,2}, {3,4,5}, {6,7,8} compressed.
+    # The compressed FIFO has cmem_len slots from the start, filled right-aligned: the 3 groups are the last 3.
+    assert state.cfill[:, -3:].all() and not state.cfill[:, :-3].any()
     for g in range(3):
         pick = usage[:, 3 * g : 3 * g + 3].argmax(1) + 3 * g
-        torch.testing.assert_close(state.ch[:, 0, g], h[torch.arange(2), pick], atol=1e-12, rtol=0)
+        torch.testing.assert_close(state.ch[:, 0, g - 3], h[torch.arange(2), pick], atol=1e-12, rtol=0)
     assert math.isclose(float(usage.sum()), 2 * 2 * 11, rel_tol=1e-12)  # every query row sums to one

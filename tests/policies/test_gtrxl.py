@@ -125,7 +125,8 @@ def test_default_is_gtrxl() -> None:
         torch.zeros(2, 3), policy.initial_state(2), torch.ones(2, dtype=torch.bool)
     )
     assert action.shape == value.shape == log_prob.shape == (2,)
-    assert state.memory.h.shape[2] == 1  # one token written to the XL memory
+    assert state.memory.h.shape[2] == 32  # the XL memory has mem_len columns from the start (static shape)
+    assert state.memory.valid.sum(1).tolist() == [1, 1]  # one token written to it
 
 
 def test_packing_cuts_rows_at_episode_starts() -> None:

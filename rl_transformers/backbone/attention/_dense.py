@@ -58,6 +58,7 @@ def dense_pattern(
     ctx: Any = None,
     key: tuple[Any, ...] | None = None,
     window: int | None = None,
+    aligned: bool | None = None,
 ) -> Tensor:
     """The whole pattern as one masked softmax of the T queries over all S keys: (B, H, T, D).
 
@@ -69,7 +70,8 @@ def dense_pattern(
     With ``ctx`` (the forward's context) and ``key`` (everything besides the positions that the pattern
     depends on, e.g. the attention's name, options and layer parity), the mask is built once per forward and
     reused by every layer that sees the same ``q_pos`` / ``k_pos`` / ``k_valid`` tensors (by identity).
-    ``window``: see :func:`pattern_mask`.
+    ``window``: see :func:`pattern_mask`. ``aligned`` (default: ``ctx.aligned``, False without ``ctx``): the
+    positions are column-aligned (``ForwardContext.aligned``).
     """
     if ctx is None or key is None:
         mask = pattern_mask(q_pos, k_pos, k_valid, allow, att.causal, window)
@@ -86,7 +88,9 @@ def dense_pattern(
     if not att.position.modifies_scores:
         p = dropout.p if dropout is not None else 0.0
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=att.position.scale)
-    out, _ = dense_attention(q, k, v, mask, att.position, q_pos, k_pos, att.layer, dropout)
+    if aligned is None:
+        aligned = ctx is not None and bool(ctx.aligned)
+    out, _ = dense_attention(q, k, v, mask, att.position, q_pos, k_pos, att.layer, dropout, aligned)
     return out
 
 

@@ -83,13 +83,16 @@ def dense_attention(
     k_pos: Tensor,
     layer: int,
     dropout: nn.Module | None = None,
+    aligned: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Softmax attention with the position scheme's logits and value term; returns (out, probs).
 
     Shapes: q (B, H, *, Tq, D), k/v (B, H, *, Tk, D), mask broadcastable to the logits (True = attend).
-    Usable on blocks (extra * dims) by banded / blocked kernels.
+    Usable on blocks (extra * dims) by banded / blocked kernels. ``aligned``: the call is the whole bottom-right
+    aligned key set and ``ForwardContext.aligned`` holds (see ``Position.logits_aligned``).
     """
-    logits = position.logits(q, k, q_pos, k_pos, layer)
+    scores = position.logits_aligned if aligned else position.logits
+    logits = scores(q, k, q_pos, k_pos, layer)
     if mask is not None:
         logits = logits.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(logits, dim=-1)

@@ -90,6 +90,7 @@ class FullAttention(Attention):
             k_pos,
             self.layer,
             self.attn_dropout if self.training else None,
+            aligned=ctx.aligned,
         )
         if ctx.collect_info:
             ctx.add_info(f"backbone/attention_entropy/layer{self.layer}", attention_entropy(probs).detach())

@@ -110,7 +110,11 @@ class FeatureMapAttention(Attention):
         q, k, v = q.to(wd), k.to(wd), v.to(wd)
         fq = self.query_features(q)
         fk_raw = self.key_features(k)
-        no_padding = (ctx.all_valid and n_prefix == 0) or bool(k_valid.all())
+        # The masked form is exact without padding too (x·1, + 0): a compiled forward takes it rather than
+        # branch on the data (``k_valid.all()`` is a host sync and a graph break).
+        no_padding = (ctx.all_valid and n_prefix == 0) or (
+            not torch.compiler.is_compiling() and bool(k_valid.all())
+        )
         ones = torch.ones_like(v[..., :1])
         v1 = torch.cat([v, ones], dim=-1)  # the ones column turns S into [S, z]
         fk = fk_raw

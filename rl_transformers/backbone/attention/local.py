@@ -225,7 +225,7 @@ class BlockLocal2DAttention(Attention):
             )
 
         if prefer_dense(s, (2 * rows + 1) * (2 * cols + 1)):
-            return dense_pattern(self, q, k, v, q_pos, k_pos, k_valid, allow)
+            return dense_pattern(self, q, k, v, q_pos, k_pos, k_valid, allow, aligned=ctx.aligned)
         # One band per row offset: key j = i + dr·W + dc with |dr| <= rows, |dc| <= cols (merged if overlapping).
         last = 0 if self.causal else rows
         windows = [

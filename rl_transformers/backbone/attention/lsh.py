@@ -64,6 +64,7 @@ def per_head_logits(
     q_pos: Tensor,
     k_pos: Tensor,
     heads: list[int] | None = None,
+    aligned: bool = False,
 ) -> Tensor:
     """Scaled logits with the position scheme, for blocks whose positions may differ per head.
 
@@ -80,7 +81,8 @@ def per_head_logits(
     heads = list(range(h)) if heads is None else heads
     per_head = q_pos.dim() == q.dim() - 1
     if not per_head and heads == list(range(att.n_heads)):
-        return position.logits(q, k, q_pos, k_pos, att.layer)
+        scores = position.logits_aligned if aligned else position.logits  # aligned: the whole key set
+        return scores(q, k, q_pos, k_pos, att.layer)
     out = []
     for i, head in enumerate(heads):
         logits = position.logits(
@@ -250,7 +252,7 @@ class LSHAttention(Attention):
         if opts.max_cache is not None:
             allowed = allowed & (i - j <= opts.max_cache)
         own = j == i
-        logits = per_head_logits(self, q, kn, q_pos, k_pos).masked_fill(own, SELF_LOGIT)
+        logits = per_head_logits(self, q, kn, q_pos, k_pos, aligned=ctx.aligned).masked_fill(own, SELF_LOGIT)
         probs = torch.softmax(logits.masked_fill(~(allowed | own), float("-inf")), dim=-1)
         dropped = self.attn_dropout(probs) if self.training else probs
         out = torch.matmul(dropped, v)

@@ -120,7 +120,8 @@ class GaussianPriorAttention(Attention):
             return self.attend_windowed(q, k, v, q_pos, k_pos, k_valid, ctx)
         t = q.shape[2]
         mask = window_limit(visible_mask(t, k_valid, self.causal), t, self.options.max_cache)
-        logits = self.position.logits(q, k, q_pos, k_pos, self.layer)
+        scores = self.position.logits_aligned if ctx.aligned else self.position.logits
+        logits = scores(q, k, q_pos, k_pos, self.layer)
         dtype = torch.promote_types(logits.dtype, torch.float32)
         logits = logits + self.prior(q_pos, k_pos, dtype).to(logits.dtype)
         probs = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)

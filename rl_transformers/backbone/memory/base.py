@@ -20,6 +20,9 @@ from rl_transformers.backbone.context import ForwardContext, MemoryContext
 class Memory(nn.Module):
     Options: ClassVar[type]
     registry_name: ClassVar[str]
+    aligned_positions: ClassVar[bool] = False
+    """True when the memory's columns are time-aligned with positions counted since reset, so key positions
+    follow the column distance wherever keys are valid (``ForwardContext.aligned``)."""
 
     def __init__(self, cfg: Any, options: Any) -> None:
         super().__init__()

@@ -234,17 +234,20 @@ class CompressiveMemory(Memory):
         def cols(*shape: int, kind: torch.dtype = dtype) -> Tensor:
             return torch.zeros(*shape, dtype=kind, device=device)
 
+        # Full-size from the start (W = m_m + c - 1 uncompressed, C = m_cm compressed slots, all empty): one
+        # shape for the whole stream, so a compiled step never recompiles; empty slots are never attended.
         most_used = self.options.compression == "most_used"
+        w, c = self.options.mem_len + self.options.rate - 1, self.options.cmem_len
         return CompressiveMemoryState(
-            h=cols(batch, n, 0, d),
-            pos=cols(batch, 0, kind=torch.long),
-            valid=cols(batch, 0, kind=torch.bool),
-            live=cols(batch, 0, kind=torch.bool),
-            ch=cols(batch, n, 0, d),
-            cpos=cols(batch, 0, kind=torch.long),
-            cvalid=cols(batch, 0, kind=torch.bool),
-            cfill=cols(batch, 0, kind=torch.bool),
-            usage=cols(batch, n, 0) if most_used else None,
+            h=cols(batch, n, w, d),
+            pos=cols(batch, w, kind=torch.long),
+            valid=cols(batch, w, kind=torch.bool),
+            live=cols(batch, w, kind=torch.bool),
+            ch=cols(batch, n, c, d),
+            cpos=cols(batch, c, kind=torch.long),
+            cvalid=cols(batch, c, kind=torch.bool),
+            cfill=cols(batch, c, kind=torch.bool),
+            usage=cols(batch, n, w) if most_used else None,
         )
 
     # -- read: [cmem ; mem] per layer, plus a hook that sees the layer's attention -------------------------------

@@ -132,6 +132,8 @@ def faiss_top_k(q: Tensor, keys: Tensor, valid: Tensor, k: int) -> Tensor:
     capabilities=Capabilities(causal=True, exact=False, streaming="window", noncausal=False),
 )
 class KNNMemory(Memory):
+    aligned_positions = True  # the local memory is XL's; retrieval uses no positions
+
     def __init__(self, cfg: Any, options: KNNOptions) -> None:
         super().__init__(cfg, options)
         self.local = XLMemory(cfg, XLOptions(mem_len=options.mem_len))

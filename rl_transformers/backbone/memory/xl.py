@@ -55,12 +55,16 @@ def append_window(old: Tensor, new: Tensor, dim: int, keep: int) -> Tensor:
     capabilities=Capabilities(causal=True, exact=True, streaming="window", noncausal=False),
 )
 class XLMemory(Memory):
+    aligned_positions = True
+
     def init_state(self, batch: int, device: torch.device | None, dtype: torch.dtype) -> XLMemoryState:
-        n = self.cfg.n_layers
+        """M invalid columns: the state has one shape for the whole stream (a compiled step never sees a new
+        one), and invalid keys are never attended, so this equals an empty memory that grows to M."""
+        n, m = self.cfg.n_layers, self.options.mem_len
         return XLMemoryState(
-            h=torch.zeros(batch, n, 0, self.cfg.d_model, device=device, dtype=dtype),
-            pos=torch.zeros(batch, 0, dtype=torch.long, device=device),
-            valid=torch.zeros(batch, 0, dtype=torch.bool, device=device),
+            h=torch.zeros(batch, n, m, self.cfg.d_model, device=device, dtype=dtype),
+            pos=torch.zeros(batch, m, dtype=torch.long, device=device),
+            valid=torch.zeros(batch, m, dtype=torch.bool, device=device),
         )
 
     def read(self, state: XLMemoryState) -> list[MemoryContext | None]:

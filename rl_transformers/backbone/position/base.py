@@ -83,6 +83,14 @@ class Position(nn.Module):
         bias = self.bias(q_pos, k_pos, layer)
         return logits if bias is None else logits + bias.to(logits.dtype)
 
+    def logits_aligned(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        """:meth:`logits` when the caller guarantees column-aligned keys: q and k are the full bottom-right
+        aligned call (no block dims) and every pair the mask lets through has q_pos - k_pos == Tk - Tq + i - j
+        (the Backbone's positions with KV-cache or XL memory; ``ForwardContext.aligned``). Pairs the mask
+        removes may hold anything. A scheme may then skip analysing the positions (xl_relative); the default is
+        :meth:`logits`."""
+        return self.logits(q, k, q_pos, k_pos, layer)
+
     def value_term(self, probs: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor | None:
         """Extra term added to probs @ v (Shaw's relative values), (B, H, *, Tq, D), or None."""
         return None

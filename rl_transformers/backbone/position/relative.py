@@ -146,13 +146,20 @@ class XLRelativePosition(Position):
         return state
 
     def table(self, key: tuple[int, int, int], dist: Callable[[], Tensor], dtype: torch.dtype) -> Tensor:
-        """Sinusoid table R of the distances ``dist()`` (N,), cached under ``key`` (it depends on them only)."""
-        full_key = (*key, dtype, self.u.device, torch.is_inference_mode_enabled())
+        """Sinusoid table R of the distances ``dist()`` (N,), cached under ``key`` (it depends on them only).
+
+        Cached tables are built outside inference mode (plain constants, usable by acting and training alike),
+        so the key needs no query of the grad mode; a compiled forward builds them in its graph instead.
+        """
+        if torch.compiler.is_compiling():
+            return sinusoid_table(dist(), self.cfg.d_model).to(dtype)
+        full_key = (*key, dtype, self.u.device)
         emb = self._tables.get(full_key)
         if emb is None:
             if len(self._tables) >= 256:
                 self._tables.clear()
-            emb = sinusoid_table(dist(), self.cfg.d_model).to(dtype)
+            with torch.inference_mode(False), torch.no_grad():
+                emb = sinusoid_table(dist(), self.cfg.d_model).to(dtype)
             self._tables[full_key] = emb
         return emb
 
@@ -168,8 +175,8 @@ class XLRelativePosition(Position):
         Every layer of a forward passes the same position tensors, so the analysis (with its host syncs) is
         done once and reused while they are the same objects.
         """
-        last, inference = self._layout, torch.is_inference_mode_enabled()
-        if last is not None and last[0]() is q_pos and last[1]() is k_pos and last[4] == inference:
+        last = self._layout
+        if last is not None and last[0]() is q_pos and last[1]() is k_pos:
             return last[2], last[3]
         tq, tk = q_pos.shape[-1], k_pos.shape[-1]
         device, dtype = q_pos.device, cast(nn.Linear, self.r_proj[0]).weight.dtype
@@ -189,11 +196,13 @@ class XLRelativePosition(Position):
             else:
                 distinct, index = distinct_distances(rel)
                 emb = sinusoid_table(distinct, self.cfg.d_model).to(dtype)
-        self._layout = (weakref.ref(q_pos), weakref.ref(k_pos), emb, index, inference)
+        self._layout = (weakref.ref(q_pos), weakref.ref(k_pos), emb, index)
         return emb, index
 
     def position_scores(self, qv: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
         """(q + v)·W_R R_{i-j} for every pair, (B, H, *, Tq, Tk) (unscaled)."""
+        if torch.compiler.is_compiling():  # the layout analysis branches on data: the static pairwise form
+            return self.pairwise_scores(qv, q_pos, k_pos, layer)
         tk = k_pos.shape[-1]
         emb, index = self.layout(q_pos, k_pos)
         per_distance = torch.matmul(qv, self.projected(emb, layer, qv))  # (B, H, *, Tq, U)
@@ -201,7 +210,35 @@ class XLRelativePosition(Position):
             return rel_shift(per_distance, tk)
         return torch.gather(per_distance, -1, index.unsqueeze(1).expand(*per_distance.shape[:-1], tk))
 
+    def aligned_scores(self, qv: Tensor, tk: int, layer: int) -> Tensor:
+        """:meth:`position_scores` for column-aligned keys (see :meth:`logits_aligned`): the distance of a pair
+        is its column distance Tk - Tq + i - j, so the table (Tk - 1 down to -(Tq - 1)) and the rel-shift follow
+        from the shapes alone: no analysis, no host sync, the same numbers as the contiguous path."""
+        tq = qv.shape[-2]
+        top, n = tk - 1, tq + tk - 1
+        emb = self.table((-1, top, n), lambda: top - torch.arange(n, device=qv.device), qv.dtype)
+        return rel_shift(torch.matmul(qv, self.projected(emb, layer, qv)), tk)
+
+    def pairwise_scores(self, qv: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        """:meth:`position_scores` for arbitrary positions with static shapes: (q + v) W_R is taken to the
+        d_model sinusoid features once per query, then dotted with R_{i-j} of every pair. The same sum in
+        another order (equal to rounding); O(B·*·Tq·Tk·d) memory, used where the layout cannot be analysed
+        (a compiled forward over keys that are not column-aligned, e.g. compressed memories)."""
+        proj = cast(nn.Linear, self.r_proj[layer])
+        w = proj.weight.to(qv.dtype).view(self.n_heads, self.d_head, -1)  # (H, D, d)
+        a = torch.matmul(
+            qv, w.view((self.n_heads,) + (1,) * (qv.dim() - 4) + w.shape[1:])
+        )  # (B, H, *, Tq, d)
+        rel = relative(q_pos, k_pos)  # (B, *, Tq, Tk)
+        r = sinusoid_table(rel, self.cfg.d_model).to(qv.dtype)  # (B, *, Tq, Tk, d)
+        return torch.matmul(r.unsqueeze(1), a.unsqueeze(-1)).squeeze(-1)  # (B, H, *, Tq, Tk)
+
     def logits(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
         content = torch.matmul(q + per_head(self.u.to(q.dtype), q), k.transpose(-1, -2))
         position = self.position_scores(q + per_head(self.v.to(q.dtype), q), q_pos, k_pos, layer)
+        return (content + position) * self.scale
+
+    def logits_aligned(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        content = torch.matmul(q + per_head(self.u.to(q.dtype), q), k.transpose(-1, -2))
+        position = self.aligned_scores(q + per_head(self.v.to(q.dtype), q), k.shape[-2], layer)
         return (content + position) * self.scale
