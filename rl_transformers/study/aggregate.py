@@ -23,6 +23,10 @@ import numpy as np
 REPS = 2000
 """Bootstrap replications (rliable's default for profiles; 50,000 for intervals is too slow for 27 rows)."""
 SEED = 0
+REFERENCE = {"ppo": "gru", "dt": "full"}
+"""The encoder each suite's probability of improvement is measured against."""
+SCALE = {"ppo": 1.0, "dt": 100.0}
+"""Scores are divided by this before aggregating (DT normalized scores: 1 = the target)."""
 
 
 def score_matrices(

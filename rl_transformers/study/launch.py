@@ -3,8 +3,9 @@
 A job is one (algo, task, encoder, seed) of a preset; it owns ``<out>/<preset>/<algo>/<task>/<encoder>/s<seed>/``
 holding ``job.json`` (everything the worker needs), ``stdout.log`` / ``stderr.log``, the trainer's run
 directory ``run/`` and, at the end, ``result.json`` (done) or ``failed.json`` (failed). Resume: a job whose
-``result.json`` exists with the same job key (a hash of the job) and the whole budget run is skipped; failed,
-unfinished, stopped-early and changed jobs run again. ``invalidate`` moves the results of named encoders aside
+``result.json`` is a finished record of it (same job key - a hash of the job -, the whole budget run, valid
+fields: :mod:`~rl_transformers.study.records`) is skipped; failed, unfinished, stopped-early and changed jobs run
+again. ``invalidate`` moves the results of named encoders aside
 (``result.stale.json``) so they run again, e.g. after an attention was made faster. A running job holds
 ``running.lock`` (:mod:`rl_transformers.study.joblock`): a second invocation over the same directories skips it
 instead of running it twice, and takes over a lock whose holder is dead.
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import hashlib
 import json
 import os
 import subprocess
@@ -32,15 +32,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
 from rl_transformers.study import joblock
 from rl_transformers.study.encoders import Encoder, label
+from rl_transformers.study.progress import Progress
+from rl_transformers.study.records import complete, job_key, own_result
 from rl_transformers.study.suite import DATASET_ROOT, DT_ARGS, Task
 from rl_transformers.utils.atomic import atomic_write_json
 
 ROOT = Path(__file__).resolve().parents[2]
-PPO_NUM_STEPS = PPOConfig().num_steps
-PPO_NUM_ENVS: int = TrainConfig.__dataclass_fields__["num_envs"].default  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)
@@ -70,85 +69,21 @@ def make_job(task: Task, encoder: Encoder, seed: int, preset: str, out: Path, **
     if task.algo == "ppo":
         spec.update(env_id=task.env_id, env_kwargs=dict(task.env_kwargs))
     else:
-        spec.update(
-            dataset=task.dataset, dataset_root=str(ROOT / DATASET_ROOT), target=task.target, dt=DT_ARGS
-        )
+        # relative to the checkout (the worker resolves it): a job, and so its key, is the same at any path
+        spec.update(dataset=task.dataset, dataset_root=DATASET_ROOT, target=task.target, dt=DT_ARGS)
     spec.update(overrides)
-    spec["key"] = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    spec["key"] = job_key(spec)
     directory = out / preset / task.algo / task.name / label(encoder.name) / f"s{seed}"
     return Job(spec, directory)
 
 
-def expected_steps(spec: dict[str, Any]) -> int:
-    """What a complete run of the job reaches: PPO env steps of its whole updates (the trainer stops after the
-    last whole update within the budget), DT / BC gradient updates."""
-    if spec["algo"] == "ppo":
-        per_update = int(spec.get("num_envs", PPO_NUM_ENVS)) * int(
-            spec.get("ppo", {}).get("num_steps", PPO_NUM_STEPS)
-        )
-        return int(spec["budget"]) // per_update * per_update
-    return int(spec["budget"])
-
-
-def complete(record: dict[str, Any], spec: dict[str, Any]) -> bool:
-    """A record of this job that ran its whole budget (a run stopped early, e.g. by SIGTERM, is no result)."""
-    steps = record.get("env_steps") if spec["algo"] == "ppo" else record.get("updates")
-    return (
-        record.get("key") == spec["key"]
-        and record.get("score") is not None
-        and isinstance(steps, int | float)
-        and steps >= expected_steps(spec)
-    )
-
-
 def status(job: Job) -> str:
-    """done (result.json of this job that ran its whole budget), incomplete (one that stopped early: it runs
-    again), failed, or pending."""
+    """done (result.json of this job that ran its whole budget), incomplete (one that stopped early or is not a
+    valid record of it: it runs again), failed, or pending."""
     record = own_result(job.dir, job.spec)
     if record is not None:
         return "done" if complete(record, job.spec) else "incomplete"
     return "failed" if (job.dir / "failed.json").exists() else "pending"
-
-
-def own_result(run_dir: Path, spec: dict[str, Any]) -> dict[str, Any] | None:
-    """The record in ``run_dir/result.json`` when it is this job's (same key), else None."""
-    try:
-        record = json.loads((run_dir / "result.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) and record.get("key") == spec["key"] else None
-
-
-def restore(jobs: Iterable[Job], records_file: Path, dry_run: bool = False) -> list[Job]:
-    """Write ``result.json`` for every job without one whose key has a record in ``records_file``.
-
-    ``records_file`` is a committed ``encoders.json`` (a JSON list of run records, read as data): a fresh
-    checkout, whose ``runs/`` is empty, resumes where the committed results end instead of re-running them.
-    A record counts only if its ``key`` equals the job's key (same task, encoder spec, seed, budget) and it ran
-    the whole budget (:func:`complete`); anything else is ignored, and so is a job whose result was moved aside
-    (``result.stale.json``, :func:`invalidate`): the committed record is that stale result, which must run again.
-    Returns the jobs restored (with ``dry_run``: the jobs that would be; nothing is written).
-    """
-    try:
-        records = json.loads(Path(records_file).read_text())
-    except (OSError, ValueError):
-        return []
-    if not isinstance(records, list):
-        return []
-    by_key = {r["key"]: r for r in records if isinstance(r, dict) and isinstance(r.get("key"), str)}
-    restored = []
-    for job in jobs:
-        record = by_key.get(job.spec["key"])
-        if record is None or not complete(record, job.spec) or status(job) == "done":
-            continue
-        if (job.dir / "result.stale.json").exists():  # moved aside on purpose (--rerun-encoders)
-            continue
-        if not dry_run:
-            atomic_write_json(
-                job.dir / "result.json", {**record, "restored_from": str(records_file)}, indent=1
-            )
-        restored.append(job)
-    return restored
 
 
 def pending(jobs: Iterable[Job]) -> list[Job]:
@@ -251,16 +186,27 @@ def record_outcome(job: Job, outcome: dict[str, Any]) -> None:
 
 
 def run_local(
-    jobs: list[Job], workers: int, timeout_s: float | None = None, log: Callable[[str], None] = print
+    jobs: list[Job],
+    workers: int,
+    timeout_s: float | None = None,
+    log: Callable[[str], None] = print,
+    progress: Progress | None = None,
 ) -> list[dict[str, Any]]:
-    """Run the jobs on a pool of ``workers`` subprocesses; records in completion order."""
+    """Run the jobs on a pool of ``workers`` subprocesses; records in completion order. ``progress`` (optional)
+    is told when each job starts and ends, and prints the outcome lines (else ``log`` does)."""
+
+    def start(job: Job) -> dict[str, Any]:
+        if progress is not None:
+            progress.start(job.name)
+        return execute(job.spec, str(job.dir), timeout_s)
+
     outcomes = []
     with cf.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        futures = {pool.submit(execute, job.spec, str(job.dir), timeout_s): job for job in jobs}
+        futures = {pool.submit(start, job): job for job in jobs}
         for fut in cf.as_completed(futures):
             job, outcome = futures[fut], fut.result()
             record_outcome(job, outcome)
-            _log_outcome(log, job, outcome)
+            _report(log, progress, job, outcome)
             outcomes.append(outcome)
     return outcomes
 
@@ -271,8 +217,10 @@ def run_ray(
     workers: int | None = None,
     timeout_s: float | None = None,
     log: Callable[[str], None] = print,
+    progress: Progress | None = None,
 ) -> list[dict[str, Any]]:
-    """Run the jobs as Ray tasks with 1 CPU each (``address`` None: a local instance of ``workers`` CPUs)."""
+    """Run the jobs as Ray tasks with 1 CPU each (``address`` None: a local instance of ``workers`` CPUs).
+    ``progress`` counts the jobs as they end (Ray does not say when a task starts: none shows as running)."""
     try:
         import ray
     except ImportError as exc:
@@ -298,7 +246,7 @@ def run_ray(
                 except Exception as exc:  # a worker node died: record it as a failure, retried next time
                     outcome = {"status": "failed", "returncode": "ray", "stderr_tail": str(exc)[-3000:]}
                 record_outcome(job, outcome)
-                _log_outcome(log, job, outcome)
+                _report(log, progress, job, outcome)
                 outcomes.append(outcome)
         return outcomes
     finally:
@@ -306,14 +254,22 @@ def run_ray(
             ray.shutdown()
 
 
-def _log_outcome(log: Callable[[str], None], job: Job, outcome: dict[str, Any]) -> None:
+def _report(log: Callable[[str], None], progress: Progress | None, job: Job, outcome: dict[str, Any]) -> None:
+    line = outcome_line(job, outcome)
+    if progress is not None:
+        progress.finish(job.name, line)
+    else:
+        log(line)
+
+
+def outcome_line(job: Job, outcome: dict[str, Any]) -> str:
+    """One line on how a job ended."""
     if outcome["status"] == "done":
         rate = outcome.get("steps_per_s") or outcome.get("updates_per_s") or 0.0
-        log(f"  done {job.name}: score {outcome['score']}, {outcome['wall_s']:.0f} s, {rate:.0f}/s")
-    elif outcome["status"] == "busy":
-        log(
+        return f"  done {job.name}: score {outcome['score']}, {outcome['wall_s']:.0f} s, {rate:.0f}/s"
+    if outcome["status"] == "busy":
+        return (
             f"  skipped {job.name}: another invocation is running it ({outcome['holder']}; if none is, delete "
             f"{job.dir / joblock.LOCK})"
         )
-    else:
-        log(f"  FAILED {job.name}: {outcome.get('returncode')} (see {job.dir}/stderr.log)")
+    return f"  FAILED {job.name}: {outcome.get('returncode')} (see {job.dir}/stderr.log)"

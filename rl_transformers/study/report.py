@@ -1,11 +1,13 @@
 """The study's results from its run directories: encoders.json, encoders_aggregate.json, encoders.md, plots.
 
-:func:`collect` reads every ``result.json`` under ``<out>/<preset>``; :func:`write_report` writes
+:func:`write_report` writes, from the finished records of the study's jobs
+(:func:`rl_transformers.study.records.results`),
 ``encoders.json`` (one record per run: algo, task, encoder (the override string), seed, score, final_return,
-env_steps, steps_per_s, parameters, plus encoder_name, wall_s, preset, the evaluation curve and, for runs
-since the field was added, git_sha: the commit the run ran at),
+env_steps, steps_per_s, parameters, plus encoder_name, wall_s, preset, the evaluation curve, git_sha and machine:
+the commit and the machine the run ran at, ``"unknown"`` for runs that predate those fields),
 ``encoders_aggregate.json`` (per suite and encoder: IQM, CI low / high, probability of improvement over the
-reference) and ``encoders.md`` (a generated summary - see ``summary`` -, method, budget, machine, code,
+reference) and ``encoders.md`` (a generated summary - see ``summary`` -, method, budget, the machines and
+commits the records name (not the machine rebuilding the page), code,
 per-task and aggregate tables, plots under ``plots/``: performance profile, IQM with CIs, learning curves per
 task, score vs steps/s).
 """
@@ -13,32 +15,24 @@ task, score vs steps/s).
 from __future__ import annotations
 
 import json
-import platform
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from rl_transformers.study.aggregate import REPS, aggregate, performance_profiles, score_matrices
+from rl_transformers.study.aggregate import REFERENCE, REPS, SCALE, aggregate
+from rl_transformers.study.plots import measured_rates, plot_all
+from rl_transformers.study.records import UNKNOWN
 from rl_transformers.study.summary import aggregate_summary, identical_runs, task_leaders
 from rl_transformers.utils.atomic import atomic_write_text
 
 RECORD_FIELDS = ("algo", "task", "encoder", "seed", "score", "final_return", "env_steps", "steps_per_s",
                  "parameters")  # fmt: skip
+LOCAL_FIELDS = ("restored_from", "status")
+"""Fields of a run directory's result.json that say where that copy came from, not what the run was: left out
+of encoders.json, so that a checkout that restored its records rebuilds the same file."""
 AGGREGATE_FIELDS = ("iqm", "ci_low", "ci_high", "prob_improvement")
-REFERENCE = {"ppo": "gru", "dt": "full"}
-SCALE = {"ppo": 1.0, "dt": 100.0}
-
-
-def collect(out: Path, preset: str) -> list[dict[str, Any]]:
-    """Every finished run's record under ``<out>/<preset>``, sorted."""
-    records = []
-    for path in sorted((Path(out) / preset).rglob("result.json")):
-        records.append(json.loads(path.read_text()))
-    return sorted(records, key=lambda r: (r["algo"], r["task"], r["encoder_name"], r["seed"]))
 
 
 def build_aggregates(
@@ -65,11 +59,6 @@ def aggregate_tasks(records: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> d
     return {algo: [t for t in names if done[t] >= planned.get(t, 0)] for algo, names in ctx["tasks"].items()}
 
 
-def _rates(runs: Sequence[dict[str, Any]]) -> list[float]:
-    """The recorded speeds of ``runs`` (env steps/s online, updates/s offline), missing ones left out."""
-    return [float(x) for r in runs if (x := r.get("steps_per_s") or r.get("updates_per_s"))]
-
-
 def _cell(values: list[float]) -> str:
     if not values:
         return "–"
@@ -93,7 +82,7 @@ def task_table(records: Sequence[dict[str, Any]], algo: str, tasks: list[str], e
         if not runs:
             continue
         cells = [_cell([r["score"] for r in by.get((enc, t), []) if r["score"] is not None]) for t in tasks]
-        rates = _rates(runs)
+        rates = measured_rates(runs)
         params = sorted({int(r["parameters"]) for r in runs})
         ptext = f"{params[0]:,}" if len(params) == 1 else f"{params[0]:,}–{params[-1]:,}"
         lines.append(f"| {enc} | {' | '.join(cells)} | {statistics.fmean(rates):.0f} | {ptext} |")
@@ -138,19 +127,20 @@ def aggregate_table(agg: dict[str, Any]) -> str:
 def code_text(records: Sequence[dict[str, Any]]) -> str:
     """Which code ran the records: their commits (``git_sha``, recorded by the worker at the start of each
     run, ``-dirty`` when the checkout had uncommitted changes) and how many records predate that field."""
-    shas = [r.get("git_sha") for r in records]
+    shas = [r.get("git_sha") or UNKNOWN for r in records]
     counts: dict[str, int] = defaultdict(int)
     for sha in shas:
-        if sha:
+        if sha != UNKNOWN:
             counts[sha] += 1
-    missing = sum(1 for sha in shas if not sha)
+    missing = sum(1 for sha in shas if sha == UNKNOWN)
     if not counts:
         return f"Code: none of the {len(records)} records carries its commit (the field came later)."
     listed = ", ".join(f"`{sha[:7]}{'-dirty' if sha.endswith('-dirty') else ''}` ({n})"
                        for sha, n in sorted(counts.items(), key=lambda kv: -kv[1]))  # fmt: skip
     return (
         f"Code: records carry the git commit they ran at (`git_sha`): {listed}; {missing} older records "
-        "predate the field (the notes below list the code changes that made runs be discarded and re-run)."
+        f"predate the field (`git_sha` `{UNKNOWN}`; the notes below list the code changes that made runs be "
+        "discarded and re-run)."
     )
 
 
@@ -166,116 +156,18 @@ def cost_text(records: Sequence[dict[str, Any]]) -> str:
             f"{hours['dt']:.1f} h). `--dry-run` estimates what is left from the measured rates.")  # fmt: skip
 
 
-def machine() -> str:
-    """CPU model, usable cores, Python and torch versions of this machine (the study's runs use 1 thread)."""
-    import torch
-
-    from rl_transformers.utils.provenance import device_name
-    from rl_transformers.utils.training import available_cores
-
-    return (
-        f"{device_name(torch.device('cpu'))}, {available_cores()} cores, Python {platform.python_version()}, "
-        f"torch {torch.__version__}, 1 thread per run"
-    )
-
-
-# -- plots ----------------------------------------------------------------------------------------------------
-def _save(fig: Any, path: Path, dpi: int) -> str:
-    """Lay out, write and close ``fig``; returns the file name (the Markdown links it)."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
-    return path.name
-
-
-def plot_all(records: Sequence[dict[str, Any]], aggs: dict[str, Any], tasks: dict[str, list[str]],
-             plots: Path, agg_tasks: dict[str, list[str]] | None = None) -> list[str]:  # fmt: skip
-    """Write the plots; returns their file names (``agg_tasks``: the tasks the aggregates cover, default all)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plots.mkdir(parents=True, exist_ok=True)
-    made = []
-    for algo, suite in (("ppo", "online"), ("dt", "offline")):
-        if suite not in aggs or not aggs[suite]["encoders"]:
-            continue
-        rows = [r for r in records if r["algo"] == algo]
-        scores, _ = score_matrices(rows, (agg_tasks or tasks)[algo], SCALE[algo])
-        agg = aggs[suite]["encoders"]
-        order = sorted(agg, key=lambda k: agg[k]["iqm"])
-        fig, ax = plt.subplots(figsize=(7, 0.28 * len(order) + 1.2))
-        ys = np.arange(len(order))
-        iqm = np.array([agg[k]["iqm"] for k in order])
-        err = np.array(
-            [
-                [agg[k]["iqm"] - agg[k]["ci_low"] for k in order],
-                [agg[k]["ci_high"] - agg[k]["iqm"] for k in order],
-            ]
-        )
-        ax.errorbar(iqm, ys, xerr=err, fmt="o", ms=4, capsize=3)
-        ax.set_yticks(ys, order, fontsize=8)
-        ax.set_xlabel("IQM of the score (95 % stratified bootstrap CI, rliable)")
-        ax.grid(True, alpha=0.3)
-        made.append(_save(fig, plots / f"iqm_{suite}.png", dpi=110))
-
-        lo = min(float(m.min()) for m in scores.values())
-        hi = max(float(m.max()) for m in scores.values())
-        taus = np.linspace(min(lo, -1.0 if algo == "ppo" else 0.0), max(hi, 1.0), 81)
-        prof, prof_ci = performance_profiles(scores, taus, reps=min(REPS, 200))
-        fig, ax = plt.subplots(figsize=(8, 5))
-        for k in sorted(prof, key=lambda k: -agg[k]["iqm"]):
-            style = "-" if k in (REFERENCE[algo], "gtrxl") else "--"
-            (line,) = ax.plot(taus, prof[k], style, lw=1.2, label=k)
-            ax.fill_between(taus, prof_ci[k][0], prof_ci[k][1], color=line.get_color(), alpha=0.1)
-        ax.set_xlabel("score τ" + (" (normalized / 100)" if algo == "dt" else ""))
-        ax.set_ylabel("fraction of runs with score > τ")
-        ax.legend(fontsize=6, ncol=2)
-        ax.grid(True, alpha=0.3)
-        made.append(_save(fig, plots / f"profile_{suite}.png", dpi=110))
-
-        fig, ax = plt.subplots(figsize=(7, 5))
-        for k in agg:
-            rates = _rates([r for r in rows if r["encoder_name"] == k])
-            if rates:
-                ax.scatter(statistics.fmean(rates), agg[k]["iqm"], s=14)
-                ax.annotate(k, (statistics.fmean(rates), agg[k]["iqm"]), fontsize=6)
-        ax.set_xscale("log")
-        ax.set_xlabel("env steps / s" if algo == "ppo" else "updates / s")
-        ax.set_ylabel("IQM score")
-        ax.grid(True, alpha=0.3)
-        made.append(_save(fig, plots / f"score_vs_speed_{suite}.png", dpi=110))
-
-    for task in sorted({r["task"] for r in records}):
-        fig, ax = plt.subplots(figsize=(8, 5))
-        by: dict[str, list[list[list[float]]]] = defaultdict(list)
-        for r in records:
-            if r["task"] == task and r.get("curve"):
-                by[r["encoder_name"]].append(r["curve"])
-        # one colour per encoder (tab20 + Dark2: 28), so no two legend entries look alike
-        palette = [plt.get_cmap("tab20")(i) for i in range(20)] + [plt.get_cmap("Dark2")(i) for i in range(8)]
-        for i, (k, curves) in enumerate(sorted(by.items())):
-            steps = sorted({c[0] for curve in curves for c in curve})
-            mean = [
-                statistics.fmean(v for s2, v in (p for curve in curves for p in curve) if s2 == s)
-                for s in steps
-            ]
-            style = "-" if k in ("gru", "gtrxl", "full") else "--"
-            ax.plot(
-                steps, mean, style, lw=1.1, color=palette[i % len(palette)], label=f"{k} (n={len(curves)})"
-            )
-        ax.set_xlabel(
-            "env steps" if any(r["algo"] == "ppo" and r["task"] == task for r in records) else "updates"
-        )
-        ax.set_ylabel("greedy evaluation (mean over seeds)")
-        ax.set_title(task)
-        ax.legend(fontsize=6, ncol=2)
-        ax.grid(True, alpha=0.3)
-        made.append(_save(fig, plots / f"curves_{task}.png", dpi=100))
-    return made
+def machines_text(records: Sequence[dict[str, Any]]) -> str:
+    """Which machines ran the records (``machine``, recorded by the worker: CPU model, cores, Python and torch),
+    and how many records predate that field (machine unknown). Each run used one torch thread."""
+    counts: dict[str, int] = defaultdict(int)
+    for r in records:
+        counts[r.get("machine") or UNKNOWN] += 1
+    unknown = counts.pop(UNKNOWN, 0)
+    listed = "; ".join(f"{m} ({n})" for m, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    older = f"{unknown} records predate the field (machine `{UNKNOWN}`)"
+    if not counts:
+        return f"Machine: none of the {len(records)} records names its machine ({older}); 1 thread per run."
+    return f"Machines (recorded by each run, 1 thread per run): {listed}; {older}."
 
 
 # -- the documents ------------------------------------------------------------------------------------------
@@ -292,15 +184,25 @@ def write_report(
     """
     docs = Path(docs)
     tasks = context["tasks"]
-    public = [{**{k: r.get(k) for k in RECORD_FIELDS}, **{k: v for k, v in r.items() if k not in RECORD_FIELDS}}
-              for r in records]  # fmt: skip
-    atomic_write_text(docs / "encoders.json", json.dumps(public, indent=1) + "\n")
+    atomic_write_text(docs / "encoders.json", json.dumps([public(r) for r in records], indent=1) + "\n")
     covered = aggregate_tasks(records, context)
     aggs = build_aggregates(records, covered, context.get("reps"))
     atomic_write_text(docs / "encoders_aggregate.json", json.dumps(aggs, indent=1) + "\n")
-    plots = plot_all(records, aggs, tasks, docs / "plots", covered) if records else []
+    families = {name: family for rows in context["encoders"].values() for name, _, family, _ in rows}
+    plots = plot_all(records, aggs, tasks, docs / "plots", covered, families) if records else []
     atomic_write_text(docs / "encoders.md", markdown(records, aggs, context, plots))
     return aggs
+
+
+def public(record: dict[str, Any]) -> dict[str, Any]:
+    """A record as encoders.json publishes it: the documented fields first, then the rest, without the local
+    fields (:data:`LOCAL_FIELDS`); ``git_sha`` and ``machine`` say ``"unknown"`` where the run did not record
+    them."""
+    out = {k: record.get(k) for k in RECORD_FIELDS}
+    out.update({k: v for k, v in record.items() if k not in RECORD_FIELDS and k not in LOCAL_FIELDS})
+    for k in ("git_sha", "machine"):
+        out[k] = out.get(k) or UNKNOWN
+    return out
 
 
 def markdown(
@@ -318,6 +220,8 @@ def markdown(
         done = {t: sum(1 for r in records if r["task"] == t) for t in ctx["planned"]}
         lines += ["Finished runs per task: " + ", ".join(f"{t} {done[t]} / {n}" for t, n in ctx["planned"].items())
                   + ".", ""]  # fmt: skip
+    if callable(ctx.get("caveat")):
+        lines += [ctx["caveat"](records), ""]
     lines += ["Rebuild these files from the run directories (resumes the study first unless `--report-only`):", "",
               "```bash", ctx["command"], "```", ""]  # fmt: skip
     lines += summary_section(records, aggs, ctx)
@@ -326,7 +230,7 @@ def markdown(
         "",
         ctx.get("method", ""),
         "",
-        f"Machine: {machine()}.",
+        machines_text(records),
         "",
         code_text(records),
         "",
@@ -368,8 +272,9 @@ def markdown(
     curves = [p for p in plots if p.startswith("curves_")]
     if curves:
         lines += ["## Learning curves", ""] + [f"![{p}](plots/{p})" for p in curves] + [""]
-    if ctx.get("notes"):
-        lines += ["## Notes and limits", "", ctx["notes"], ""]
+    text = ctx["notes"](records, aggs, ctx) if callable(ctx.get("notes")) else ctx.get("notes")
+    if text:
+        lines += ["## Notes and limits", "", text, ""]
     return "\n".join(lines)
 
 

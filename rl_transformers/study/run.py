@@ -8,7 +8,6 @@ every encoder evenly. Then it collects every finished run of the preset and writ
 
 from __future__ import annotations
 
-import json
 import shlex
 import statistics
 import sys
@@ -18,87 +17,10 @@ from pathlib import Path
 from typing import Literal
 
 from rl_transformers.study import encoders as enc
-from rl_transformers.study import launch, report, suite
+from rl_transformers.study import launch, notes, records, report, suite
 from rl_transformers.study.aggregate import REPS
-
-METHOD = """\
-Every encoder is trained with the **same hyper-parameters on a task** (as POPGym did): PPO with the defaults of
-`PPOConfig` (32 envs × 64 steps per update, 16-step training windows, 4 epochs × 4 minibatches, lr 3e-4 annealed,
-γ 0.99, λ 0.95, clip 0.2, entropy 0.01), an evaluation of 16 greedy episodes every `eval_every` steps (POPGym
-tasks: every 16,384, the last at the budget; T-Maze 10: every 10,240, so the last is at 122,880 and its final 4
-updates of 131,072 are not evaluated - the PPO trainer evaluates only at multiples of `eval_every`).
-**Score** = POPGym's MMER: the maximum over evaluations of the mean greedy return (POPGym tasks on their
-[-1, 1] scale; T-Maze: the greedy return, which is the success rate when the agent keeps to the schedule and a
-lower bound otherwise); `final_return` in encoders.json is the mean greedy return of the last evaluation (DT:
-its raw mean return, not normalized). Table cells are mean ± sample std (n − 1) over seeds. Offline: the Decision
-Transformer (d 64, 2 layers, 1 head, context 10, batch 64, lr 6e-4, warm-up 200) on two locally built Minari
-datasets; score = normalized score 100·(R − ref_min)/(ref_max − ref_min) of the final evaluation (10 episodes) at
-the fixed target return. **Encoders**: the GTrXL default (`full` + `xl` memory of 32 + `xl_relative` + `gtrxl`
-block, d 64, 2 layers, 4 heads); one row per registered causal attention = the default with that attention and
-no XL memory (each attention keeps its own streaming cache, bounded to 64 past tokens - `max_cache`, set by
-the policy's `bound_context`; adaptive_span keeps its own bound, max_span + ramp = 288), with the first
-positional scheme it accepts from (`xl_relative`, `rope`, `none`); the other memories (`compressive`, `knn`)
-and depths (`universal`, `early_exit`) swapped into the default; GRU, LSTM and MLP cores behind the same
-actor-critic. **Parameters** are matched within ±10 % to the GTrXL default (online; offline: to the DT with
-`full` attention) by the FFN width `d_ff`
-(transformers) or `hidden_size` (baselines), by bisection on the count; every count is reported. Aggregates
-use `rliable` (Agarwal et al. 2021, arXiv 2108.13264): IQM with stratified-bootstrap 95 % CIs (2,000
-resamples), score-distribution performance profiles, probability of improvement over GRU (offline: over the
-`full` attention). One run = one subprocess with one torch thread; at most 2 at a time on this machine."""
-
-NOTES = """\
-- The budget is the limit: PPO runs get 131k-197k env steps (64-96 updates), about what GTrXL needs on T-Maze 10
-  (113k) and RepeatPreviousEasy (184k, docs/results/online.md). The budget check above shows what GRU makes of
-  it: it learns T-Maze 10, both PositionOnlyCartPole tasks and RepeatPreviousEasy (still rising at 197k), gains
-  little on MineSweeperEasy and nothing on CountRecallEasy, so on those two the budget limits the conclusion.
-  Replacements for them were tried with GRU and MLP (seed 0, the same settings, not recorded here):
-  RepeatFirstEasy (neither learns), HigherLowerEasy (the MLP scores 0.5 from the first evaluation: no memory
-  needed), MultiarmedBanditEasy (GRU stays around 0) and VelocityOnlyCartPoleEasy (GRU solves it by 16k steps);
-  none separates encoders better, so the suite was kept. Scores are means over 16 greedy evaluation episodes,
-  so they move in steps of at least 1/16.
-- Cost: the full grid (576 runs) needs about 13 hours of 2 cores at the measured rates (the "Cost" line above
-  counts what is done; `--dry-run` estimates the rest), well over the 8 hours aimed for; the budgets at which GRU
-  learns were kept over the time target, and the study runs in parts.
-- Steps/s are measured on a machine shared with other jobs (up to 2 concurrent runs plus other work, e.g.
-  test suites), so they are comparable within this study only roughly; the idle-machine per-attention speed is
-  in benchmarks/results/ppo_throughput/results.md.
-- `fixed`, `strided` and `bigbird` kept an unbounded streaming cache until commit `4eb9e34` (their
-  context grew over the whole run, ending 5-10x slower than `full`); their earlier results were discarded and
-  re-run with the same 64-key bound (`max_cache`) as every other attention row.
-- Rows that compute the same policy (the summary's "Equal runs" lists rows whose evaluation curves coincide).
-  Online, `local` (window 64) attends to exactly the keys of `full` under the shared 64-key bound, so its runs
-  are `full`'s. `early_exit` trains at full depth (CALM's protocol: exits apply in evaluation only) and its
-  default measure, saturation, has no parameters, so its training is `gtrxl`'s bit for bit; its evaluations can
-  differ only where a token exits (cosine between a layer's output and input >= 0.99). They differ only at the
-  first evaluation (16k steps) of 3 of its 18 runs (GTrXL's gates start near identity, so early on a layer
-  changes a token little); every later evaluation equals `gtrxl`'s, and so do all 18 scores and final returns
-  (layer-1 saturation over 16 greedy episodes of `train_gtrxl.py --env-id rlt/TMaze-v0 --backbone.depth
-  early_exit --total-timesteps 40000`, read by a hook on `EarlyExitDepth.confidence`: 0.95-0.98, no exit).
-  At its defaults, early exit changes nothing in these 2-layer policies; measuring it needs a calibrated
-  threshold (CALM) or exits in training (`exit_in_training`), which this study does not tune.
-- Offline, the DT sees 10 steps = 30 tokens. `local`, `block_local`, `blockwise` and `bigbird` give identical
-  runs on both datasets (seed by seed: their patterns coincide on 30 tokens), and `full` differs from them in
-  principle only by the random stream of its fused training path's dropout masks (`policies/dt_fast.py`); the
-  spread between these rows (CartPole mean normalized score 18.3 vs 23.2; offline IQM 0.451 vs 0.465) is seed
-  noise, and most offline differences are within it.
-- Until commit `e74a8fd` a run stopped by SIGTERM (the study killed at the end of a working session) was
-  scored on the steps it had done: the trainer saves and returns, and the worker wrote a result. Nine committed
-  records were such runs (RepeatPreviousEasy `block_local`, `block_local_2d`, `blockwise`, `gaussian_prior`
-  seed 0; T-Maze 10 `early_exit`, `knn`, `universal` seed 1; CartPole DT `linear`, `memory_compressed` seed 0).
-  They were discarded and re-run; a result now needs its whole budget.
-- `universal` was re-run after commit `7874116`. Its timestep signal (a sinusoid of unit size added before each
-  step, cos 0 = 1 on half the coordinates) drowned the policy's observation features (~0.2 per coordinate): every
-  `universal` row sat at the MLP level (PositionOnlyCartPoleEasy 0.05 for the first 65k steps, 0.90 without the
-  signal). The signal is now scaled by each token's input RMS, as large relative to the features as in the paper
-  (√d-scaled embeddings), and the ponder cost is weighted 0.01 as in tensor2tensor's implementation (it was 1).
-- `routing` was re-run after commit `516d907`, which weights its commitment loss 1e-4 as the reference implementation
-  (it was 1: the loss, ~1.7 at the start against a PPO loss of ~0.06, took nearly all of the clipped gradient;
-  T-Maze 10 seeds 1 and 2 never left 0; seed 1 reaches 0.75 with the fix).
-- `adaptive_span` was re-run after commit `c3bab3f`, which weights its L1 span penalty 2e-6 per token of mean
-  span as the reference implementation (it was mean span / max span at weight 1, ~2,000x heavier: ~0.5 per layer
-  against a PPO loss of ~0.01-0.1). The re-run changed little: online IQM 0.357 -> 0.362 over the five tasks
-  complete then, offline 0.427 -> 0.490, both within their CIs.
-- `linformer` has no causal mode and cannot be a policy or a DT encoder (listed as excluded)."""
+from rl_transformers.study.progress import Progress
+from rl_transformers.utils.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -176,7 +98,13 @@ def plan(cfg: StudyConfig) -> tuple[list[launch.Job], dict]:
 
 
 def estimate(jobs: list[launch.Job], out: Path) -> tuple[float, int]:
-    """Estimated seconds of one worker for ``jobs`` from measured rates of finished runs, and how many had none.
+    """Estimated seconds of one worker for ``jobs`` and how many had no measured rate (see :func:`estimates`)."""
+    seconds, unknown = estimates(jobs, out)
+    return sum(seconds), unknown
+
+
+def estimates(jobs: list[launch.Job], out: Path) -> tuple[list[float], int]:
+    """Estimated seconds of each of ``jobs`` from measured rates of finished runs, and how many had none.
 
     Rate per job (steps/s online, updates/s for DT), from the finished runs of any preset: the median of the same
     (task, encoder); else the encoder's median over its runs of the same algorithm times the task's speed factor
@@ -184,9 +112,10 @@ def estimate(jobs: list[launch.Job], out: Path) -> tuple[float, int]:
     environment slows every encoder; 1 while the task has none); else the median of every finished run of the
     algorithm. Plus 10 s of process start-up per job.
     """
-    finished = [json.loads(p.read_text()) for p in Path(out).rglob("result.json")]
-    runs = [(r["algo"], r["task"], r["encoder_name"], x) for r in finished
-            if (x := r.get("steps_per_s") or r.get("updates_per_s"))]  # fmt: skip
+    finished = [records.read_json(p) for p in Path(out).rglob("result.json")]
+    runs = [(r["algo"], r["task"], r["encoder_name"], float(x)) for r in finished
+            if isinstance(r, dict) and all(isinstance(r.get(k), str) for k in ("algo", "task", "encoder_name"))
+            and isinstance(x := r.get("steps_per_s") or r.get("updates_per_s"), int | float) and x > 0]  # fmt: skip
     by_pair: dict[tuple[str, str], list[float]] = defaultdict(list)
     by_encoder: dict[tuple[str, str], list[float]] = defaultdict(list)
     by_algo: dict[str, list[float]] = defaultdict(list)
@@ -200,7 +129,7 @@ def estimate(jobs: list[launch.Job], out: Path) -> tuple[float, int]:
         ratios[task].append(x / encoder_rate[(algo, name)])
     task_factor = {t: statistics.median(v) for t, v in ratios.items()}
 
-    total, unknown = 0.0, 0
+    seconds, unknown = [], 0
     for job in jobs:
         algo, task, name = job.spec["algo"], job.spec["task"], job.spec["encoder_name"]
         if by_pair.get((task, name)):
@@ -212,11 +141,17 @@ def estimate(jobs: list[launch.Job], out: Path) -> tuple[float, int]:
         else:
             unknown += 1
             rate = 1000.0 if algo == "ppo" else 20.0
-        total += job.spec["budget"] / rate + 10.0
-    return total, unknown
+        seconds.append(job.spec["budget"] / rate + 10.0)
+    return seconds, unknown
 
 
 def run_study(cfg: StudyConfig, log=print) -> dict:
+    if cfg.rerun_encoders and cfg.report_only and not cfg.dry_run:
+        raise UserError(
+            f"--rerun-encoders {' '.join(cfg.rerun_encoders)} with --report-only would drop their results from "
+            "the documents without running them again; leave out one of the two",
+            source="--report-only",
+        )
     jobs, _ = plan(cfg)
     # The documents always describe the whole preset (both parts, every task and encoder), whatever subset
     # this invocation runs, so running one task never drops another task's results from encoders.json.
@@ -226,8 +161,9 @@ def run_study(cfg: StudyConfig, log=print) -> dict:
     # A dry run changes nothing on disk: it counts the results it would restore as finished and those it would
     # move aside as to run.
     restored: set[Path] = set()
-    if cfg.restore and (docs / "encoders.json").exists():
-        restored = {j.dir for j in launch.restore(every_job, docs / "encoders.json", dry_run=cfg.dry_run)}
+    committed = docs / "encoders.json"
+    if cfg.restore and committed.exists():
+        restored = {j.dir for j in records.restore(every_job, committed, dry_run=cfg.dry_run)}
         if restored:
             verb = "would restore" if cfg.dry_run else "restored"
             log(f"{verb} {len(restored)} finished runs from {docs / 'encoders.json'}")
@@ -259,24 +195,45 @@ def run_study(cfg: StudyConfig, log=print) -> dict:
             f"{workers}" + (unmeasured if unknown else ""))  # fmt: skip
         return {"jobs": len(jobs), "todo": len(todo), "seconds": seconds}
     if todo and not cfg.report_only:
-        if cfg.launcher == "ray":
-            launch.run_ray(todo, cfg.ray_address, cfg.workers, cfg.timeout_s, log)
-        else:
-            launch.run_local(todo, cfg.workers, cfg.timeout_s, log)
+        each, _ = estimates(todo, out)
+        bar = Progress({j.name: s for j, s in zip(todo, each, strict=True)}, cfg.workers, log)
+        try:
+            if cfg.launcher == "ray":
+                launch.run_ray(todo, cfg.ray_address, cfg.workers, cfg.timeout_s, log, bar)
+            else:
+                launch.run_local(todo, cfg.workers, cfg.timeout_s, log, bar)
+        finally:
+            bar.close()
     ctx["command"] = rebuild_command(cfg, docs)
-    ctx["method"], ctx["notes"] = METHOD, NOTES
+    ctx["method"], ctx["notes"], ctx["caveat"] = notes.method(cfg.preset), notes.notes, notes.caveat
     ctx["planned"] = dict(Counter(j.spec["task"] for j in every_job))
-    specs = {j.spec["key"]: j.spec for j in every_job}
-    records = [
-        r
-        for r in report.collect(out, cfg.preset)
-        if r.get("key") in specs and launch.complete(r, specs[r["key"]])
-    ]
-    log(f"building the documents from {len(records)} runs: rliable's bootstrap ({REPS:,} resamples per CI) "
+    found = records.results(every_job, log)
+    moved = set() if cfg.report_only else {j.spec["key"] for j in jobs if j.dir in rerun}
+    check_nothing_lost(found, committed, moved, cfg.report_only or cfg.restore)
+    log(f"building the documents from {len(found)} runs: rliable's bootstrap ({REPS:,} resamples per CI) "
         "takes minutes (about 6 on one core for the full preset)")  # fmt: skip
-    aggs = report.write_report(records, docs, ctx)
-    log(f"wrote {docs}/encoders.md, encoders.json ({len(records)} runs), encoders_aggregate.json, plots/")
-    return {"jobs": len(jobs), "records": len(records), "aggregates": aggs}
+    aggs = report.write_report(found, docs, ctx)
+    log(f"wrote {docs}/encoders.md, encoders.json ({len(found)} runs), encoders_aggregate.json, plots/")
+    return {"jobs": len(jobs), "records": len(found), "aggregates": aggs}
+
+
+def check_nothing_lost(found: list[dict], committed: Path, moved: set[str], guard: bool) -> None:
+    """Refuse to write documents holding fewer records than ``committed`` (the encoders.json they replace): every
+    committed record must be among ``found``, except those moved aside on purpose (``moved``: their jobs run
+    again). ``guard`` False (a run with --no-restore: starting over) skips the check."""
+    if not guard or not committed.exists():
+        return
+    before = records.read_committed(committed)
+    have = {r["key"] for r in found}
+    lost = [r for r in before if r["key"] not in have and r["key"] not in moved]
+    if lost:
+        who = "/".join(str(lost[0].get(f)) for f in ("algo", "task", "encoder_name", "seed"))
+        raise UserError(
+            f"the rebuilt documents would hold {len(found)} records, and {len(lost)} of the {len(before)} "
+            f"committed ones would be lost (e.g. {who}, key {lost[0]['key']!r}); nothing written. Their run "
+            "directories lack a finished result: restore them (leave out --no-restore) or run them",
+            source=str(committed),
+        )
 
 
 def rebuild_command(cfg: StudyConfig, docs: Path) -> str:

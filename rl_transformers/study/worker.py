@@ -5,7 +5,8 @@ Reads the job (algo, task, encoder spec, seed, budget), calls the trainer's publ
 ``<run dir>/run``, then reads the evaluation series the trainer logged to ``progress.jsonl`` and writes
 ``<run dir>/result.json`` atomically (the record of :func:`make_record`). Exit code 0 only with a result: a
 run that the trainer stopped early (SIGTERM or Ctrl-C: it saves and returns) writes no result and exits with
-:data:`EXIT_INTERRUPTED`, so the study runs it again instead of scoring a shortened run.
+:data:`EXIT_INTERRUPTED`, so the study runs it again instead of scoring a shortened run. The record names the
+commit (``git_sha``) and the machine (:func:`~rl_transformers.study.records.machine_text`) the run ran at.
 
 ``--deadline-s`` (the launcher passes its run timeout): the worker stops itself then, as if sent SIGTERM, and
 exits at once :data:`DEADLINE_GRACE_S` later if it is still alive (:data:`WATCHDOG_S` later still, from a C
@@ -27,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rl_transformers.study.records import UNKNOWN, machine_text
 from rl_transformers.utils.atomic import atomic_write_json
 from rl_transformers.utils.provenance import git_sha
 
@@ -112,7 +114,7 @@ def _ppo(job: dict[str, Any], run: Path) -> dict[str, Any]:
     from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
     from rl_transformers.policies.gtrxl import make_policy
     from rl_transformers.study.encoders import _spaces, policy_config
-    from rl_transformers.study.launch import PPO_NUM_ENVS
+    from rl_transformers.study.records import PPO_NUM_ENVS
 
     cfg = TrainConfig(
         env_id=job["env_id"],
@@ -152,6 +154,13 @@ def _env_spaces(job: dict[str, Any]) -> tuple[Any, Any]:
     return spaces
 
 
+def _checkout_path(path: str) -> Path:
+    """A job's path: relative ones (the dataset root) are relative to the checkout the worker runs from."""
+    from rl_transformers.study.launch import ROOT
+
+    return ROOT / path
+
+
 def _dt(job: dict[str, Any], run: Path) -> dict[str, Any]:
     from rl_transformers.algos.dt import train
     from rl_transformers.algos.dt_config import DTConfig
@@ -159,7 +168,7 @@ def _dt(job: dict[str, Any], run: Path) -> dict[str, Any]:
 
     cfg = DTConfig(
         dataset=job["dataset"],
-        dataset_root=Path(job["dataset_root"]),
+        dataset_root=_checkout_path(job["dataset_root"]),
         backbone=dt_backbone(job["encoder"]),
         total_steps=job["budget"],
         eval_every=job["eval_every"],
@@ -233,6 +242,7 @@ def main(argv: list[str]) -> int:
 
     shutil.rmtree(run, ignore_errors=True)  # a previous failed attempt
     sha = git_sha()  # the code this run is about to run (``-dirty``: with uncommitted changes)
+    host = machine_text()
     try:
         record = _dt(job, run) if job["algo"] == "dt" else _ppo(job, run)
     except Interrupted as err:
@@ -240,7 +250,8 @@ def main(argv: list[str]) -> int:
         return EXIT_INTERRUPTED
     finally:
         disarm_deadline()  # a signal after the trainer returned must not kill the worker before it writes
-    record["git_sha"] = sha
+    record["git_sha"] = sha or UNKNOWN
+    record["machine"] = host
     atomic_write_json(job_path.parent / "result.json", record, indent=1)
     return 0
 

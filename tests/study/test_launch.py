@@ -16,6 +16,7 @@ import pytest
 
 from rl_transformers.study import launch, suite
 from rl_transformers.study.encoders import Encoder
+from rl_transformers.study.records import expected_steps, machine_text, restore
 from rl_transformers.utils.provenance import git_sha
 
 TINY = {"budget": 256, "eval_every": 128, "num_envs": 4, "eval_episodes": 2,
@@ -55,6 +56,7 @@ def test_resume_skips_finished_and_retries_failed(tmp_path: Path) -> None:
     )
     assert rec["final_return"] == rec["curve"][-1][1] and rec["parameters"] > 0 and rec["steps_per_s"] > 0
     assert rec["git_sha"] == git_sha()  # the code that ran it (the worker shares this checkout)
+    assert rec["machine"] == machine_text()  # and the machine
     failed = json.loads((planned[2].dir / "failed.json").read_text())
     assert failed["attempts"] == 1 and "corridor_length" in failed["stderr_tail"]
     mtimes = [(j.dir / "result.json").stat().st_mtime_ns for j in planned[:2]]
@@ -87,38 +89,25 @@ def test_ray_launcher_gives_the_local_records(tmp_path: Path) -> None:
         assert stable(ra) == stable(rb)
 
 
-def test_restore_from_committed_records_matches_keys_only(tmp_path: Path) -> None:
-    """A fresh checkout (empty runs/) resumes from a committed encoders.json: only records with the job's key."""
+def test_restore_from_committed_records_writes_only_missing_results(tmp_path: Path) -> None:
+    """A fresh checkout (empty runs/) resumes from a committed encoders.json (refusals: tests/study/test_records)."""
     planned = jobs(tmp_path / "runs")
-    records = [
-        {
-            "key": planned[0].spec["key"],
-            "score": 0.5,
-            "env_steps": 256,
-            "curve": [[128.0, 0.5]],
-            "task": "TMaze10",
-            "algo": "ppo",
-        },
-        {"key": "0" * 16, "score": 1.0},  # a job that is not planned (other budget, say): ignored
-        {"key": planned[1].spec["key"], "score": None},  # an unfinished record is no result
-        # a run stopped before its budget (by SIGTERM, say) is no result either: only 128 of 256 steps
-        {"key": planned[1].spec["key"], "score": 0.9, "env_steps": 128, "curve": [[128.0, 0.9]]},
-        "not a record",
-    ]
+    records = [{**planned[0].spec, "score": 0.5, "env_steps": 256, "curve": [[128.0, 0.5]]},
+               {**planned[1].spec, "score": 0.25, "env_steps": 256, "curve": [[128.0, 0.25]]}]  # fmt: skip
     committed = tmp_path / "encoders.json"
     committed.write_text(json.dumps(records))
-    assert launch.restore(planned, committed, dry_run=True) == [planned[0]]  # --dry-run: counted, not written
-    assert [launch.status(j) for j in planned] == ["pending", "pending"]
-    assert launch.restore(planned, committed) == [planned[0]]
-    assert [launch.status(j) for j in planned] == ["done", "pending"]
+    planned[1].dir.mkdir(parents=True)  # finished here already: not overwritten
+    (planned[1].dir / "result.json").write_text(json.dumps({**records[1], "score": 0.75}))
+    assert restore(planned, committed, dry_run=True) == [planned[0]]  # --dry-run: counted, not written
+    assert [launch.status(j) for j in planned] == ["pending", "done"]
+    assert restore(planned, committed) == [planned[0]]
+    assert [launch.status(j) for j in planned] == ["done", "done"]
     assert json.loads((planned[0].dir / "result.json").read_text())["score"] == 0.5
-    assert launch.restore(planned, committed) == []  # already there: nothing overwritten
+    assert json.loads((planned[1].dir / "result.json").read_text())["score"] == 0.75
+    assert restore(planned, committed) == []  # already there: nothing overwritten
     # a result moved aside by --rerun-encoders is not brought back from the committed (stale) record
     assert launch.invalidate(planned, [planned[0].spec["encoder_name"]]) == [planned[0]]
-    assert launch.restore(planned, committed) == [] and launch.status(planned[0]) == "pending"
-    bad = tmp_path / "bad.json"
-    bad.write_text("{not json")
-    assert launch.restore(planned, bad) == []
+    assert restore(planned, committed) == [] and launch.status(planned[0]) == "pending"
 
 
 def test_a_run_stopped_early_is_no_result_and_runs_again(tmp_path: Path) -> None:
@@ -157,13 +146,11 @@ def test_a_run_stopped_early_is_no_result_and_runs_again(tmp_path: Path) -> None
     assert launch.status(job) == "pending" and launch.pending([job]) == [job]
 
     # a result.json left by such a run (the worker before this rule wrote one) is "incomplete" and runs again
-    short = {"key": job.spec["key"], "score": 0.5, "env_steps": 128, "curve": [[128.0, 0.5]], "algo": "ppo"}
+    short = {**job.spec, "score": 0.5, "env_steps": 128, "curve": [[128.0, 0.5]]}
     (job.dir / "result.json").write_text(json.dumps(short))
     assert launch.status(job) == "incomplete" and launch.pending([job]) == [job]
     whole = 128 * 10_000
-    assert launch.expected_steps(job.spec) == whole and launch.complete(
-        {**short, "env_steps": whole}, job.spec
-    )
+    assert expected_steps(job.spec) == whole and launch.complete({**short, "env_steps": whole}, job.spec)
 
 
 def test_a_job_running_in_another_invocation_is_skipped_and_a_dead_lock_taken_over(tmp_path: Path) -> None:
@@ -302,3 +289,32 @@ def test_the_launcher_gives_its_timeout_to_the_worker(tmp_path: Path) -> None:
     assert "deadline: this worker stops itself after 600 s" in (with_timeout.dir / "stdout.log").read_text()
     assert launch.execute(without.spec, str(without.dir), timeout_s=float("inf"))["status"] == "done"
     assert "deadline" not in (without.dir / "stdout.log").read_text()  # an infinite timeout: no deadline
+
+
+def test_a_killed_launcher_leaves_a_lock_that_the_next_invocation_takes_over(tmp_path: Path) -> None:
+    """Reproduces the stale running.lock of issue 25: a launcher and its worker killed by SIGKILL mid-run leave
+    the lock behind; the next invocation takes it over, runs the job and removes it."""
+    job = jobs(tmp_path)[0]
+    script = (
+        "import json, sys\n"
+        "from rl_transformers.study import launch\n"
+        "launch.execute(json.loads(sys.argv[1]), sys.argv[2])\n"
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", script, json.dumps(job.spec), str(job.dir)],
+                                start_new_session=True)  # fmt: skip
+    lock = job.dir / "running.lock"
+    pids: list[int] = []
+    deadline = time.monotonic() + 120  # a hang guard, not a speed assertion
+    while len(pids) < 2 and launcher.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            pids = json.loads(lock.read_text())["pids"]
+        time.sleep(0.02)
+    os.killpg(launcher.pid, signal.SIGKILL)  # the launcher and its worker (same session)
+    launcher.wait()
+    assert len(pids) == 2 and lock.exists() and launch.status(job) == "pending"
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{p}").exists() for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the worker's zombie is reaped by init
+    said: list[str] = []
+    [outcome] = launch.run_local([job], workers=1, log=said.append)
+    assert outcome["status"] == "done" and launch.status(job) == "done" and not lock.exists()

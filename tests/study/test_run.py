@@ -9,6 +9,7 @@ import pytest
 
 from rl_transformers.study import encoders as enc
 from rl_transformers.study import report, run
+from rl_transformers.utils.errors import UserError
 
 ROWS = [enc.Encoder("gru", "policy=gru", "baseline"), enc.Encoder("mlp", "policy=mlp", "baseline")]
 DT_ROWS = [enc.Encoder("full", "attention=full", "attention")]
@@ -47,8 +48,6 @@ def test_subset_report_keeps_every_committed_task(tmp_path: Path, captured: dict
         }
         for j in (tmaze, repeat, offline)
     ]
-    short = next(j for j in every if j.spec["task"] == "TMaze10" and j.spec["encoder_name"] == "mlp")
-    committed.append({**short.spec, "score": 1.0, "curve": [[1.0, 1.0]], "env_steps": 2048})  # stopped early
     (docs / "encoders.json").write_text(json.dumps(committed))
     cfg = run.StudyConfig(preset="full", parts=("online",), tasks=("TMaze10",), out=tmp_path / "runs",
                           docs=docs, report_only=True)  # fmt: skip
@@ -62,9 +61,10 @@ def test_subset_report_keeps_every_committed_task(tmp_path: Path, captured: dict
     assert "--tasks" not in captured["ctx"]["command"] and "--report-only" in captured["ctx"]["command"]
     assert (tmp_path / "runs" / "full" / "ppo" / "RepeatPreviousEasy").exists()  # restored into run dirs
 
-    captured.clear()  # --no-restore: the committed file is not read
-    run.run_study(run.replace(cfg, out=tmp_path / "fresh", restore=False), log=lambda _msg: None)
-    assert captured["records"] == []
+    captured.clear()  # --no-restore: the committed file is not restored, and a rebuild that drops it is refused
+    with pytest.raises(UserError, match="3 of the 3 committed ones would be lost"):
+        run.run_study(run.replace(cfg, out=tmp_path / "fresh", restore=False), log=lambda _msg: None)
+    assert captured == {} and not (tmp_path / "fresh").exists()
 
 
 def test_estimate_scales_an_encoder_rate_by_the_task_speed_factor(tmp_path: Path) -> None:
@@ -125,9 +125,34 @@ def test_a_dry_run_changes_nothing_on_disk(tmp_path: Path, captured: dict) -> No
         assert dry["todo"] == 3 and f"would move aside 3 results of ['{name}']" in said
     assert sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before
 
-    run.run_study(run.replace(cfg, dry_run=False, report_only=True, rerun_encoders=("mlp",)), log=said.append)
+    with pytest.raises(UserError, match="--rerun-encoders mlp with --report-only would drop their results"):
+        run.run_study(
+            run.replace(cfg, dry_run=False, report_only=True, rerun_encoders=("mlp",)), log=said.append
+        )
+    assert sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before
+    run.run_study(run.replace(cfg, dry_run=False, report_only=True), log=said.append)
     assert f"restored 3 finished runs from {docs / 'encoders.json'}" in said
-    assert "moved aside 3 results of ['mlp']" in said
-    assert any(line.startswith("building the documents from 3 runs: rliable") for line in said)  # the 3 gru
-    stale = [j.spec["encoder_name"] for j in jobs if (j.dir / "result.stale.json").exists()]
-    assert stale == ["mlp"] * 3
+    assert any(line.startswith("building the documents from 6 runs: rliable") for line in said)
+
+
+def test_report_only_never_writes_fewer_records_than_it_read(tmp_path: Path, captured: dict) -> None:
+    """Reproduces the lost records of issue 25: a rebuild that would drop committed records writes nothing."""
+    docs = tmp_path / "docs"
+    cfg = run.StudyConfig(preset="full", out=tmp_path / "runs", docs=docs, report_only=True)
+    jobs, _ = run.plan(cfg)
+    ours = [j for j in jobs if j.spec["task"] == "TMaze10"][:2]
+    docs.mkdir()
+    committed = [{**j.spec, "score": 0.5, "curve": [[1.0, 0.5]], "env_steps": j.spec["budget"]} for j in ours]
+    (docs / "encoders.json").write_text(json.dumps(committed))
+    before = (docs / "encoders.json").read_bytes()
+    with pytest.raises(UserError, match=r"would hold 0 records, and 2 of the 2 committed ones would be lost"):
+        run.run_study(
+            run.replace(cfg, restore=False), log=lambda _msg: None
+        )  # a fresh checkout, not restored
+    assert captured == {} and (docs / "encoders.json").read_bytes() == before
+    run.run_study(cfg, log=lambda _msg: None)
+    assert len(captured["records"]) == 2
+    said: list[str] = []
+    (ours[1].dir / "result.json").write_text("{garbage")  # a damaged local copy is restored again, no crash
+    run.run_study(cfg, log=said.append)
+    assert len(captured["records"]) == 2 and f"restored 1 finished runs from {docs / 'encoders.json'}" in said
