@@ -120,6 +120,10 @@ class PPOTrainer:
         obs_space, act_space = self.envs.single_observation_space, self.envs.single_action_space
         self.policy: ActorCritic = make_policy(cfg.policy, obs_space, act_space).to(self.device)
         broadcast_parameters(self.policy, self.dist)
+        if cfg.compile:  # issue 26: compiled acting step and training forward, eager fallback
+            from rl_transformers.policies.compile import compile_policy
+
+            compile_policy(self.policy)
         if isinstance(self.policy.core, ContextCore) and ppo.seq_len > self.policy.core.context_len:
             raise ValueError(
                 f"seq_len={ppo.seq_len} must be <= context_len={self.policy.core.context_len} for "

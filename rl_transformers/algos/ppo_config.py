@@ -111,6 +111,10 @@ class TrainConfig(RunConfig):
     trains with if __name__ == "__main__")."""
     torch_deterministic: bool = False
     """Ask torch for deterministic kernels (GPU)."""
+    compile: bool = False
+    """torch.compile (inductor) the acting step and the minibatch forward + backward (policies/compile.py):
+    falls back to eager with a one-line message when compilation fails, prints the compile time. Equal to eager
+    up to rounding, not bit for bit. Off until measured on an idle machine (issue 26)."""
     trust_checkpoint: bool = False
     """With --resume: unpickle the saved environments even when they are not signed by this user's key
     (only for files you trust: unpickling can run code). Without it such a run resumes with fresh episodes.
