@@ -1,7 +1,14 @@
-"""Time one attention kernel at an older commit and in the working tree, side by side (alternating rounds).
+"""Time one attention kernel (or PPO with it) at an older commit and in the working tree, side by side.
 
     python scripts/ab_attention_timing.py --commit 0cd9d35 --attention lsh --length 16384
     python scripts/ab_attention_timing.py --commit HEAD~3 --attention routing --length 4096 --rounds 3
+    python scripts/ab_attention_timing.py --commit 28096be --attention full --target ppo --compile --rounds 3
+
+``--target ppo`` (issue 26) times whole PPO updates instead: the default GTrXL policy on the default env
+(T-Maze) with ``--attention`` swapped in (``rope`` for attentions that refuse ``xl_relative``), 32 envs, one
+thread, ``measure_throughput`` (``--warmup`` updates, then ``--updates`` timed ones: env steps per second of
+rollout + training). With ``--compile`` each round also times today's tree with ``--compile`` (warm-up absorbs
+the compilation). Run it on an idle machine; the ratios are today / commit.
 
 Each round runs one fresh process per tree (the commit's package from a temporary ``git worktree`` first on
 ``PYTHONPATH``, then the working tree's), one torch thread each. A process builds a one-layer ``Backbone`` with
@@ -21,6 +28,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import tyro
 
@@ -62,6 +70,23 @@ for key, fn in (("forward", forward), ("forward_backward", forward_backward)):
 print(json.dumps(out))
 """
 
+CHILD_PPO = r"""
+import dataclasses, json, sys, warnings, torch
+warnings.simplefilter("ignore")
+from rl_transformers.algos.ppo_config import TrainConfig
+from rl_transformers.algos.throughput import measure_throughput
+from rl_transformers.backbone import registry
+name, updates, warmup, compile_ = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+cfg = TrainConfig(threads=1, num_envs=32, eval_every=0, progress=False)
+kinds = registry.get("attention", name).cls.position_kinds
+position = cfg.policy.backbone.position if "scores" in kinds else "rope"
+backbone = cfg.policy.backbone.replace(attention=name, position=position)
+cfg = dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, backbone=backbone))
+if compile_:
+    cfg = dataclasses.replace(cfg, compile=True)
+print(json.dumps(measure_throughput(cfg, updates, warmup)))
+"""
+
 
 @dataclass(frozen=True)
 class Args:
@@ -79,12 +104,23 @@ class Args:
     """Timed calls per process (after one warm-up); the median is kept."""
     rounds: int = 2
     """Alternating rounds (commit, today) of fresh processes."""
+    target: Literal["kernel", "ppo"] = "kernel"
+    """kernel: ``attention.attend`` alone; ppo: whole PPO updates of the GTrXL policy with this attention."""
+    compile: bool = False
+    """ppo: also time today's tree with --compile in every round."""
+    updates: int = 5
+    """ppo: timed updates per process."""
+    warmup: int = 2
+    """ppo: untimed updates first (compilation happens here)."""
 
 
-def _time(tree: Path, args: Args) -> dict[str, float]:
+def _time(tree: Path, args: Args, compile_: bool = False) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
     argv = [sys.executable, "-c", CHILD, args.attention, str(args.length), str(args.heads), str(args.batch),
             str(args.repeats)]  # fmt: skip
+    if args.target == "ppo":
+        argv = [sys.executable, "-c", CHILD_PPO, args.attention, str(args.updates), str(args.warmup),
+                "1" if compile_ else "0"]  # fmt: skip
     done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-4:])
@@ -102,6 +138,10 @@ def main_args(args: Args) -> int:
         for _ in range(args.rounds):
             runs["commit"].append(_time(tree, args))
             runs["today"].append(_time(ROOT, args))
+            if args.target == "ppo" and args.compile:
+                runs.setdefault("today_compiled", []).append(_time(ROOT, args, compile_=True))
+    if args.target == "ppo":
+        return _report_ppo(args, runs)
     print(f"{args.attention}, L = {args.length}, B = {args.batch}, H = {args.heads}, D = 64, 1 thread; "
           f"medians of {args.repeats} calls per round, {args.rounds} rounds (commit {args.commit} / today):")  # fmt: skip
     for key in ("forward", "forward_backward"):
@@ -110,6 +150,20 @@ def main_args(args: Args) -> int:
         ratio = statistics.median(new) / statistics.median(old)
         print(f"  {key}: {' '.join(f'{x * 1e3:.2f}' for x in old)} ms / {' '.join(f'{x * 1e3:.2f}' for x in new)} ms, "
               f"today / commit = {ratio:.2f}")  # fmt: skip
+    return 0
+
+
+def _report_ppo(args: Args, runs: dict[str, list[dict[str, float]]]) -> int:
+    print(f"PPO, GTrXL with {args.attention}, 32 envs, 1 thread; env steps/s over {args.updates} updates after "
+          f"{args.warmup} warm-up, {args.rounds} rounds (commit {args.commit} / today):")  # fmt: skip
+    for key in ("steps_per_s", "rollout_steps_per_s", "train_steps_per_s"):
+        base = statistics.median(r[key] for r in runs["commit"])
+        line = f"  {key}: commit {' '.join(f'{r[key]:.0f}' for r in runs['commit'])}"
+        for side in ("today", "today_compiled"):
+            if side in runs:
+                figure = statistics.median(r[key] for r in runs[side])
+                line += f"; {side} {' '.join(f'{r[key]:.0f}' for r in runs[side])} ({figure / base:.2f}x)"
+        print(line)
     return 0
 
 
