@@ -34,7 +34,9 @@ def main(cfg: ProbeConfig) -> None:
     if cfg.docs is not None:
         from rl_transformers.study import probe_report
 
-        command = shlex.join(["python", "scripts/memory_probe.py", *sys.argv[1:]])
+        # the command that runs (or resumes) the grid and writes these documents
+        args = [a for a in sys.argv[1:] if a != "--report-only"]
+        command = shlex.join(["python", "scripts/memory_probe.py", *args])
         for path in probe_report.write(probe_report.build(cfg, rows, command), cfg.docs):
             print(f"wrote {path}")
 

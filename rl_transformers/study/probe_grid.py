@@ -2,7 +2,8 @@
 
 A **row** is an encoder with its context knob (:mod:`rl_transformers.tune.knobs`) either at its default
 (``bound="default"``) or raised to cover k (``bound="cover"``: knob = max(default, k + 1)); encoders without a
-reach knob (GRU / LSTM / MLP, kernel attentions, ...) have the default row only. A row runs k in increasing
+reach knob (GRU / LSTM / MLP, kernel attentions, ...) have the default row only (a capacity knob, e.g. the
+RNNs' hidden size, stays at the encoder's value). A row runs k in increasing
 order and **stops** after the first k at which no seed reached the success accuracy (the larger k are reported
 as not run). A **cell** is (encoder, knob value, k, seed); default and cover rows share the cells where the
 covering value is the default. Each cell's result is one JSON file,
@@ -124,9 +125,9 @@ def plan_rows(encoders: list[Encoder], bounds: tuple[Bound, ...]) -> list[Row]:
         reach = knob is not None and knob.kind == "reach"
         for bound in bounds:
             if bound == "default" or reach:
-                rows.append(Row(encoder, bound, knob if reach else None))
+                rows.append(Row(encoder, bound, knob))
         if "default" not in bounds and not reach:
-            rows.append(Row(encoder, "default", None))  # nothing to raise: its only row
+            rows.append(Row(encoder, "default", knob))  # nothing to raise: its only row
     return rows
 
 
@@ -173,19 +174,18 @@ def run_grid(
     """Run every pending cell of ``rows`` (see the module docstring); returns, per row name, the k at which
     it stopped (None: it ran every k)."""
     stopped: dict[str, int | None] = {}
-    total = sum(len(cfg.seeds) for _ in rows for _ in cfg.ks)
-    done = 0
+    total = len({c.path(cfg.out) for row in rows for k in cfg.ks for c in cells_of(row, k, cfg.seeds)})
+    seen: set[Path] = set()
     for row in rows:
         stopped[row.name] = None
         for k in cfg.ks:
             results = []
             for cell in cells_of(row, k, cfg.seeds):
-                done += 1
+                seen.add(cell.path(cfg.out))
                 result = load_cell(cell, cfg.out, cfg.settings)
                 if result is None:
-                    log(
-                        f"[{done}/{total} at most] {row.name} k={k} seed={cell.seed} {cell.knob}={cell.value}"
-                    )
+                    where = f"{cell.knob}={cell.value}" if cell.knob else "no knob"
+                    log(f"[cell {len(seen)} of at most {total}] {row.name} k={k} seed={cell.seed} {where}")
                     measured = measure_cell(cell.spec, k, cell.seed, cfg.settings)
                     result = {
                         "encoder": cell.encoder,

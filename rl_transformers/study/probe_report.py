@@ -151,18 +151,22 @@ def plot(report: dict[str, Any], path: Path) -> None:
     from rl_transformers.utils.atomic import atomic_file
 
     bounds = [b for b in report["bounds"] if any(r["bound"] == b for r in report["rows"])]
+    names = list(dict.fromkeys(r["encoder"] for r in report["rows"]))
+    cmap = plt.get_cmap("tab20")
+    color = {name: cmap(i % 20) for i, name in enumerate(names)}  # one colour per encoder in every panel
     fig, axes = plt.subplots(1, len(bounds), figsize=(6 * len(bounds), 4.5), squeeze=False, sharey=True)
     for ax, bound in zip(axes[0], bounds):
         for r in (r for r in report["rows"] if r["bound"] == bound):
             points = [(int(k), e["accuracy_mean"]) for k, e in r["by_k"].items() if "accuracy_mean" in e]
             if points:
-                ax.plot(*zip(*points), marker="o", label=r["encoder"])
+                ax.plot(*zip(*points), marker="o", label=r["encoder"], color=color[r["encoder"]])
         ax.axhline(1 / report["settings"]["n_symbols"], color="grey", linestyle=":", label="chance")
         ax.set_xscale("log", base=2)
+        ax.set_xticks(report["ks"], [str(k) for k in report["ks"]])
         ax.set_xlabel("k (steps back)")
         ax.set_title(f"context bound: {bound}")
+        ax.legend(fontsize=7, ncol=2, loc="best")
     axes[0][0].set_ylabel(f"accuracy after {report['settings']['updates']} updates")
-    axes[0][-1].legend(fontsize=7, ncol=2, loc="lower left")
     fig.tight_layout()
     with atomic_file(path, suffix=".png") as tmp:
         fig.savefig(tmp, format="png", dpi=90)

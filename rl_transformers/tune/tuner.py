@@ -229,13 +229,13 @@ def open_study(cfg: TuneConfig, spec: str) -> Any:
     # A trial left running by a killed process stops beating and is failed, then retried once (the callback's
     # name changed in Optuna 4.9).
     retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
-    stale: dict[str, Any] = (
-        {"heartbeat_stale_trial_callback": retry(max_retry=1)}
-        if retry is not None
-        else {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=1)}
-    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        stale: dict[str, Any] = (
+            {"heartbeat_stale_trial_callback": retry(max_retry=1)}
+            if retry is not None
+            else {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=1)}
+        )
         storage = RDBStorage(
             f"sqlite:///{Path(cfg.out).resolve() / (cfg.name + '.db')}",
             heartbeat_interval=60,
