@@ -126,20 +126,34 @@ def resolve_encoder(name: str) -> str:
     return select(encoders, (name,), source="--encoder")[0].spec
 
 
-def train_command(env_id: str, spec: str, params: dict[str, Any], knob: Knob | None) -> str:
+def _flag_args(flag: str, value: Any) -> list[str]:
+    if isinstance(value, bool):
+        head, _, name = flag.rpartition(".")
+        return [flag if value else f"{head}.no-{name}" if head else f"--no-{name.lstrip('-')}"]
+    return [flag, json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
+
+
+def train_command(cfg: TuneConfig, spec: str, params: dict[str, Any]) -> str:
     """A ``scripts/train_gtrxl.py`` command that trains the encoder ``spec`` (knob already applied) with
-    ``params``."""
-    args = ["python", "scripts/train_gtrxl.py", "--env-id", env_id]
+    ``params`` on the study's task, budget and PPO settings (its seed left to the user: a test seed)."""
+    args = ["python", "scripts/train_gtrxl.py", "--env-id", cfg.env_id]
+    if cfg.env_kwargs:
+        args += ["--env-kwargs", json.dumps(cfg.env_kwargs)]
+    args += ["--total-timesteps", str(cfg.total_timesteps), "--num-envs", str(cfg.num_envs)]
     for key, value in parse_spec(spec).items():
-        text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
-        if key == "policy":
-            args += ["--policy", text]
-        elif key == "hidden_size":
-            args += ["--hidden-size", text]
-        else:
-            args += [f"--backbone.{key.replace('_', '-')}", text]
-    args += ["--ppo.learning-rate", repr(params["learning_rate"]), "--ppo.ent-coef", repr(params["ent_coef"])]
-    args += ["--ppo.seq-len", str(params["seq_len"])]
+        flag = {"policy": "--policy", "hidden_size": "--hidden-size"}.get(key, f"--backbone.{key}")
+        args += _flag_args(flag.replace("_", "-"), value)
+    searched = {
+        "learning_rate": params["learning_rate"],
+        "ent_coef": params["ent_coef"],
+        "seq_len": params["seq_len"],
+    }
+    ppo = dataclasses.replace(cfg.ppo, **searched)
+    default = PPOConfig()
+    for f in dataclasses.fields(PPOConfig):
+        value = getattr(ppo, f.name)
+        if f.name in searched or value != getattr(default, f.name):
+            args += _flag_args(f"--ppo.{f.name}".replace("_", "-"), value)
     return shlex.join(args)
 
 
@@ -188,7 +202,7 @@ class Objective:
         batch = cfg.num_envs * train.ppo.num_steps
         trial.set_user_attr("seed", seed)
         trial.set_user_attr("spec", spec)
-        trial.set_user_attr("command", train_command(cfg.env_id, spec, params, self.knob))
+        trial.set_user_attr("command", train_command(cfg, spec, params))
         curve: list[list[float]] = []
         pruned, updates = False, 0
 

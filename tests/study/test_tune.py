@@ -159,17 +159,23 @@ def test_the_context_knob_reaches_the_built_policy(spec, name, read) -> None:
     )
 
 
-def test_the_best_trials_command_trains_the_tuned_configuration() -> None:
+def test_the_best_trials_command_trains_the_tuned_configuration(tmp_path) -> None:
     import tyro
 
     from rl_transformers.utils.cli import cli_registry
 
     knob = context_knob("memory=compressive;d_ff=128")
     spec = knob.apply("memory=compressive;d_ff=128", 40)
-    params = {"learning_rate": 1.5e-4, "ent_coef": 0.003, "seq_len": 32, "mem_len": 40}
-    args = shlex.split(train_command("rlt/TMaze-v0", spec, params, knob))
+    params = {"learning_rate": 1.5e-4, "ent_coef": 0.003, "seq_len": 4, "mem_len": 40}
+    cfg = tiny(
+        tmp_path, ppo=PPOConfig(num_steps=8, seq_len=8, num_minibatches=1, update_epochs=1, anneal_lr=False)
+    )
+    args = shlex.split(train_command(cfg, spec, params))
     assert args[:2] == ["python", "scripts/train_gtrxl.py"]
     parsed = tyro.cli(TrainConfig, args=args[2:], registry=cli_registry())
     assert parsed.policy == policy_config(spec)
     assert parsed.policy.backbone.options("memory").mem_len == 40
-    assert (parsed.ppo.learning_rate, parsed.ppo.ent_coef, parsed.ppo.seq_len) == (1.5e-4, 0.003, 32)
+    tuned = dataclasses.replace(cfg.ppo, learning_rate=1.5e-4, ent_coef=0.003, seq_len=4)
+    assert parsed.ppo == tuned  # searched values and the study's other PPO settings (anneal off included)
+    assert (parsed.env_id, parsed.env_kwargs) == ("rlt/TMaze-v0", {"corridor_length": 2})
+    assert (parsed.total_timesteps, parsed.num_envs) == (48, 2)
