@@ -76,6 +76,8 @@ class GpuSuiteConfig:
     """Commit of the code (default: asked of git; set it where the copy carries no .git, as on a lent GPU)."""
     command: str = ""
     """The command line, recorded in the results."""
+    render_from: Path | None = None
+    """Only re-render results.md and attention.png in --out from this results.json (no measurement)."""
 
     def __post_init__(self) -> None:
         valid = ("ceilings", "attention", "attention_fp32", "ppo", "dt")
@@ -337,6 +339,12 @@ def run_suite(cfg: GpuSuiteConfig) -> dict[str, Any]:
     """Run the suite of ``cfg``; writes results.json, results.md and attention.png to ``cfg.out``."""
     from rl_transformers.bench import gpu_report
 
+    if cfg.render_from is not None:
+        results = json.loads(Path(cfg.render_from).read_text())
+        cfg.out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(cfg.out / "results.md", gpu_report.render_markdown(results))
+        gpu_report.write_plot(results, cfg.out / "attention.png")
+        return results
     if cfg.dry_run:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         torch.set_num_threads(1)
