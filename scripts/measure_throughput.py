@@ -26,6 +26,7 @@ import tyro
 
 from rl_transformers.algos.ppo_config import TrainConfig
 from rl_transformers.algos.throughput import measure_throughput
+from rl_transformers.policies.sizing import match_run_config
 from rl_transformers.utils.cli import cli_registry
 from rl_transformers.utils.errors import UserError, closest
 
@@ -85,7 +86,8 @@ def main() -> None:
     if args.all_attentions or args.attentions:
         table(args)
         return
-    result = measure_throughput(args.config, args.updates, args.warmup)
+    config = match_run_config(args.config)  # --policy lstm|gru|mlp: the width a training run would get
+    result = measure_throughput(config, args.updates, args.warmup)
     print(json.dumps({"env_id": args.config.env_id, **{k: round(v, 1) for k, v in result.items()}}))
 
 
