@@ -79,6 +79,9 @@ def main() -> None:
         env_id=args.env_id,
         allow_env_modules=args.allow_env_modules,
     )
+    path = (
+        Path(args.output) if args.output else default_output(agent.checkpoint)
+    )  # refused links: before the work
     report = evaluate_agent(
         agent,
         episodes=args.episodes,
@@ -90,7 +93,6 @@ def main() -> None:
     )
     for line in report.lines():
         print(line)
-    path = Path(args.output) if args.output else default_output(agent.checkpoint)
     print(f"episodes written to {atomic_write_json(path, report.to_json())}")
     if args.video is not None:
         print(f"videos in {args.video}")

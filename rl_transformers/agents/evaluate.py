@@ -20,6 +20,7 @@ import numpy as np
 from rl_transformers.agents.dt_agent import DecisionTransformerAgent, run_dir_of
 from rl_transformers.agents.ppo_agent import PPOAgent
 from rl_transformers.utils.errors import UserError
+from rl_transformers.utils.safe_paths import run_subdir
 
 
 @dataclass
@@ -186,10 +187,11 @@ def _evaluate_dt_video(
 
 
 def default_output(checkpoint: Path | None) -> Path:
-    """``<run>/eval/evaluate-<checkpoint name>.json``."""
+    """``<run>/eval/evaluate-<checkpoint name>.json``; an ``eval`` that is a symbolic link out of the run is
+    refused (:class:`~rl_transformers.utils.safe_paths.RunDirError`), never written through."""
     if checkpoint is None:
         raise UserError("give --output: the agent has no run directory")
-    return run_dir_of(checkpoint) / "eval" / f"evaluate-{checkpoint.stem}.json"
+    return run_subdir(run_dir_of(checkpoint), "eval", create=False) / f"evaluate-{checkpoint.stem}.json"
 
 
 __all__ = ["EvaluationReport", "TargetResult", "default_output", "evaluate_agent"]

@@ -72,6 +72,7 @@ from rl_transformers.utils import (
     restore_rng_state,
     seed_everything,
 )
+from rl_transformers.utils.trust import check_key
 
 __all__ = ["PPOTrainer", "TrainResult", "train"]
 
@@ -368,6 +369,7 @@ def train(
 
     With ``cfg.resume`` the saved config is merged with ``cfg`` by :func:`resume_config` (changed frozen
     fields are refused; see :mod:`rl_transformers.utils.resume`)."""
+    check_key()  # the env-state blob of checkpoints is signed: a bad key stops the run now, not at its first save
     merge = functools.partial(load_resume, cls=TrainConfig, merge=_merge)
     return train_run(cfg, merge, PPOTrainer, run_dir, callback)
 

@@ -26,6 +26,7 @@ from rl_transformers.utils import (
 )
 from rl_transformers.utils.params import count_parameters
 from rl_transformers.utils.provenance import SYSTEM_INFO_FILE, record_invocation
+from rl_transformers.utils.runlock import RunLock, claim_run
 
 if TYPE_CHECKING:
     from rl_transformers.algos.lifecycle import Resumed
@@ -82,6 +83,7 @@ class Run:
         self.checkpoints: CheckpointManager | None = None
         self._interrupt: GracefulInterrupt | None = None
         self._bar: Any = None
+        self._lock: RunLock | None = None
         if not dist.is_main:
             return
         if resumed is not None:
@@ -91,6 +93,7 @@ class Run:
         else:
             self.dir = make_run_dir(config.run_root, algo=algo, name=name, seed=config.seed)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock = claim_run(self.dir)  # one process per run; no symbolic link out of it (utils/runlock.py)
         save_config(self.dir, saved_form(config))
         self.logger = Logger(self.dir, stdout=config.verbose, purge_step=step + 1 if resumed else None)
         if resumed is None:
@@ -249,6 +252,8 @@ class Run:
             self._bar = None
         if self.logger is not None:
             self.logger.close()
+        if self._lock is not None:
+            self._lock.release()
 
     def _report_non_finite(self, err: NonFiniteError) -> None:
         if not self.is_main:

@@ -43,6 +43,7 @@ import torch
 from rl_transformers.utils.atomic import atomic_link, atomic_write, atomic_write_json
 from rl_transformers.utils.errors import UserError
 from rl_transformers.utils.rng import capture_rng_state, restore_rng_state
+from rl_transformers.utils.safe_paths import run_subdir
 
 __all__ = [
     "CheckpointManager",
@@ -52,6 +53,7 @@ __all__ = [
     "capture_rng_state",
     "latest_checkpoint",
     "load_checkpoint",
+    "load_error_reason",
     "restore_rng_state",
 ]
 
@@ -87,7 +89,9 @@ class CheckpointWriteError(UserError):
         self.errno = errno
 
 
-def _short_reason(err: BaseException) -> str:
+def load_error_reason(err: BaseException) -> str:
+    """One line saying why ``torch.load(weights_only=True)`` refused a file, without torch's advice to retry
+    with ``weights_only=False`` (which would run the file's code)."""
     text = str(err).strip()
     if text.startswith("Weights only load failed"):
         # torch's own advice (retry with weights_only=False) would run the file's code: keep only the cause
@@ -114,7 +118,7 @@ def read_checkpoint(path: str | Path, map_location: str | torch.device | None = 
     except (IsADirectoryError, PermissionError) as err:
         raise InvalidCheckpointError(path, str(err)) from None
     except Exception as err:  # torch raises RuntimeError, UnpicklingError, EOFError, OSError ...
-        raise InvalidCheckpointError(path, _short_reason(err)) from None
+        raise InvalidCheckpointError(path, load_error_reason(err)) from None
     if not isinstance(obj, dict):
         raise InvalidCheckpointError(path, f"it holds a {type(obj).__name__}, not a dict")
     return obj
@@ -180,6 +184,29 @@ def _step_files(directory: Path) -> dict[int, Path]:
     return found
 
 
+def _errno_of(err: BaseException) -> int | None:
+    """The errno of a failed write: an ``OSError``'s own, or one in its causes (torch wraps them)."""
+    current: BaseException | None = err
+    while current is not None:
+        if isinstance(current, OSError) and current.errno is not None:
+            return current.errno
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _write_reason(err: BaseException) -> str:
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror
+    text = str(err).strip().splitlines()
+    return (text[0] if text else type(err).__name__)[:300]
+
+
+def _index_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"step {value!r} is not a whole number >= 0")
+    return value
+
+
 # --- manager -------------------------------------------------------------------------------------------
 
 
@@ -209,8 +236,7 @@ class CheckpointManager:
             raise ValueError(f"keep_last must be None or >= 0, got {keep_last}")
         if mode not in ("max", "min"):
             raise ValueError(f"mode must be one of ['max', 'min'], got {mode!r}")
-        self.directory = Path(run_dir) / "checkpoints"
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory = run_subdir(run_dir, "checkpoints")  # a symbolic link out of the run is refused
         for stale in self.directory.glob(".*.tmp"):  # temp files of a killed save: never loadable
             stale.unlink(missing_ok=True)
         self.keep_last = keep_last
@@ -219,12 +245,7 @@ class CheckpointManager:
         self.best_step: int | None = None
         self.best_value: float | None = None
         self.last_step: int | None = None
-        index = self._read_index()
-        if index.get("best") and index.get("metric") == metric and index.get("mode") == mode:
-            self.best_step = int(index["best"]["step"])
-            self.best_value = float(index["best"]["metric_value"])
-        if index.get("last"):
-            self.last_step = int(index["last"]["step"])
+        self._restore_labels(self._read_index())
 
     @property
     def last_path(self) -> Path:
@@ -269,7 +290,7 @@ class CheckpointManager:
             primary = atomic_save(payload, target)
             if self.keep_last != 0:
                 atomic_link(primary, self.last_path)
-        except OSError as err:
+        except (OSError, RuntimeError) as err:  # torch.save reports a failed write as RuntimeError
             self._write_failed(target, err)
         self.last_step = step
         if self.is_better(value):
@@ -308,8 +329,9 @@ class CheckpointManager:
         except OSError as err:
             self._write_failed(self.index_path, err)
 
-    def _write_failed(self, target: Path, err: OSError) -> None:
-        reason = "no space left on device" if err.errno == errno.ENOSPC else (err.strerror or str(err))
+    def _write_failed(self, target: Path, err: OSError | RuntimeError) -> None:
+        code = _errno_of(err)
+        reason = "no space left on device" if code == errno.ENOSPC else _write_reason(err)
         last = (
             f"the last good checkpoint is {self.last_path}"
             if self.last_path.is_file()
@@ -318,7 +340,7 @@ class CheckpointManager:
         raise CheckpointWriteError(
             f"could not write checkpoint {target}: {reason}; {last} (unchanged). Free space "
             "(or move the run elsewhere), then --resume it",
-            err.errno,
+            code,
         ) from err
 
     def load(
@@ -351,12 +373,43 @@ class CheckpointManager:
             self.step_path(step).unlink(missing_ok=True)
 
     def _read_index(self) -> dict[str, Any]:
+        """``index.json`` as a dict; a damaged one is reported and ignored (the next save rewrites it)."""
         if not self.index_path.is_file():
             return {}
         try:
-            return json.loads(self.index_path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
+            data = json.loads(self.index_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:  # ValueError: bad JSON or bytes that are not UTF-8
+            self._index_damaged(f"it does not read as JSON ({str(err).splitlines()[0][:120]})")
             return {}
+        if not isinstance(data, dict):
+            self._index_damaged(f"it holds a {type(data).__name__}, not an object")
+            return {}
+        return data
+
+    def _index_damaged(self, reason: str) -> None:
+        warnings.warn(
+            f"ignoring {self.index_path}: {reason}; the labels are rebuilt from the checkpoints (last: the newest "
+            "step file; best: unknown until the next evaluation) and the file is rewritten at the next save",
+            stacklevel=4,
+        )
+
+    def _restore_labels(self, index: dict[str, Any]) -> None:
+        """``best`` / ``last`` from ``index``; labels of the wrong type are reported and rebuilt instead."""
+        try:
+            best, last = index.get("best"), index.get("last")
+            if best and index.get("metric") == self.metric and index.get("mode") == self.mode:
+                step, value = _index_int(best["step"]), float(best["metric_value"])
+                if math.isfinite(value):
+                    self.best_step, self.best_value = step, value
+            if last:
+                self.last_step = _index_int(last["step"])
+        except (KeyError, TypeError, ValueError, OverflowError) as err:
+            self.best_step = self.best_value = None
+            self._index_damaged(f"a label is malformed ({type(err).__name__}: {str(err)[:120]})")
+            self.last_step = None
+        if self.last_step is None:
+            steps = self.kept_steps()
+            self.last_step = steps[-1] if steps else None
 
     def _write_index(self, step: int, value: float | None) -> None:
         now = time.strftime("%Y-%m-%dT%H:%M:%S")

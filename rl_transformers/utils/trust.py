@@ -25,18 +25,22 @@ called after the tag verified, or under the explicit opt-in.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import hmac
 import os
 import pickle
 import secrets
+import stat
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["UntrustedBlob", "key_path", "load_signed", "sign_blob"]
+from rl_transformers.utils.errors import UserError
+
+__all__ = ["CheckpointKeyError", "UntrustedBlob", "check_key", "key_path", "load_signed", "sign_blob"]
 
 KEY_ENV = "RLT_HOME"
 _DOMAIN = b"rl_transformers checkpoint blob v1\0"
@@ -55,30 +59,106 @@ def key_path() -> Path:
     return rlt_home() / "checkpoint.key"
 
 
-def _secret_key() -> bytes:
-    """This user's signing key, created on first use (0600, atomically: concurrent first uses agree)."""
-    path = key_path()
+class CheckpointKeyError(UserError):
+    """``$RLT_HOME/checkpoint.key`` is missing and cannot be made, or is unusable (the message says the fix)."""
+
+
+_KEY_MAX_BYTES = 4096
+_FIX_HOME = f"set {KEY_ENV} to a directory you can write (e.g. export {KEY_ENV}=~/.config/rl_transformers)"
+
+
+def _key_error(path: Path, problem: str, fix: str) -> CheckpointKeyError:
+    return CheckpointKeyError(
+        f"checkpoint signing key {path}: {problem}. Fix: {fix}. (The key signs the env state kept in PPO "
+        f"checkpoints; {KEY_ENV} defaults to $XDG_CONFIG_HOME/rl_transformers or ~/.config/rl_transformers.)"
+    )
+
+
+def _read_key(path: Path) -> bytes | None:
+    """The key file's bytes, None when there is none; never follows a symlink (``O_NOFOLLOW``: the file is
+    checked and read through one descriptor, so a link swapped in meanwhile is refused too)."""
+    replace = f"rm {path} (a new key is made at the next start; runs signed with the old one then resume with fresh episodes)"
+    if path.is_symlink():
+        raise _key_error(path, "is a symbolic link (a key must be this user's own file)", replace)
     try:
-        key = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        raise _key_error(path, f"{path.parent} is not a directory", _FIX_HOME) from None
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise _key_error(
+                path, "is a symbolic link (a key must be this user's own file)", replace
+            ) from None
+        if isinstance(err, PermissionError):
+            raise _key_error(
+                path, "cannot be read (permission denied)", f"chown it to this user, or {replace}"
+            ) from None
+        raise _key_error(path, f"cannot be read ({err.strerror or err})", replace) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+            raise _key_error(path, f"is {kind}", f"rm -r {path} (a new key is made at the next start)")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            key = f.read(_KEY_MAX_BYTES + 1)
+    except OSError as err:
+        raise _key_error(path, f"cannot be read ({err.strerror or err})", replace) from None
+    finally:
+        os.close(fd)
+    if len(key) < _KEY_BYTES or len(key) > _KEY_MAX_BYTES:
+        size = f"{len(key)} bytes" if len(key) <= _KEY_MAX_BYTES else f"over {_KEY_MAX_BYTES} bytes"
+        raise _key_error(path, f"is damaged ({size}; a key has {_KEY_BYTES} random bytes)", replace)
+    if os.name == "posix" and info.st_mode & 0o077:
+        # checked on the open descriptor of a regular file (not a link), so the advice cannot reach another file
+        warnings.warn(f"checkpoint key {path} is readable by other users; run chmod 600 {path}", stacklevel=4)
+    return key
+
+
+def _create_key(path: Path) -> None:
+    """A new random key (0600, atomically: concurrent first uses agree on one key)."""
+    try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(secrets.token_bytes(_KEY_BYTES))
-                f.flush()
-                os.fsync(f.fileno())
-            with contextlib.suppress(FileExistsError):  # another process made the key first: theirs wins
-                os.link(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        key = path.read_bytes()
-    if len(key) < _KEY_BYTES:
-        raise ValueError(f"checkpoint key {path} is damaged ({len(key)} bytes); delete it to make a new one")
-    if os.name == "posix" and path.stat().st_mode & 0o077:
-        warnings.warn(f"checkpoint key {path} is readable by other users; run chmod 600 {path}", stacklevel=3)
+    except OSError as err:
+        raise _key_error(
+            path, f"cannot be created ({err.strerror or err}: {err.filename or path.parent})", _FIX_HOME
+        ) from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(_KEY_BYTES))
+            f.flush()
+            os.fsync(f.fileno())
+        with contextlib.suppress(FileExistsError):  # another process made the key first: theirs wins
+            os.link(tmp, path)
+    except OSError as err:
+        raise _key_error(path, f"cannot be created ({err.strerror or err})", _FIX_HOME) from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _secret_key() -> bytes:
+    """This user's signing key, created on first use; :class:`CheckpointKeyError` when it is unusable."""
+    path = key_path()
+    key = _read_key(path)
+    if key is None:
+        _create_key(path)
+        key = _read_key(path)
+        if key is None:  # pragma: no cover - deleted between the two calls
+            raise _key_error(path, "vanished right after it was created", "start again")
     return key
+
+
+def check_key() -> Path:
+    """Make sure this user's signing key exists and is usable, creating it if needed; returns its path.
+
+    Trainers call it at start, so a bad ``$RLT_HOME`` or key file stops the run before any training (and not
+    at its first checkpoint save) with :class:`CheckpointKeyError`: what is wrong and the fix.
+    """
+    _secret_key()
+    return key_path()
 
 
 def _tag(key: bytes, field: str, blob: bytes) -> bytes:
