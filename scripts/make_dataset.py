@@ -6,11 +6,14 @@ per kind with reference scores; see `offline_data.build` for the method and the 
     python scripts/make_dataset.py --env-id Hopper-v5 --root datasets/minari          # D4RL-like Hopper
     python scripts/make_dataset.py --env-id CartPole-v1 --medium-return 100 \
         --total-timesteps 50000 --eval-freq 5000 --num-episodes 200 --kinds random medium expert
+    python scripts/make_dataset.py memory --task tmaze --memory-lengths 10 50 200 --epsilon 0.01 \
+        --random-share 0.2 --root datasets/minari        # offline memory datasets (offline_data.memory_build)
 """
 
 from __future__ import annotations
 
 import json
+import sys
 
 import tyro
 
@@ -42,4 +45,11 @@ def main(config: BuildConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(lambda: main(tyro.cli(BuildConfig, description=__doc__)))
+    if sys.argv[1:2] == [
+        "memory"
+    ]:  # offline memory datasets (T-Maze, RepeatPrevious): offline_data.memory_build
+        from offline_data.memory_build import main as memory_main
+
+        run_cli(lambda: memory_main(sys.argv[2:]))
+    else:
+        run_cli(lambda: main(tyro.cli(BuildConfig, description=__doc__)))
