@@ -4,7 +4,7 @@
 evaluates them all after the last step (one forward per state shape). The reference is the per-step call
 (``_per_step_bootstrap=True``): one forward per step with a truncation, as the rollout did before. Envs with
 short, unequal time limits truncate at most steps, in groups of varying size, and the policy states change
-shape during the rollout (XL memory filling up, the context window of a non-streaming attention), so
+shape during the rollout (a KV cache filling up, the context window of a non-streaming attention), so
 several groups of unequal states are formed. Every buffer must match: the actions, states and values acted on
 exactly, the bootstraps / advantages / returns exactly in float64 and to 1e-6 in float32.
 """
@@ -145,13 +145,16 @@ def test_batched_bootstrap_equals_per_step(name: str, dtype: torch.dtype) -> Non
 
 
 def test_bootstrap_groups_states_of_unequal_shape() -> None:
-    """XL memory grows during the first steps: the pending rows form several shape groups, all evaluated."""
+    """A KV cache grows during the first steps (XL memory no longer does: it has a fixed width): the pending
+    rows form several shape groups, all evaluated."""
     from rl_transformers.algos import rollout
 
     calls: list[int] = []
     torch.manual_seed(0)
     envs = make_envs()
-    policy = make_policy(_xl(), envs.single_observation_space, envs.single_action_space)
+    policy = make_policy(
+        POLICIES["gtrxl-kv-cache"](), envs.single_observation_space, envs.single_action_space
+    )
     envs.close()
     value = policy.value
 
