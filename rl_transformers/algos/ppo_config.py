@@ -171,6 +171,7 @@ RESUME_MUTABLE = (
     "ppo.info_every",
     "vectorization",
     "torch_deterministic",
+    "compile",
 )
 """Fields a ``--resume`` may change (the others must equal the saved values, see resume_config)."""
 RESUME_PER_INVOCATION = ("resume", "trust_checkpoint", "allow_env_modules")
