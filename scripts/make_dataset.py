@@ -45,9 +45,8 @@ def main(config: BuildConfig) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == [
-        "memory"
-    ]:  # offline memory datasets (T-Maze, RepeatPrevious): offline_data.memory_build
+    # `make_dataset.py memory ...`: the offline memory datasets (T-Maze, RepeatPrevious), offline_data.memory_build
+    if sys.argv[1:2] == ["memory"]:
         from offline_data.memory_build import main as memory_main
 
         run_cli(lambda: memory_main(sys.argv[2:]))
