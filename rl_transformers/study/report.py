@@ -164,10 +164,11 @@ def machines_text(records: Sequence[dict[str, Any]]) -> str:
         counts[r.get("machine") or UNKNOWN] += 1
     unknown = counts.pop(UNKNOWN, 0)
     listed = "; ".join(f"{m} ({n})" for m, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
-    older = f"{unknown} records predate the field (machine `{UNKNOWN}`)"
     if not counts:
-        return f"Machine: none of the {len(records)} records names its machine ({older}); 1 thread per run."
-    return f"Machines (recorded by each run, 1 thread per run): {listed}; {older}."
+        return (f"Machine: `{UNKNOWN}` for all {len(records)} records (they predate the `machine` field); one "
+                "torch thread per run.")  # fmt: skip
+    older = f"; {unknown} records predate the field (machine `{UNKNOWN}`)" if unknown else ""
+    return f"Machines (recorded by each run, one torch thread per run): {listed}{older}."
 
 
 # -- the documents ------------------------------------------------------------------------------------------

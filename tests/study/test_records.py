@@ -83,7 +83,7 @@ def test_the_page_names_the_recorded_machines_not_the_rebuilding_one() -> None:
     text = report.machines_text(recs)
     assert "Old CPU, 2 cores (2)" in text and "2 records predate the field" in text
     assert records.machine_text() not in text
-    assert "none of the 2 records" in report.machines_text([{}, {"machine": None}])
+    assert "`unknown` for all 2 records" in report.machines_text([{}, {"machine": None}])
     assert report.public({"machine": None, "restored_from": "x"})["machine"] == "unknown"
     assert "restored_from" not in report.public({"restored_from": "x"})
 
