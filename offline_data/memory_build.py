@@ -12,7 +12,7 @@ fingerprint equals this build's is kept as it is (the data is a pure function of
 holds other data stops the build with `DatasetExistsError` before anything is written, unless `overwrite`
 (which keeps the old dataset until the new one is complete). Ids: ``<prefix>/<task>-<length>/<name>-v<version>``,
 e.g. ``rlt/tmaze-50/mixed-e10-r20-v0`` (ε and random share in percent; ``oracle`` at 0 / 0, ``random`` at
-share 1). CLI: ``python scripts/make_dataset.py memory --task tmaze --memory-lengths 10 50 200``.
+share 1). CLI: ``python scripts/make_memory_dataset.py --task tmaze --memory-lengths 10 50 200``.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def fingerprint(settings: dict[str, object]) -> str:
 
 @dataclass(frozen=True)
 class MemoryBuildConfig:
-    """Settings of `build_memory_datasets` (``scripts/make_dataset.py memory``, one flag per field).
+    """Settings of `build_memory_datasets` (``scripts/make_memory_dataset.py``, one flag per field).
 
     Rerunning the same command keeps the datasets it already wrote (same settings) and writes the rest.
     """
@@ -301,11 +301,11 @@ def build_memory_datasets(config: MemoryBuildConfig) -> list[MemoryDataset]:
     return results
 
 
-def main(argv: Sequence[str] | None = None) -> list[MemoryDataset]:
-    """CLI: parse a `MemoryBuildConfig`, build, print a JSON summary."""
+def main(argv: Sequence[str] | None = None, description: str | None = None) -> list[MemoryDataset]:
+    """CLI (``scripts/make_memory_dataset.py``): parse a `MemoryBuildConfig`, build, print a JSON summary."""
     import tyro
 
-    config = tyro.cli(MemoryBuildConfig, args=argv, prog="make_dataset.py memory", description=__doc__)
+    config = tyro.cli(MemoryBuildConfig, args=argv, description=description or __doc__)
     results = build_memory_datasets(config)
     summary = [{k: str(v) if isinstance(v, Path) else v for k, v in asdict(r).items()} for r in results]
     print(json.dumps({"datasets": summary}, indent=2))

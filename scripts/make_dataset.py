@@ -6,14 +6,14 @@ per kind with reference scores; see `offline_data.build` for the method and the 
     python scripts/make_dataset.py --env-id Hopper-v5 --root datasets/minari          # D4RL-like Hopper
     python scripts/make_dataset.py --env-id CartPole-v1 --medium-return 100 \
         --total-timesteps 50000 --eval-freq 5000 --num-episodes 200 --kinds random medium expert
-    python scripts/make_dataset.py memory --task tmaze --memory-lengths 10 50 200 --epsilon 0.01 \
-        --random-share 0.2 --root datasets/minari        # offline memory datasets (offline_data.memory_build)
+
+The offline memory datasets (T-Maze, RepeatPrevious: scripted oracles, no training) have their own script,
+scripts/make_memory_dataset.py.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 
 import tyro
 
@@ -45,10 +45,4 @@ def main(config: BuildConfig) -> None:
 
 
 if __name__ == "__main__":
-    # `make_dataset.py memory ...`: the offline memory datasets (T-Maze, RepeatPrevious), offline_data.memory_build
-    if sys.argv[1:2] == ["memory"]:
-        from offline_data.memory_build import main as memory_main
-
-        run_cli(lambda: memory_main(sys.argv[2:]))
-    else:
-        run_cli(lambda: main(tyro.cli(BuildConfig, description=__doc__)))
+    run_cli(lambda: main(tyro.cli(BuildConfig, description=__doc__)))

@@ -274,7 +274,7 @@ def test_config_errors_name_the_bad_value(tmp_path: Path, overrides: dict[str, A
 
 def test_cli_builds_then_refuses_other_settings_with_one_error_line(tmp_path: Path) -> None:
     root = tmp_path / "minari"
-    cmd = [sys.executable, str(REPO / "scripts" / "make_dataset.py"), "memory", "--task", "repeat-previous"]
+    cmd = [sys.executable, str(REPO / "scripts" / "make_memory_dataset.py"), "--task", "repeat-previous"]
     cmd += ["--memory-lengths", "4", "--epsilon", "0.1", "--num-episodes", "10", "--root", str(root)]
     proc = subprocess.run([*cmd, "--no-progress"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
