@@ -17,6 +17,7 @@ share 1). CLI: ``python scripts/make_memory_dataset.py --task tmaze --memory-len
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import time
@@ -89,7 +90,11 @@ class MemoryBuildConfig:
 
     def __post_init__(self) -> None:
         if self.task not in MEMORY_TASKS:
-            raise DatasetError(f"unknown memory task {self.task!r} (--task); valid: {sorted(MEMORY_TASKS)}")
+            close = difflib.get_close_matches(str(self.task), list(MEMORY_TASKS), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise DatasetError(
+                f"unknown memory task {self.task!r} (--task); valid: {sorted(MEMORY_TASKS)}.{hint}"
+            )
         lengths = self.lengths
         if not lengths or len(set(lengths)) != len(lengths) or min(lengths) < 1:
             raise DatasetError(f"--memory-lengths must be distinct integers >= 1, got {list(lengths)}")

@@ -258,7 +258,7 @@ def test_existing_dataset_is_kept_or_refused_never_silently_replaced(minari_root
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [
-        ({"task": "tmaz"}, "valid: \\['repeat-previous', 'tmaze'\\]"),
+        ({"task": "tmaz"}, "valid: \\['repeat-previous', 'tmaze'\\]. Did you mean 'tmaze'"),
         ({"memory_lengths": (0,)}, "memory-lengths"),
         ({"memory_lengths": (5, 5)}, "memory-lengths"),
         ({"epsilon": 1.5}, "--epsilon must lie in \\[0, 1\\], got 1.5"),
