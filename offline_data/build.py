@@ -46,6 +46,7 @@ from tqdm.auto import tqdm
 from offline_data.behaviour import Training, algo_class, load_policy, train_behaviour_policy
 from offline_data.build_config import KINDS, SEED_OFFSETS, BuildConfig, BuildResult, Kind
 from offline_data.episode import Episode, episode_returns
+from offline_data.errors import DatasetExistsError, DatasetNotFoundError
 from offline_data.minari_io import check_writable, dataset_path, write_minari_dataset
 from offline_data.rollouts import (
     Actor,
@@ -161,13 +162,14 @@ def _preflight(config: BuildConfig, train: bool, policy_dir: Path, build_fp: str
     ):
         for name in ("medium.zip", "expert.zip"):
             if (policy_dir / name).exists():
-                raise FileExistsError(
+                raise DatasetExistsError(
                     f"policy {policy_dir / name} exists; pass overwrite=True (CLI: --overwrite), another "
                     "policy_dir, or medium_policy / expert_policy to reuse saved policies"
                 )
     for path in (config.medium_policy, config.expert_policy):
         if path is not None and not Path(path).is_file():
-            raise FileNotFoundError(f"policy zip {path} does not exist")
+            flag = "--medium-policy" if path == config.medium_policy else "--expert-policy"
+            raise DatasetNotFoundError(f"{flag} {path}: no such file (a zip saved by SB3's model.save)")
     return done
 
 

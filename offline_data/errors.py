@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from rl_transformers.utils.errors import UserError
 
-__all__ = ["DatasetError", "DatasetNotFoundError"]
+__all__ = ["DatasetError", "DatasetExistsError", "DatasetNotFoundError"]
 
 
 class DatasetError(UserError):
@@ -17,3 +17,7 @@ class DatasetError(UserError):
 
 class DatasetNotFoundError(DatasetError, FileNotFoundError):
     """No dataset at the given path / id (the message lists close matches when there are any)."""
+
+
+class DatasetExistsError(DatasetError, FileExistsError):
+    """A dataset or policy file that exists already and would be replaced (the message names the flag)."""

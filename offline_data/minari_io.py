@@ -326,6 +326,21 @@ def _to_buffer(episode: Episode, obs_space: gym.spaces.Space, act_space: gym.spa
     )
 
 
+def check_free_space(directory: Path, episodes: Sequence[Episode], dataset_id: str) -> None:
+    """Refuse to start writing when the disk cannot hold the episodes (h5py fails badly on a full disk: it can
+    crash the process). The estimate is twice the arrays' bytes plus 1 MiB (HDF5 overhead, metadata)."""
+    need = 1 << 20
+    for episode in episodes:
+        for value in vars(episode).values():
+            need += 2 * int(getattr(value, "nbytes", 0))
+    free = shutil.disk_usage(directory).free
+    if free < need:
+        raise DatasetError(
+            f"no space left on device for Minari dataset {dataset_id!r}: it needs about {need / 2**20:.1f} MiB, "
+            f"{free / 2**20:.1f} MiB are free under {directory.parent}; free space or choose another --root"
+        )
+
+
 def write_minari_dataset(
     dataset_id: str,
     episodes: Sequence[Episode],
@@ -387,6 +402,7 @@ def write_minari_dataset(
     # Build under a hidden directory of the root (Minari lists no hidden directory), then one rename.
     temp_root = new_temp_dir(datasets_root)
     try:
+        check_free_space(temp_root, episodes, dataset_id)
         with minari_root(temp_root):
             building = dataset_path(dataset_id)
             with warnings.catch_warnings():

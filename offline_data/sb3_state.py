@@ -37,6 +37,7 @@ import torch
 from offline_data.episode import Episode
 from offline_data.errors import DatasetError
 from rl_transformers.utils.atomic import atomic_file
+from rl_transformers.utils.checkpoint import load_error_reason
 
 __all__ = [
     "STATE_FORMAT",
@@ -80,8 +81,14 @@ def load_policy_weights(model: Any, path: Path) -> None:
         with warnings.catch_warnings():  # SB3 writes pickle protocol 4; the weights-only reader handles it
             warnings.filterwarnings("ignore", message=r"Detected pickle protocol", category=UserWarning)
             state = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    except Exception as err:  # a pickle of objects (refused, never run), a torn or foreign member
+        raise DatasetError(
+            f"policy file {str(path)!r}: its policy.pth is not a plain state_dict of tensors and was not loaded "
+            f"({load_error_reason(err)}); use a zip saved by Stable-Baselines3's model.save"
+        ) from None
+    try:
         model.policy.load_state_dict(state)
-    except (RuntimeError, ValueError, TypeError, KeyError) as err:
+    except (RuntimeError, ValueError, TypeError, KeyError, AttributeError) as err:
         raise DatasetError(
             f"policy file {str(path)!r} does not fit a default SB3 {type(model).__name__} MlpPolicy for this env "
             f"(only the policy.pth state_dict is read; policy_kwargs are not): {err}"
@@ -169,7 +176,8 @@ def load_train_state(path: Path) -> dict[str, Any]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
         raise DatasetError(
-            f"training state {str(path)!r} cannot be read ({err}); delete it or pass --overwrite to start over"
+            f"training state {str(path)!r} cannot be read ({load_error_reason(err)}); delete it or pass "
+            "--overwrite to start over"
         ) from None
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise DatasetError(f"{str(path)!r} is not a training state of this builder ({STATE_FORMAT})")

@@ -32,6 +32,7 @@ import json
 import math
 import numbers
 import sys
+import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -322,16 +323,26 @@ def _purge_jsonl(path: Path, purge_step: int) -> None:
     """Rewrite ``path`` without rows whose step is ``>= purge_step`` (temp file + ``os.replace``)."""
     if not path.exists():
         return
-    kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    kept, damaged = [], []
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            step = json.loads(line).get("step")
-        except json.JSONDecodeError:  # a line cut by a crash: drop it
+            row = json.loads(line)
+            step = row.get("step")
+            if step is not None and not isinstance(step, int | float):
+                raise TypeError(f"step {step!r}")
+        except (ValueError, AttributeError, TypeError):  # a line cut by a crash, or garbage: drop it
+            damaged.append(number)
             continue
         if step is None or step < purge_step:
             kept.append(line + "\n")
+    if damaged:
+        shown = ", ".join(map(str, damaged[:10])) + (" ..." if len(damaged) > 10 else "")
+        warnings.warn(
+            f"{path}: skipped {len(damaged)} damaged line(s) (line {shown}) on resume", stacklevel=3
+        )
     atomic_write_text(path, "".join(kept))
 
 

@@ -15,10 +15,12 @@ from typing import Any, Literal
 
 import torch
 
+from envs.file_rules import check_file_kwargs
 from rl_transformers.agents.dt_agent import DecisionTransformerAgent, run_dir_of
 from rl_transformers.agents.ppo_agent import PPOAgent
 from rl_transformers.agents.run_listing import missing_run_message
 from rl_transformers.algos.run_config import check_module_names
+from rl_transformers.utils.checkpoint import check_finite_weights
 from rl_transformers.utils.errors import UserError, choice_hint
 
 Which = Literal["last", "best"]
@@ -107,11 +109,13 @@ def _config(cls: type, ckpt: dict[str, Any], file: Path, allow_env_modules: tupl
 def _load_ppo(
     ckpt: dict[str, Any], file: Path, device: str | torch.device, allowed: tuple[str, ...]
 ) -> PPOAgent:
-    from rl_transformers.algos.ppo_config import TrainConfig
     from rl_transformers.algos.env_util import make_env_thunk
+    from rl_transformers.algos.ppo_config import TrainConfig
     from rl_transformers.policies.gtrxl import make_policy
 
     cfg = _config(TrainConfig, ckpt, file, allowed)
+    check_finite_weights(ckpt["policy"], file, "policy weights")
+    check_file_kwargs(cfg.env_kwargs, "its config's env_kwargs", lambda why: UserError(f"{file}: {why}"))
     env = make_env_thunk(cfg.env_id, cfg.env_kwargs, allow_env_modules=cfg.allow_env_modules)()
     try:
         policy = make_policy(cfg.policy, env.observation_space, env.action_space).to(device)
@@ -137,7 +141,13 @@ def _load_dt(
     from rl_transformers.policies.decision_transformer import DecisionTransformer
 
     cfg = _config(DTConfig, ckpt, file, allowed)
-    model = DecisionTransformer.from_kwargs(ckpt["model_kwargs"])
+    check_finite_weights(ckpt["model"], file, "model weights")
+    try:  # any malformed field raises: KeyError, TypeError, ValueError, AttributeError, UserError ...
+        model = DecisionTransformer.from_kwargs(ckpt["model_kwargs"])
+    except Exception as err:
+        raise UserError(
+            f"{file}: its model_kwargs do not build a Decision Transformer ({type(err).__name__}: {err})"
+        ) from None
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as err:

@@ -21,7 +21,13 @@ from rl_transformers.backbone.options import (
     check_probability,
 )
 from rl_transformers.policies.decision_transformer import Padding, dt_backbone_config
-from rl_transformers.utils.checks import check_aux_weights, flag
+from rl_transformers.utils.checks import (
+    MAX_EVAL_EPISODES,
+    MAX_NUM_ENVS,
+    check_at_most,
+    check_aux_weights,
+    flag,
+)
 from rl_transformers.utils.errors import UserError
 
 
@@ -107,6 +113,10 @@ class DTConfig(RunConfig):
         for name in ("warmup_steps", "eval_every", "eval_episodes", "keep_checkpoints"):
             check_int(f"DTConfig.{name} ({flag(name)})", getattr(self, name), 0)
         check_int("max_ep_len (--max-ep-len)", self.max_ep_len, 1, optional=True)
+        check_at_most("DTConfig.eval_envs (--eval-envs)", self.eval_envs, MAX_NUM_ENVS, "envs per process")
+        check_at_most(
+            "DTConfig.eval_episodes (--eval-episodes)", self.eval_episodes, MAX_EVAL_EPISODES, "per target"
+        )
         check_choice("algo", self.algo, ("dt", "bc"))
         check_choice("padding", self.padding, Padding)
         check_number(

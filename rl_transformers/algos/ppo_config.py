@@ -15,7 +15,14 @@ import tyro
 from rl_transformers.algos.run_config import SHARED_RESUME_MUTABLE, RunConfig
 from rl_transformers.backbone.options import check_choice, check_int, check_number, check_positive
 from rl_transformers.policies.gtrxl import PolicyConfig
-from rl_transformers.utils.checks import check_aux_weights, check_divides, flag
+from rl_transformers.utils.checks import (
+    MAX_EVAL_EPISODES,
+    MAX_NUM_ENVS,
+    check_at_most,
+    check_aux_weights,
+    check_divides,
+    flag,
+)
 from rl_transformers.utils.cli import JsonDict
 from rl_transformers.utils.errors import UserError
 
@@ -136,6 +143,10 @@ class TrainConfig(RunConfig):
         super().__post_init__()
         for name in ("num_envs", "total_timesteps", "eval_episodes"):
             check_int(f"{name} ({flag(name)})", getattr(self, name), 1)
+        check_at_most("num_envs (--num-envs)", self.num_envs, MAX_NUM_ENVS, "envs per process")
+        check_at_most(
+            "eval_episodes (--eval-episodes)", self.eval_episodes, MAX_EVAL_EPISODES, "per evaluation"
+        )
         for name in ("eval_every", "save_every", "keep_checkpoints"):
             check_int(f"{name} ({flag(name)})", getattr(self, name), 0)
         check_choice("vectorization", self.vectorization, ("sync", "async"))

@@ -51,6 +51,7 @@ __all__ = [
     "InvalidCheckpointError",
     "atomic_save",
     "capture_rng_state",
+    "check_finite_weights",
     "latest_checkpoint",
     "load_checkpoint",
     "load_error_reason",
@@ -122,6 +123,24 @@ def read_checkpoint(path: str | Path, map_location: str | torch.device | None = 
     if not isinstance(obj, dict):
         raise InvalidCheckpointError(path, f"it holds a {type(obj).__name__}, not a dict")
     return obj
+
+
+def check_finite_weights(state: Any, path: str | Path, what: str = "weights") -> None:
+    """Refuse (:class:`InvalidCheckpointError`) a state dict with a NaN or infinite floating-point entry: such a
+    model acts on garbage and would evaluate silently to a meaningless score."""
+    if not isinstance(state, Mapping):
+        return
+    for name, value in state.items():
+        if (
+            isinstance(value, torch.Tensor)
+            and value.is_floating_point()
+            and not bool(torch.isfinite(value).all())
+        ):
+            bad = int((~torch.isfinite(value)).sum())
+            raise InvalidCheckpointError(
+                Path(path),
+                f"its {what} hold {bad} NaN or infinite value(s) in {name!r}; use an earlier checkpoint",
+            )
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device | None = "cpu") -> Any:

@@ -90,3 +90,16 @@ def check_divides(name: str, value: int, total: int, what: str, *, source: str |
         divisors = [d for d in range(1, total + 1) if total % d == 0]
         shown = ", ".join(map(str, divisors[:12])) + (", ..." if len(divisors) > 12 else "")
         raise UserError(f"{label} does not divide {what}; valid: {shown}")
+
+
+MAX_NUM_ENVS = 4096
+"""Most envs one process steps together (each env is a Python object: 10^8 of them never finish starting)."""
+MAX_EVAL_EPISODES = 10_000
+"""Most evaluation episodes a config may ask for (a saved config must not make ``evaluate.py`` run for days;
+``evaluate.py --episodes`` typed by the user is not bounded)."""
+
+
+def check_at_most(label: str, value: Any, limit: int, why: str) -> None:
+    """``value`` (when an int) is at most ``limit``; the message names ``label``, the limit and ``why``."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > limit:
+        raise UserError(f"{label}={value:,} is larger than the limit {limit:,} ({why})")

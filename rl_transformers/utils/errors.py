@@ -4,6 +4,8 @@ A :class:`UserError` is a bad input from a person — a flag, a config file, a d
 to a bug. :func:`run_cli` prints it as ``error: <message>`` on stderr and exits with status 2, without a
 traceback, unless ``--debug`` is on the command line or ``RLT_DEBUG=1`` is set. Every other exception keeps its
 traceback. ``UserError`` subclasses ``ValueError`` so code that already catches ``ValueError`` keeps working.
+A full disk (or a quota, a read-only file system) met anywhere -- an ``OSError`` with that ``errno`` in the
+exception or its causes, as torch and h5py wrap it -- is reported the same way (:func:`storage_failure`).
 
 This module imports only the standard library, so any layer (the backbone included) can raise its errors
 without an import circle.
@@ -12,7 +14,9 @@ without an import circle.
 from __future__ import annotations
 
 import difflib
+import errno
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -71,12 +75,39 @@ def _user_error_in(err: BaseException) -> UserError | None:
     return None
 
 
+_STORAGE_ERRNOS = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+}
+_ERRNO_TEXT = re.compile(r"errno = (\d+)")  # h5py's RuntimeError text for a failed write
+
+
+def storage_failure(err: BaseException) -> str | None:
+    """``"no space left on device (writing <file>)"`` when ``err`` or an exception in its causes / contexts is
+    a write that failed for lack of space, quota or a read-only file system; else None."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        code = current.errno if isinstance(current, OSError) else None
+        if code is None and isinstance(current, RuntimeError):
+            match = _ERRNO_TEXT.search(str(current))
+            code = int(match.group(1)) if match else None
+        if code in _STORAGE_ERRNOS:
+            name = getattr(current, "filename", None)
+            return _STORAGE_ERRNOS[code] + (f" (writing {name})" if name else "")
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def run_cli(main: Callable[[], T], argv: list[str] | None = None) -> T:
     """Run a script's ``main()``: user errors become ``error: <message>`` and exit status 2.
 
     ``--debug`` is removed from ``sys.argv`` before ``main`` parses it (so every script accepts it without
     declaring it) and, like ``RLT_DEBUG=1``, lets user errors raise with their traceback. Other exceptions,
-    ``KeyboardInterrupt`` and ``SystemExit`` pass through untouched.
+    ``KeyboardInterrupt`` and ``SystemExit`` pass through untouched, except a full disk
+    (:func:`storage_failure`), which is reported as a user error too.
     """
     if argv is None:
         argv = sys.argv
@@ -87,6 +118,18 @@ def run_cli(main: Callable[[], T], argv: list[str] | None = None) -> T:
         return main()
     except Exception as err:
         user = _user_error_in(err)
+        storage = storage_failure(err) if user is None else None
+        if storage is not None and not debug:
+            print(
+                f"error: {storage}. Free space (or write elsewhere) and run again; a training run continues "
+                "with --resume <run directory>",
+                file=sys.stderr,
+            )
+            print(
+                f"  (while: {type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''})",
+                file=sys.stderr,
+            )
+            sys.exit(EXIT_USER_ERROR)
         if user is None or debug:
             raise
         print(f"error: {user}", file=sys.stderr)
