@@ -8,7 +8,10 @@ together with an HMAC-SHA256 tag computed with a per-user secret key:
 
 * the key is 32 random bytes in ``$RLT_HOME/checkpoint.key`` (default ``RLT_HOME``:
   ``$XDG_CONFIG_HOME/rl_transformers``, else ``~/.config/rl_transformers``), created on first use with mode
-  0600 (directory 0700), outside every run directory, so copying or sharing runs never shares the key;
+  0600 (directory 0700), outside every run directory, so copying or sharing runs never shares the key. A PPO
+  run checks it at start (:func:`check_key`): a key that is empty, short, a directory, unreadable or a symbolic
+  link (never followed: it is opened with ``O_NOFOLLOW``), or an ``RLT_HOME`` that cannot be made, stops the
+  run before it trains with :class:`CheckpointKeyError` naming the fix;
 * :func:`load_signed` checks the tag with :func:`hmac.compare_digest` *before* unpickling; a blob without a
   tag, with a wrong tag (forged, altered, or signed by another user's / machine's key) is never unpickled.
 
@@ -77,7 +80,10 @@ def _key_error(path: Path, problem: str, fix: str) -> CheckpointKeyError:
 def _read_key(path: Path) -> bytes | None:
     """The key file's bytes, None when there is none; never follows a symlink (``O_NOFOLLOW``: the file is
     checked and read through one descriptor, so a link swapped in meanwhile is refused too)."""
-    replace = f"rm {path} (a new key is made at the next start; runs signed with the old one then resume with fresh episodes)"
+    replace = (
+        f"rm {path} (a new key is made at the next start; runs signed with the old one then resume with "
+        "fresh episodes)"
+    )
     if path.is_symlink():
         raise _key_error(path, "is a symbolic link (a key must be this user's own file)", replace)
     try:
