@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from offline_data.build_config import SEED_OFFSETS, BuildConfig
 from offline_data.episode import Episode
+from offline_data.errors import DatasetExistsError
 from offline_data.rollouts import EpisodeRecorder, evaluate_returns, make_build_env, sb3_actor
 from offline_data.sb3_state import (
     fingerprint,
@@ -153,7 +154,7 @@ def train_behaviour_policy(
     if state_path.is_file():
         state = load_train_state(state_path)
         if state["fingerprint"] != fp:
-            raise FileExistsError(
+            raise DatasetExistsError(
                 f"{state_path} holds a training with other settings; pass --overwrite to start over, or another "
                 "--policy-dir"
             )

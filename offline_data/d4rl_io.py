@@ -22,7 +22,7 @@ import numpy as np
 
 from offline_data.env_check import file_env_spec
 from offline_data.episode import DatasetInfo, Episode, OfflineDataset
-from offline_data.errors import DatasetError, DatasetNotFoundError
+from offline_data.errors import DatasetError, DatasetExistsError, DatasetNotFoundError
 from offline_data.minari_io import (
     _makeable,
     check_action_space,
@@ -251,7 +251,9 @@ def write_d4rl_hdf5(
 
     path = Path(path)
     if path.exists() and not overwrite:
-        raise FileExistsError(f"{str(path)!r} exists; pass overwrite=True to replace it")
+        raise DatasetExistsError(
+            f"{str(path)!r} exists; pass overwrite=True (CLI: --overwrite) to replace it"
+        )
     if not episodes:
         raise ValueError(f"no episodes to write to {str(path)!r}")
     for index, ep in enumerate(episodes):

@@ -28,7 +28,7 @@ from gymnasium.envs.registration import EnvSpec
 
 from offline_data.env_check import checked_minari_metadata
 from offline_data.episode import DatasetInfo, Episode, OfflineDataset
-from offline_data.errors import DatasetError, DatasetNotFoundError
+from offline_data.errors import DatasetError, DatasetExistsError, DatasetNotFoundError
 from rl_transformers.utils.atomic import clean_stale, new_temp_dir, replace_dir
 
 __all__ = [
@@ -96,12 +96,13 @@ def _next_free_id(dataset_id: str) -> str:
 def check_writable(
     dataset_id: str, root: str | os.PathLike[str] | None = None, overwrite: bool = False
 ) -> None:
-    """Raise `FileExistsError` if the id exists under `root` and `overwrite` is False (no side effects)."""
+    """Raise `DatasetExistsError` (a `FileExistsError`) if the id exists under `root` and `overwrite` is False
+    (no side effects)."""
     path = dataset_path(dataset_id, root)
     if path.exists() and not overwrite:
         with minari_root(root):
             free = _next_free_id(dataset_id)
-        raise FileExistsError(
+        raise DatasetExistsError(
             f"Minari dataset {dataset_id!r} already exists at {path}; pass overwrite=True (CLI: --overwrite) "
             f"to replace it, or use a new version such as {free!r}"
         )

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from offline_data import D4RL_REF_SCORES, d4rl_to_minari, load_episodes, read_d4rl_hdf5, write_d4rl_hdf5
+from rl_transformers.utils.errors import UserError
 from tests.offline_data.helpers import record_raw
 
 # 10 transitions written by hand: episode 0 = rows 0-2 (terminal at 2), episode 1 = rows 3-6 (timeout at 6,
@@ -152,8 +153,9 @@ def test_writer_round_trip_and_metadata(tmp_path: Path) -> None:
         np.testing.assert_array_equal(ep.rewards, raw.rewards)
     assert info.action_space == space and info.env_id == "Pendulum-v1"
     assert (info.ref_min_score, info.ref_max_score, info.ref_scores_source) == (-1.0, 2.0, "dataset")
-    with pytest.raises(FileExistsError, match="overwrite=True"):
+    with pytest.raises(FileExistsError, match="overwrite=True") as err:
         write_d4rl_hdf5(path, episodes)
+    assert isinstance(err.value, UserError)  # the CLIs print it as one error: line, no traceback
 
 
 def test_writer_rejects_episodes_a_reader_would_split_differently(tmp_path: Path) -> None:

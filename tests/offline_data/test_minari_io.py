@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from offline_data import Episode, load_episodes, read_minari, write_minari_dataset
+from rl_transformers.utils.errors import UserError
 from tests.offline_data.helpers import record_raw
 
 PENDULUM_REFS = (-1500.0, -150.0)
@@ -141,8 +142,11 @@ def test_references_kept_without_env_and_for_unmakeable_env(minari_root: Path, p
 def test_overwrite_protection(minari_root: Path, pendulum_raw) -> None:
     episodes = [raw.to_episode() for raw in pendulum_raw]
     write_minari_dataset("test/pendulum/medium-v0", episodes, env="Pendulum-v1")
-    with pytest.raises(FileExistsError, match=r"already exists.*--overwrite.*'test/pendulum/medium-v1'"):
+    with pytest.raises(
+        FileExistsError, match=r"already exists.*--overwrite.*'test/pendulum/medium-v1'"
+    ) as err:
         write_minari_dataset("test/pendulum/medium-v0", episodes[:1], env="Pendulum-v1")
+    assert isinstance(err.value, UserError)  # the CLIs print it as one error: line, no traceback
     assert len(read_minari("test/pendulum/medium-v0").episodes) == 4  # untouched
     write_minari_dataset("test/pendulum/medium-v0", episodes[:1], env="Pendulum-v1", overwrite=True)
     assert len(read_minari("test/pendulum/medium-v0").episodes) == 1
