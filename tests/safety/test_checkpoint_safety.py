@@ -24,8 +24,7 @@ import torch
 from rl_transformers.algos import dt_checkpoint
 from rl_transformers.algos.ppo import train
 from rl_transformers.algos.ppo_checkpoint import RESUME_BLOB, load_policy
-from rl_transformers.algos.ppo_config import RESUME_PER_INVOCATION, PPOConfig, TrainConfig
-from rl_transformers.policies import PolicyConfig, gtrxl_backbone
+from rl_transformers.algos.ppo_config import RESUME_PER_INVOCATION, TrainConfig
 from rl_transformers.utils import (
     CheckpointManager,
     CheckpointWriteError,
@@ -37,37 +36,9 @@ from rl_transformers.utils import (
 from rl_transformers.utils.errors import UserError
 from rl_transformers.utils.resume import parse_cli
 from rl_transformers.utils.trust import sign_blob
+from tests.safety.runs import BATCH, Evil, evil_bytes, tiny
 
 ROOT = Path(__file__).resolve().parents[2]
-BATCH = 2 * 16
-
-
-class Evil:
-    """Unpickling this runs ``touch <marker>``."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
-def evil_bytes(marker: Path) -> torch.Tensor:
-    return torch.frombuffer(bytearray(pickle.dumps(Evil(marker))), dtype=torch.uint8)
-
-
-def tiny(root: Path, updates: int = 2, **kw) -> TrainConfig:
-    return TrainConfig(
-        env_id="rlt/TMazeShort-v0",
-        total_timesteps=updates * BATCH,
-        num_envs=2,
-        seed=3,
-        policy=PolicyConfig(backbone=gtrxl_backbone(16, 1, 2, mem_len=8)),
-        ppo=PPOConfig(num_steps=16, seq_len=8, num_minibatches=2, update_epochs=1),
-        run_root=str(root),
-        progress=False,
-        **kw,
-    )
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import dataclasses
 import errno
 import io
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -29,38 +28,15 @@ from offline_data.sb3_state import load_policy_weights
 from rl_transformers.agents import load as load_agent
 from rl_transformers.algos.dt_config import DTConfig
 from rl_transformers.algos.ppo import train
-from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
-from rl_transformers.policies import PolicyConfig, gtrxl_backbone
+from rl_transformers.algos.ppo_config import TrainConfig
 from rl_transformers.utils import CheckpointManager, CheckpointWriteError, to_jsonable
 from rl_transformers.utils import checkpoint as checkpoint_module
 from rl_transformers.utils.checks import MAX_EVAL_EPISODES, MAX_NUM_ENVS
 from rl_transformers.utils.errors import UserError, run_cli, storage_failure
+from tests.safety.runs import BATCH, Evil, tiny
 
 ROOT = Path(__file__).resolve().parents[2]
-BATCH = 2 * 16
 TORCH_ADVICE = "weights_only` set to `False"
-
-
-class Evil:
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
-def tiny(root: Path, updates: int = 2, **kw) -> TrainConfig:
-    return TrainConfig(
-        env_id="rlt/TMazeShort-v0",
-        total_timesteps=updates * BATCH,
-        num_envs=2,
-        seed=3,
-        policy=PolicyConfig(backbone=gtrxl_backbone(16, 1, 2, mem_len=8)),
-        ppo=PPOConfig(num_steps=16, seq_len=8, num_minibatches=2, update_epochs=1),
-        run_root=str(root),
-        progress=False,
-        **kw,
-    )
 
 
 @pytest.fixture(scope="module")

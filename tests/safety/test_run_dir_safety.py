@@ -18,30 +18,15 @@ import pytest
 
 from rl_transformers.agents.evaluate import default_output
 from rl_transformers.algos.ppo import train
-from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
-from rl_transformers.policies import PolicyConfig, gtrxl_backbone
+from rl_transformers.algos.ppo_config import TrainConfig
 from rl_transformers.utils import CheckpointManager
 from rl_transformers.utils.errors import UserError
 from rl_transformers.utils.runlock import LOCK_FILE, RunLockedError, acquire_run_lock, lock_holder
 from rl_transformers.utils.safe_paths import RunDirError
 from rl_transformers.utils.trust import CheckpointKeyError, check_key, sign_blob
+from tests.safety.runs import BATCH, tiny
 
 ROOT = Path(__file__).resolve().parents[2]
-BATCH = 2 * 16
-
-
-def tiny(root: Path, updates: int = 2, **kw) -> TrainConfig:
-    return TrainConfig(
-        env_id="rlt/TMazeShort-v0",
-        total_timesteps=updates * BATCH,
-        num_envs=2,
-        seed=3,
-        policy=PolicyConfig(backbone=gtrxl_backbone(16, 1, 2, mem_len=8)),
-        ppo=PPOConfig(num_steps=16, seq_len=8, num_minibatches=2, update_epochs=1),
-        run_root=str(root),
-        progress=False,
-        **kw,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -151,9 +136,18 @@ def test_bad_key_through_the_script_is_one_error_line(tmp_path: Path) -> None:
     home = tmp_path / "home"
     (home / "checkpoint.key").mkdir(parents=True)
     out = subprocess.run(
-        [sys.executable, "scripts/train_gtrxl.py", "--env-id", "rlt/TMazeShort-v0", "--total-timesteps", "64"]
-        + ["--num-envs", "2", "--ppo.num-steps", "16", "--ppo.seq-len", "8", "--no-progress"]
-        + ["--run-root", str(tmp_path / "runs")],
+        [
+            *(
+                sys.executable,
+                "scripts/train_gtrxl.py",
+                "--env-id",
+                "rlt/TMazeShort-v0",
+                "--total-timesteps",
+                "64",
+            ),
+            *("--num-envs", "2", "--ppo.num-steps", "16", "--ppo.seq-len", "8", "--no-progress"),
+            *("--run-root", str(tmp_path / "runs")),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -200,7 +194,7 @@ def test_resume_refuses_a_symlinked_eval_dir_and_progress_file(
     shutil.move(str(log), target)
     log.symlink_to(target)
     size = target.stat().st_size
-    with pytest.raises(RunDirError, match="progress.jsonl"):
+    with pytest.raises(RunDirError, match=r"progress\.jsonl"):
         train(resume(ppo_run, run_copy))
     assert target.stat().st_size == size
 
