@@ -47,7 +47,7 @@ from rl_transformers import tags as T
 from rl_transformers.algos.distributed import DistContext
 from rl_transformers.algos.dt_checkpoint import REQUIRED_KEYS, checkpoint_state, restore_checkpoint
 from rl_transformers.algos.dt_config import RESUME_MUTABLE, RESUME_PER_INVOCATION, DTConfig
-from rl_transformers.algos.dt_data import TrajectoryDataset
+from rl_transformers.algos.dt_data import TrajectoryDataset, segment_backward
 from rl_transformers.algos.dt_logging import Window, eval_scalars, record_training, write_eval_episodes
 from rl_transformers.algos.dt_setup import (
     check_eval_seeds,
@@ -162,6 +162,7 @@ class DTTrainer:
             condition_on_return=config.algo == "dt",
             embed_dropout=config.embed_dropout,
             padding=config.padding,
+            segments=config.segments,
         )
         if not self.model.discrete_observations:
             self.model.set_state_normalization(*self.data.state_stats())
@@ -220,32 +221,43 @@ class DTTrainer:
 
     # -- one update -----------------------------------------------------------------------------------------
     def update(self, collect_info: bool = False) -> dict[str, Any]:
-        """Sample a batch, one optimiser step; returns detached loss terms (and diagnostics if asked)."""
+        """Sample a batch, one optimiser step; returns detached loss terms (and diagnostics if asked).
+
+        With ``segments`` > 1 the batch is N consecutive segments per window (:func:`segment_backward`)."""
         config, model = self.config, self.model
-        batch = self.data.sample(self.local_batch, config.context_len, self.sampler_rng, config.padding)
-        batch = batch.to(self.device)
-        model.backbone.collect_info = collect_info
-        try:
-            out = self.net(**batch.model_inputs())
-        finally:
-            model.backbone.collect_info = False
-        action_loss = model.action_loss(out.predictions, batch.actions, batch.mask)
-        loss = action_loss
-        for name, value in out.aux_losses.items():
-            loss = loss + config.aux_weight(name) * value
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        if config.segments > 1:
+            self.optimizer.zero_grad(set_to_none=True)
+            batches = self.data.sample_segments(
+                self.local_batch, config.context_len, config.segments, self.sampler_rng
+            )
+            terms = segment_backward(
+                self.net, model, [b.to(self.device) for b in batches], config.aux_weight, collect_info
+            )
+        else:
+            batch = self.data.sample(self.local_batch, config.context_len, self.sampler_rng, config.padding)
+            batch = batch.to(self.device)
+            model.backbone.collect_info = collect_info
+            try:
+                out = self.net(**batch.model_inputs())
+            finally:
+                model.backbone.collect_info = False
+            action_loss = model.action_loss(out.predictions, batch.actions, batch.mask)
+            loss = action_loss
+            for name, value in out.aux_losses.items():
+                loss = loss + config.aux_weight(name) * value
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            terms = {
+                "loss": loss.detach(),
+                "action_loss": action_loss.detach(),
+                "aux": {name: value.detach() for name, value in out.aux_losses.items()},
+                "info": out.info,
+            }
         grad_norm = nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.step += 1
-        return {
-            "loss": loss.detach(),
-            "action_loss": action_loss.detach(),
-            "grad_norm": grad_norm.detach(),
-            "aux": {name: value.detach() for name, value in out.aux_losses.items()},
-            "info": out.info,
-        }
+        return {**terms, "grad_norm": grad_norm.detach()}
 
     # -- the loop ---------------------------------------------------------------------------------------------
     def learn(self, run: Run, callback: Callable[[DTTrainer], bool | None] | None = None) -> TrainResult:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 from rl_transformers.algos.run_config import SHARED_RESUME_MUTABLE, RunConfig
-from rl_transformers.backbone import BackboneConfig
+from rl_transformers.backbone import BackboneConfig, available
 from rl_transformers.backbone.options import (
     check_choice,
     check_int,
@@ -58,6 +58,10 @@ class DTConfig(RunConfig):
     as in GPT-2), position none)."""
     context_len: int = 20
     """K: steps per window (3K tokens)."""
+    segments: int = 1
+    """N consecutive K-step segments per training window, the backbone memory carried (detached) from one to
+    the next as RATE does (Cherepanov et al. 2023, arXiv 2306.09459); the rollout carries it across the
+    episode too. Needs --backbone.memory (xl: mem_len >= 3K(N-1) tokens covers the window). 1: K-step windows."""
     max_ep_len: int | None = None
     """Rows of the timestep embedding; None: the longest of the dataset's episodes and the env's time limit."""
     return_scale: float | None = None
@@ -107,7 +111,15 @@ class DTConfig(RunConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        positive = ("context_len", "total_steps", "batch_size", "log_every", "save_every", "eval_envs")
+        positive = (
+            "context_len",
+            "segments",
+            "total_steps",
+            "batch_size",
+            "log_every",
+            "save_every",
+            "eval_envs",
+        )
         for name in positive:
             check_int(f"DTConfig.{name} ({flag(name)})", getattr(self, name), 1)
         for name in ("warmup_steps", "eval_every", "eval_episodes", "keep_checkpoints"):
@@ -140,6 +152,21 @@ class DTConfig(RunConfig):
         check_aux_weights(self.aux_weights, self.backbone.aux_loss_names, "--aux-weights")
         if not self.backbone.causal:
             raise ValueError("the Decision Transformer needs backbone.causal=True")
+        if self.segments > 1:
+            check_segments(self.segments, self.backbone.memory, self.padding)
+
+
+def check_segments(segments: int, memory: str | None, padding: str) -> None:
+    """Segment recurrence (``segments`` > 1) needs a memory to carry and right padding (so that a segment's
+    real tokens continue the memory's positions, in training and in the rollout alike)."""
+    if memory is None:
+        memories = available()["memory"]
+        raise UserError(
+            f"segments (--segments) = {segments} carries the backbone memory across segments, but "
+            f"--backbone.memory is None; choose one of {memories} (or --segments 1)"
+        )
+    if padding != "right":
+        raise UserError(f"segments (--segments) = {segments} needs --padding right, got {padding!r}")
 
 
 RESUME_MUTABLE = (

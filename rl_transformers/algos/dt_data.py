@@ -11,6 +11,10 @@ training and acting: the token of step t carries R̂_t, which includes r_t, and 
 %BC (the paper's "Percentile Behavior Cloning"): :func:`top_fraction_episodes` keeps the best episodes by
 return whose steps make up the top ``fraction`` of the dataset's steps (at least one episode).
 
+Segment recurrence (RATE, Cherepanov et al. 2023, arXiv 2306.09459; ``--segments N``):
+:meth:`TrajectoryDataset.sample_segments` draws windows of N consecutive K-step segments and
+:func:`segment_backward` runs them in order with the backbone memory carried and detached.
+
 Shapes: B batch, K context, A action dim. Batch fields: returns_to_go (B, K) float32, observations
 (B, K, *obs_shape) float32 (int64 for Discrete observations), actions (B, K, A) float32 or (B, K) int64,
 timesteps (B, K) int64, mask (B, K) bool.
@@ -19,15 +23,17 @@ timesteps (B, K) int64, mask (B, K) bool.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 
-from rl_transformers.policies.decision_transformer import Padding, pad_steps
+from rl_transformers.policies.decision_transformer import DecisionTransformer, Padding, pad_steps
 
 
 class EpisodeLike(Protocol):
@@ -217,6 +223,27 @@ class TrajectoryDataset:
         starts = rng.integers(0, self.lengths[episodes])
         return self.windows(episodes, starts, context_len, padding)
 
+    def sample_segments(
+        self, batch_size: int, context_len: int, segments: int, rng: np.random.Generator
+    ) -> list[DTBatch]:
+        """B windows of N = ``segments`` consecutive K-step segments, returned as N right-padded (B, K) batches.
+
+        Episodes are drawn ∝ length; each window starts at a multiple of K, j·K with j uniform in
+        [0, max(0, ⌈T/K⌉ − N)], so a window holds N whole segments where the episode allows it and its
+        segments fall where the rollout's do (the agent starts a segment at t = 0, K, 2K, ...). Segment i is
+        steps [start + iK, start + (i+1)K) of the N·K window: its real steps first, then padding (segments
+        past the episode's end are all padding, mask False).
+        """
+        k, n = int(context_len), int(segments)
+        episodes = rng.choice(self.num_episodes, size=batch_size, p=self.probabilities)
+        n_segments = -(-self.lengths[episodes] // k)  # ⌈T/K⌉
+        starts = rng.integers(0, np.maximum(n_segments - n, 0) + 1) * k
+        window = self.windows(episodes, starts, n * k, "right")
+        return [
+            DTBatch(*(getattr(window, f)[:, i * k : (i + 1) * k].contiguous() for f in DTBatch.fields()))
+            for i in range(n)
+        ]
+
     def describe(self) -> dict[str, Any]:
         """Summary numbers for logs: episodes, steps, return statistics."""
         return {
@@ -228,3 +255,54 @@ class TrajectoryDataset:
             "return_min": float(self.returns.min()),
             "length_max": int(self.lengths.max()),
         }
+
+
+def segment_backward(
+    net: nn.Module,
+    model: DecisionTransformer,
+    segments: list[DTBatch],
+    aux_weight: Callable[[str], float],
+    collect_info: bool = False,
+) -> dict[str, Any]:
+    """Forward and backward N consecutive segments of the same windows, the backbone state carried from one
+    to the next and detached (Transformer-XL's stop-gradient, Dai et al. 2019, arXiv 1901.02860; RATE,
+    Cherepanov et al. 2023, arXiv 2306.09459). Accumulates gradients; returns the detached loss terms.
+
+    The action loss is the one a single pass over the N·K steps would give: Σ_i n_i ℓ_i / Σ_i n_i, with n_i
+    the real steps of segment i and ℓ_i its mean action loss; aux losses are averaged over the segments.
+    Since the state is detached, segment i's term depends on its own forward only, so it is backpropagated
+    at once and one segment's activations live at a time. Under DDP gradients are all-reduced at the last
+    backward only (``no_sync`` before). Diagnostics come from the last segment."""
+    counts = [batch.mask.sum() for batch in segments]
+    total = torch.stack(counts).sum().clamp_min(1)
+    n = len(segments)
+    state = None
+    loss_sum = action_sum = torch.zeros((), dtype=torch.float64, device=total.device)
+    aux_sum: dict[str, Tensor] = {}
+    info: dict[str, Any] = {}
+    for i, batch in enumerate(segments):
+        last = i == n - 1
+        sync: AbstractContextManager[Any] = (
+            net.no_sync() if isinstance(net, DistributedDataParallel) and not last else nullcontext()
+        )
+        model.backbone.collect_info = collect_info and last
+        try:
+            with sync:
+                out = net(**batch.model_inputs(), state=state, return_state=True)
+                mean = model.action_loss(out.predictions, batch.actions, batch.mask)
+                action_loss = mean * counts[i] / total  # in the loss's dtype
+                loss = action_loss
+                for name, value in out.aux_losses.items():
+                    loss = loss + aux_weight(name) * value / n
+                loss.backward()
+        finally:
+            model.backbone.collect_info = False
+        state = out.state.detach()
+        loss_sum = loss_sum + loss.detach()
+        action_sum = action_sum + action_loss.detach()
+        for name, value in out.aux_losses.items():
+            term = value.detach() / n
+            aux_sum[name] = aux_sum[name] + term if name in aux_sum else term
+        info = out.info
+    dtype = out.predictions.dtype
+    return {"loss": loss_sum.to(dtype), "action_loss": action_sum.to(dtype), "aux": aux_sum, "info": info}

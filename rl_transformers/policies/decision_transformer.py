@@ -117,6 +117,10 @@ class DecisionTransformer(nn.Module):
         embed_dropout: dropout after the embedding LayerNorm (default: the backbone's dropout).
         padding: side on which short windows are padded, in training and in
             :class:`~rl_transformers.policies.dt_rollout.DTAgent`.
+        segments: > 1 when the model was trained on consecutive K-step segments with the backbone memory
+            carried across them (RATE, Cherepanov et al. 2023, arXiv 2306.09459); the rollout agent then
+            carries the memory across the episode, segment by segment. Needs a backbone memory and right
+            padding.
     """
 
     state_mean: Tensor
@@ -136,6 +140,7 @@ class DecisionTransformer(nn.Module):
         condition_on_return: bool = True,
         embed_dropout: float | None = None,
         padding: Padding = "right",
+        segments: int = 1,
     ) -> None:
         super().__init__()
         check_space(observation_space, "observation")
@@ -151,6 +156,13 @@ class DecisionTransformer(nn.Module):
             raise ValueError(f"return_scale must be a positive finite number, got {return_scale!r}")
         if padding not in PADDINGS:
             raise ValueError(f"padding={padding!r} is not one of {list(PADDINGS)}")
+        if not (isinstance(segments, int) and segments >= 1):
+            raise ValueError(f"segments must be an integer >= 1, got {segments!r}")
+        if segments > 1 and (backbone.memory is None or padding != "right"):
+            raise ValueError(
+                f"segments={segments} needs a backbone memory and right padding, got memory="
+                f"{backbone.memory!r}, padding={padding!r}"
+            )
         self.observation_space = observation_space
         self.action_space = action_space
         self.backbone_config = backbone
@@ -159,6 +171,7 @@ class DecisionTransformer(nn.Module):
         self.return_scale = float(return_scale)
         self.condition_on_return = bool(condition_on_return)
         self.padding: Padding = padding
+        self.segments = segments
         self.tokens_per_step = 3 if condition_on_return else 2
         self.state_token = 1 if condition_on_return else 0
         d = backbone.d_model
@@ -249,6 +262,9 @@ class DecisionTransformer(nn.Module):
             "condition_on_return": self.condition_on_return,
             "embed_dropout": self.embed_dropout.p,
             "padding": self.padding,
+            **(
+                {"segments": self.segments} if self.segments > 1 else {}
+            ),  # older checkpoints keep their kwargs
         }
 
     @classmethod
@@ -260,6 +276,11 @@ class DecisionTransformer(nn.Module):
         args["backbone"] = BackboneConfig.from_dict(args["backbone"])
         obs_space, act_space = args.pop("observation_space"), args.pop("action_space")
         return cls(obs_space, act_space, **args)
+
+    @property
+    def carries_memory(self) -> bool:
+        """Whether rollouts carry the backbone memory across K-step segments (trained with ``segments`` > 1)."""
+        return self.segments > 1
 
     @property
     def streams_exactly(self) -> bool:

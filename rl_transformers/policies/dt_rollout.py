@@ -18,17 +18,19 @@ Method: Chen et al. 2021, "Decision Transformer: Reinforcement Learning via Sequ
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from rl_transformers.backbone.state import BackboneState
+from rl_transformers.backbone.state import BackboneState, State
 from rl_transformers.policies.dt_padding import last_index, pad_steps
 
 if TYPE_CHECKING:
     from rl_transformers.policies.decision_transformer import DecisionTransformer
+
+S = TypeVar("S", bound=State)
 
 
 class DTAgent:
@@ -48,6 +50,12 @@ class DTAgent:
       since the state began) — the state starts when all envs start an episode together (e.g. after
       :meth:`reset`); a single env resetting inside it resets its row. Once the context would slide, the
       agent drops the state and recomputes until all envs start together again. ``last_mode`` / ``calls`` tell which path ran.
+    - **segment** (a model trained with segment memory, :attr:`~rl_transformers.policies.decision_transformer.
+      DecisionTransformer.carries_memory`; RATE, Cherepanov et al. 2023, arXiv 2306.09459): the episode is cut
+      into K-step segments at t = 0, K, 2K, ... as in training; a_t is read from the current segment
+      (recomputed, padded like a training segment) run on the backbone memory of the segments before it, and
+      when a segment is full it is folded into that memory (one forward with its actions) before the next
+      starts. A cue older than K stays reachable as far as the memory reaches.
     """
 
     def __init__(
@@ -92,6 +100,11 @@ class DTAgent:
         self._stream_reset = torch.zeros(n, dtype=torch.bool, device=self.device)
         self.last_mode: str | None = None
         self.calls = {"stream": 0, "recompute": 0}
+        self.memory: BackboneState | None = None
+        """Backbone memory of the finished segments of each env's episode (segment mode only)."""
+        if model.carries_memory:
+            self.memory = model.backbone.init_state(n, self.device, self.dtype)
+            self.calls["segment"] = 0
 
     # -- episode bookkeeping ----------------------------------------------------------------------------------
     def set_target(self, target_return: float | np.ndarray | Tensor) -> None:
@@ -118,6 +131,8 @@ class DTAgent:
         self.t[rows] = 0
         self.current_rtg = torch.where(rows, self.target, self.current_rtg)
         self._stream_reset |= rows
+        if self.memory is not None:
+            self.memory = self.memory.reset(rows)
 
     def observe(self, rewards: np.ndarray | Tensor | float, dones: np.ndarray | Tensor | None = None) -> None:
         """After ``env.step``: R̂ ← R̂ − r, t ← t + 1; envs in ``dones`` start a new episode at the next act."""
@@ -156,6 +171,18 @@ class DTAgent:
             "mask": pad_steps(mask, lengths, pad),
         }
 
+    def _fold_full_segments(self) -> None:
+        """Segment mode: each env whose current segment holds K steps folds it into its memory and starts an
+        empty segment (the other rows keep theirs)."""
+        full = self.lengths >= self.model.context_len
+        if self.memory is None or not bool(full.any()):
+            return
+        out = self.model(**self.context(), state=self.memory, return_state=True)
+        self.memory = select_rows(full, out.state, self.memory)
+        for buf in (self.rtg, self.obs, self.act_hist, self.timesteps):
+            buf[full] = 0
+        self.lengths[full] = 0
+
     def _can_stream(self) -> bool:
         if self.mode != "auto" or not self.model.streams_exactly:
             return False
@@ -172,6 +199,7 @@ class DTAgent:
         model = self.model
         obs = torch.as_tensor(np.asarray(observations), device=self.device)
         obs = obs.reshape(self.num_envs, *model.obs_shape)
+        self._fold_full_segments()
         self._push(obs)
         rows = torch.arange(self.num_envs, device=self.device)
         cur = self.lengths - 1  # index of step t in the unpadded (left-aligned) history
@@ -204,13 +232,26 @@ class DTAgent:
         else:
             self._stream = None
             ctx = self.context()
-            out = model(**ctx)
+            out = model(**ctx) if self.memory is None else model(**ctx, state=self.memory)
             at = last_index(self.lengths, model.context_len, model.padding)
             action = model.to_action(out.predictions[rows, at], self.sample, self.generator)
             self.act_hist[rows, cur] = action.to(self.act_hist.dtype)
-            self.last_mode = "recompute"
+            self.last_mode = "recompute" if self.memory is None else "segment"
         self.calls[self.last_mode] += 1
         return action.cpu().numpy()
 
 
-__all__ = ["DTAgent"]
+def select_rows(rows: Tensor, new: S, old: S) -> S:
+    """``new``'s rows where ``rows`` (B,) is True, ``old``'s elsewhere (two states of the same structure)."""
+    olds: list[Tensor] = []
+    old.map(lambda t: olds.append(t) or t)  # type: ignore[func-returns-value]
+    it = iter(olds)
+
+    def pick(t: Tensor) -> Tensor:
+        o = next(it)
+        return torch.where(rows.to(t.device).view(-1, *([1] * (t.dim() - 1))), t, o)
+
+    return new.map(pick)
+
+
+__all__ = ["DTAgent", "select_rows"]
