@@ -235,7 +235,8 @@ def write_plot(results: dict[str, Any], path: Path) -> bool:
     rows = [r for r in data["rows"] if r["target"] == "kernel" and r["time_ms"] is not None]
     variants = sorted({r["variant"] for r in rows})
     styles = list(itertools.product(("-", "--", ":"), ("o", "s", "^", "v", "D", "x", "+", "*")))
-    colours = plt.get_cmap("tab10").colors
+    cmap = plt.get_cmap("tab10")
+    colours = [cmap(i) for i in range(10)]
     modes = [m for m in ("forward", "backward") if any(r["mode"] == m for r in rows)]
     if not modes:
         return False
