@@ -20,6 +20,7 @@ import torch
 import envs  # noqa: F401  (registers rlt/ ids)
 from rl_transformers.algos.distributed import DistContext
 from rl_transformers.algos.dt import DTTrainer, train
+from rl_transformers.algos.dt_checkpoint import load_policy
 from rl_transformers.algos.dt_config import DTConfig
 from rl_transformers.algos.dt_data import DTBatch, TrajectoryDataset, segment_backward
 from rl_transformers.policies.decision_transformer import DecisionTransformer, dt_backbone_config
@@ -261,8 +262,10 @@ def test_segment_memory_solves_what_the_window_misses(tmaze, tmp_path: Path) -> 
     memory = dt_backbone_config(
         d_model=32, n_layers=1, n_heads=2, dropout=0.0, memory="xl", memory_options={"mem_len": 12}
     )
-    segmented = train(tmaze_config(tmaze, tmp_path / "seg", backbone=memory, segments=3, **steps)).model
-    assert plain is not None and segmented is not None
+    result = train(tmaze_config(tmaze, tmp_path / "seg", backbone=memory, segments=3, **steps))
+    assert plain is not None and result.run_dir is not None
+    segmented = load_policy(result.run_dir)  # the checkpoint keeps segments: its rollout carries the memory
+    assert segmented.segments == 3
     plain_rate, segment_rate = success_rate(plain, 5), success_rate(segmented, 5)
     print(f"success: K=2 plain {plain_rate:.2f}, K=2 x 3 segments with xl memory {segment_rate:.2f}")
     assert plain_rate <= 0.5
