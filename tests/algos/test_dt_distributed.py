@@ -20,7 +20,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _worker(rank: int, world: int, port: int, dataset: str, out: str) -> None:
+def _worker(rank: int, world: int, port: int, dataset: str, out: str, segments: int = 1) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -30,9 +30,20 @@ def _worker(rank: int, world: int, port: int, dataset: str, out: str) -> None:
     )
     torch.set_num_threads(1)
     from rl_transformers.algos.dt import train
+    from rl_transformers.policies.decision_transformer import dt_backbone_config
 
+    # segments > 1: one backward per segment under no_sync, the gradients all-reduced at the last one
+    memory = dict(memory="xl", memory_options={"mem_len": 12}) if segments > 1 else {}
     config = tiny_config(
-        Path(dataset), Path(out), total_steps=5, eval_every=0, eval_episodes=0, save_every=5, device="cpu"
+        Path(dataset),
+        Path(out),
+        total_steps=5,
+        eval_every=0,
+        eval_episodes=0,
+        save_every=5,
+        device="cpu",
+        segments=segments,
+        backbone=dt_backbone_config(d_model=16, n_layers=1, n_heads=2, **memory),
     )
     try:
         result = train(config, run_dir=Path(out) / "run")
@@ -43,13 +54,14 @@ def _worker(rank: int, world: int, port: int, dataset: str, out: str) -> None:
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
-def test_two_gloo_ranks_keep_identical_parameters(tmp_path: Path) -> None:
+@pytest.mark.parametrize("segments", [1, 3], ids=["windows", "segments"])
+def test_two_gloo_ranks_keep_identical_parameters(tmp_path: Path, segments: int) -> None:
     dataset = cartpole_dataset(tmp_path / "cartpole.hdf5", n_good=2, n_random=4, max_steps=40)
     # spawn, not fork: a fork of the pytest worker copies its threads' held locks (execnet I/O, torch's pool),
     # which can deadlock a child; and a deadline, so a stuck rendezvous fails the test instead of hanging CI
     context = mp.start_processes(
         _worker,
-        args=(2, _free_port(), str(dataset), str(tmp_path)),
+        args=(2, _free_port(), str(dataset), str(tmp_path), segments),
         nprocs=2,
         start_method="spawn",
         join=False,
