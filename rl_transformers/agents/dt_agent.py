@@ -16,7 +16,8 @@ Batched envs: ``as_stateful_wrapper(target, num_envs=N)``, observations (N, *obs
 ``episode_start`` (N,) bool for envs whose episode begins with this observation (a vector env's previous
 ``terminated | truncated``); their reward is ignored and their context cleared. The wrapper drives the same
 :class:`~rl_transformers.policies.dt_rollout.DTAgent` as the trainer's evaluation, so the same seeds
-give the same episodes.
+give the same episodes. A model trained with ``--segments N`` carries its backbone memory across the episode
+(DTAgent's segment mode); ``reset()`` and ``episode_start`` clear it with the context.
 """
 
 from __future__ import annotations
