@@ -272,7 +272,9 @@ def test_plain_dt_misses_the_cue(tmaze, tmp_path: Path) -> None:
         pytest.param(
             "compressive", {"mem_len": 6, "cmem_len": 6, "rate": 2}, id="compressive", marks=pytest.mark.slow
         ),
-        pytest.param("knn", {}, id="knn", marks=pytest.mark.slow),
+        # A local window of 3 tokens: segment 0's cue reaches the junction only through the compressed memory
+        # (compressive) or the kNN store (knn).
+        pytest.param("knn", {"mem_len": 3, "store_size": 32, "top_k": 8}, id="knn", marks=pytest.mark.slow),
     ],
 )
 def test_segment_memory_reaches_the_cue(tmaze, tmp_path: Path, memory: str, options: dict[str, int]) -> None:
