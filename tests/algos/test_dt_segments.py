@@ -243,10 +243,10 @@ def success_rate(model: DecisionTransformer, corridor: int, episodes: int = 20) 
     for i in range(episodes):
         obs, _ = env.reset(seed=i, options={"goal": 1 if i % 2 else -1})
         agent.reset()
-        done, info = False, {}
+        done, info = False, dict[str, object]()
         while not done:
             obs, reward, terminated, truncated, info = env.step(int(agent.act(obs[None])[0]))
-            agent.observe([reward])
+            agent.observe(float(reward))
             done = terminated or truncated
         wins += bool(info.get("success"))
     env.close()
