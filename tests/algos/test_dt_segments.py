@@ -18,11 +18,13 @@ import pytest
 import torch
 
 import envs  # noqa: F401  (registers rlt/ ids)
+from rl_transformers import tags as T
 from rl_transformers.algos.distributed import DistContext
 from rl_transformers.algos.dt import DTTrainer, train
 from rl_transformers.algos.dt_checkpoint import load_policy
 from rl_transformers.algos.dt_config import DTConfig
 from rl_transformers.algos.dt_data import DTBatch, TrajectoryDataset, segment_backward
+from rl_transformers.algos.dt_setup import target_label
 from rl_transformers.policies.decision_transformer import DecisionTransformer, dt_backbone_config
 from rl_transformers.policies.dt_rollout import DTAgent
 from rl_transformers.utils import linear_warmup
@@ -282,8 +284,11 @@ def test_segment_memory_reaches_the_cue(tmaze, tmp_path: Path, memory: str, opti
     backbone = dt_backbone_config(
         d_model=32, n_layers=1, n_heads=2, dropout=0.0, memory=memory, memory_options=options
     )
-    result = train(tmaze_config(tmaze, tmp_path, backbone=backbone, segments=3, **LEARN))
+    evaluation = dict(eval_episodes=10, eval_envs=5) if memory == "xl" else {}  # the trainer's rollouts too
+    result = train(tmaze_config(tmaze, tmp_path, backbone=backbone, segments=3, **LEARN, **evaluation))
     assert result.run_dir is not None
+    if evaluation:  # 10 episodes from the trainer's evaluation (DTAgent in segment mode, 5 envs at once)
+        assert result.metrics[f"{T.EVAL_RETURN_MEAN}{target_label(1.0)}"] >= 0.9
     segmented = load_policy(result.run_dir)  # the checkpoint keeps segments: its rollout carries the memory
     assert segmented.segments == 3
     assert success_rate(segmented, 5) >= 0.9
