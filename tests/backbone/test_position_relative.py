@@ -309,3 +309,21 @@ def test_parameters_receive_gradients(name: str) -> None:
         assert p.grad is not None and torch.isfinite(p.grad).all(), pname
         per_layer = p.grad if p.dim() == 2 else p.grad.flatten(1)
         assert (per_layer.abs().sum(-1) > 0).all(), f"{pname}: a layer / head got no gradient"
+
+
+def test_xl_relative_init_matches_the_reference_scales() -> None:
+    """u, v ~ N(0, 0.02²) (Dai et al. 2019's reference code: ``init_std`` 0.02), W_R bias-free, and W_R at the
+    same scale as the key projection (the reference initialises both alike), so that at init the position
+    term (q + v)·W_R R is no larger than the content term (docs/results/xl_relative.md)."""
+    torch.manual_seed(0)
+    cfg = BackboneConfig(d_model=256, n_layers=2, n_heads=8, position="xl_relative")
+    bb = Backbone(cfg).requires_grad_(False)
+    pos = bb.position
+    for p in (pos.u, pos.v):
+        assert p.shape == (8, 32)
+        assert abs(float(p.std()) - 0.02) < 0.003 and abs(float(p.mean())) < 0.003
+    for layer in range(2):
+        w_r = pos.r_proj[layer]
+        assert w_r.bias is None and w_r.weight.shape == (256, 256)
+        k_proj = bb.depth.blocks[layer].attention.k_proj.weight
+        assert 0.9 < float(w_r.weight.std() / k_proj.std()) < 1.1
