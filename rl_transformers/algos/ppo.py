@@ -31,7 +31,9 @@ refused. Learning-rate rule: the rate anneals linearly from an anchor ``(update 
 last update, ``lr(u) = lr0 * (1 - (u - u0) / (num_updates - u0))``; a fresh run anchors at ``(0,
 learning_rate)``. A resume that changes the budget (hence ``num_updates``) re-anchors at the checkpoint's
 update with the rate the run had reached there, so the rate never jumps: it continues from that value
-down to 0 over the remaining updates. An unchanged budget keeps the anchor (bit-exact continuation).
+down to 0 over the remaining updates. An unchanged budget keeps the anchor (bit-exact continuation). With
+``anneal_horizon`` H the rate is a function of the env step alone, ``lr(s) = learning_rate * max(0, 1 - s / H)``,
+so two budgets share one schedule and a resume needs no anchor; ``--ppo.no-anneal-lr`` keeps it constant.
 """
 
 from __future__ import annotations
@@ -255,6 +257,8 @@ class PPOTrainer:
         if not ppo.anneal_lr:
             return ppo.learning_rate
         u = self.update if update is None else update
+        if ppo.anneal_horizon is not None:  # budget-independent: the env step where update u starts
+            return ppo.horizon_rate(u * self.batch_size)
         u0, lr0 = self.lr_anchor
         return linear_schedule(lr0, 0.0, (u - u0) / max(self.num_updates - u0, 1))
 

@@ -44,7 +44,11 @@ class PPOConfig:
     learning_rate: float = 3e-4
     """Adam learning rate (annealed linearly to 0 when anneal_lr)."""
     anneal_lr: bool = True
-    """Anneal the learning rate linearly to 0 over the run."""
+    """Anneal the learning rate linearly to 0 (over anneal_horizon, else over the run's budget)."""
+    anneal_horizon: int | None = None
+    """Env steps H over which the rate anneals, whatever the budget: lr(s) = learning_rate * max(0, 1 - s / H)
+    at the env step s where an update starts, 0 after H (needs anneal_lr). None: over the budget, so the
+    schedule depends on --total-timesteps (re-anchored when a resume changes it)."""
     adam_eps: float = 1e-5
     """Adam epsilon."""
     gamma: float = 0.99
@@ -89,6 +93,19 @@ class PPOConfig:
             check_number(f"{name} ({flag('ppo.' + name)})", getattr(self, name), low=0.0)
         check_positive("target_kl (--ppo.target-kl)", self.target_kl, optional=True)
         check_int("info_every (--ppo.info-every)", self.info_every, 0)
+        if self.anneal_horizon is not None:
+            check_int("anneal_horizon (--ppo.anneal-horizon)", self.anneal_horizon, 1)
+            if not self.anneal_lr:
+                raise UserError(
+                    f"anneal_horizon={self.anneal_horizon} (--ppo.anneal-horizon) needs an annealed rate; "
+                    "drop --ppo.no-anneal-lr, or drop --ppo.anneal-horizon for a constant rate"
+                )
+
+    def horizon_rate(self, step: int) -> float:
+        """The rate at env step ``step`` under ``anneal_horizon`` H: ``learning_rate * max(0, 1 - step / H)``."""
+        if self.anneal_horizon is None:
+            raise ValueError("horizon_rate needs anneal_horizon")
+        return self.learning_rate * max(0.0, 1.0 - step / self.anneal_horizon)
 
     def aux_weight(self, name: str) -> float:
         return self.aux_weights.get(name, self.aux_coef)
