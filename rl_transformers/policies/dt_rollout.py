@@ -210,7 +210,7 @@ class DTAgent:
                 self._stream_reset.zero_()
             steps = model.embed_steps(
                 self.rtg[rows, cur].float()[:, None],
-                obs[:, None],
+                self.obs[rows, cur][:, None],  # as stored, so stream and recompute see the same input
                 self.act_hist[rows, cur][:, None],
                 self.t[:, None],
             )
@@ -222,7 +222,7 @@ class DTAgent:
             self.act_hist[rows, cur] = action.to(self.act_hist.dtype)
             a_tok = model.embed_steps(
                 self.rtg[rows, cur].float()[:, None],
-                obs[:, None],
+                self.obs[rows, cur][:, None],
                 self.act_hist[rows, cur][:, None],
                 self.t[:, None],
             )[:, 0, n_in:]
