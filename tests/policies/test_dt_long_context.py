@@ -10,7 +10,7 @@ References are independent runs, never the code under test on the same inputs:
 - the rollout agent streaming (t < K) and sliding past K equals the agent that recomputes every step.
 
 Approximate attentions (performer, lsh, routing, ...) are compared with themselves (padded vs unpadded, fused vs
-generic), never with ``full``. Everything runs in float64 with dropout 0; the tolerance is 1e-10.
+generic), never with ``full``. Every position scheme is also run at K = 200 (600 tokens). Everything runs in float64 with dropout 0; the tolerance is 1e-10.
 """
 
 from __future__ import annotations
@@ -33,9 +33,11 @@ MAX_K = 200
 MAX_EP_LEN = 400  # > every timestep below: no row of the timestep table is shared by clamping
 
 
-def make_model(attention: str, k: int, seed: int = 0) -> DecisionTransformer:
+def make_model(attention: str, k: int, seed: int = 0, position: str = "none") -> DecisionTransformer:
     torch.manual_seed(seed)
-    cfg = dt_backbone_config(attention=attention, d_model=16, n_layers=2, n_heads=2, dropout=0.0)
+    cfg = dt_backbone_config(
+        attention=attention, position=position, d_model=16, n_layers=2, n_heads=2, dropout=0.0
+    )
     model = DecisionTransformer(OBS, ACT, cfg, context_len=k, max_ep_len=MAX_EP_LEN, return_scale=0.1)
     model.set_state_normalization(np.array([0.5, -1.0, 2.0]), np.array([2.0, 0.5, 1.0]))
     return model.double().eval()
@@ -81,8 +83,8 @@ def unpadded_generic(
         model.fused = fused
 
 
-def check_padded_equals_unpadded(attention: str, k: int, lengths: list[int]) -> None:
-    model = make_model(attention, k)
+def check_padded_equals_unpadded(attention: str, k: int, lengths: list[int], position: str = "none") -> None:
+    model = make_model(attention, k, position=position)
     batch = windows(k, lengths, seed=1, garbage=False)
     with torch.no_grad():
         padded = model(**batch).predictions  # the training forward: fused where the configuration allows it
@@ -131,6 +133,12 @@ def test_k200_padded_windows_equal_the_unpadded_generic_run(attention: str) -> N
             generic = model(**batch).predictions
         mask = batch["mask"]
         torch.testing.assert_close(fused[mask], generic[mask], rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("position", available()["position"])
+def test_every_position_scheme_at_k200(position: str) -> None:
+    """600 tokens under every position scheme (absolute ones included: right padding keeps positions 0..)."""
+    check_padded_equals_unpadded("full", 200, [200, 77, 5], position=position)
 
 
 @pytest.mark.parametrize("attention", CAUSAL_ATTENTIONS)
