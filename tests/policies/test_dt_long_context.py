@@ -8,6 +8,8 @@ References are independent runs, never the code under test on the same inputs:
 - "pad more": the same real steps in a longer window whose padded steps hold garbage (large random values,
   random actions and timesteps, ``mask`` False) give the same real-step predictions;
 - the rollout agent streaming (t < K) and sliding past K equals the agent that recomputes every step.
+- reach: from the last step of a K = 200 window, s_0 is seen by ``full`` and by ``local`` with a window of
+  200 tokens over 3 layers, not with 64.
 
 Approximate attentions (performer, lsh, routing, ...) are compared with themselves (padded vs unpadded, fused vs
 generic), never with ``full``. Every position scheme is also run at K = 200 (600 tokens). Everything runs in float64 with dropout 0; the tolerance is 1e-10.
@@ -33,10 +35,18 @@ MAX_K = 200
 MAX_EP_LEN = 400  # > every timestep below: no row of the timestep table is shared by clamping
 
 
-def make_model(attention: str, k: int, seed: int = 0, position: str = "none") -> DecisionTransformer:
+def make_model(
+    attention: str, k: int, seed: int = 0, position: str = "none", n_layers: int = 2, **options: object
+) -> DecisionTransformer:
     torch.manual_seed(seed)
     cfg = dt_backbone_config(
-        attention=attention, position=position, d_model=16, n_layers=2, n_heads=2, dropout=0.0
+        attention=attention,
+        attention_options=options,
+        position=position,
+        d_model=16,
+        n_layers=n_layers,
+        n_heads=2,
+        dropout=0.0,
     )
     model = DecisionTransformer(OBS, ACT, cfg, context_len=k, max_ep_len=MAX_EP_LEN, return_scale=0.1)
     model.set_state_normalization(np.array([0.5, -1.0, 2.0]), np.array([2.0, 0.5, 1.0]))
@@ -158,3 +168,22 @@ def test_agent_streaming_then_sliding_equals_recompute(attention: str) -> None:
         if mode == "auto":
             assert agent.calls["stream"] >= 10 and agent.calls["recompute"] >= 6
     np.testing.assert_allclose(actions["auto"], actions["recompute"], rtol=0, atol=TOL)
+
+
+def oldest_step_seen(model: DecisionTransformer) -> int:
+    """The oldest step whose observation the last step's prediction depends on (non-zero gradient)."""
+    k = model.context_len
+    batch = windows(k, [k], seed=4, garbage=False)
+    obs = batch.pop("observations").requires_grad_(True)
+    model.fused = False
+    model(observations=obs, **batch).predictions[0, k - 1].sum().backward()
+    assert obs.grad is not None
+    return int((obs.grad[0].abs().sum(-1) > 0).nonzero().min())
+
+
+def test_a_k200_window_reaches_the_first_step_only_if_the_attention_does() -> None:
+    """docs/offline_memory.md: a windowed attention sees s_0 from step 199 only when layers x window >= 3K."""
+    assert oldest_step_seen(make_model("full", 200, n_layers=3)) == 0
+    short = oldest_step_seen(make_model("local", 200, n_layers=3, window=64))
+    assert 100 < short < 199  # 3 layers of 64 tokens: about 64 steps back
+    assert oldest_step_seen(make_model("local", 200, n_layers=3, window=200)) == 0
