@@ -14,6 +14,8 @@ divided by 100 first, so both suites are on comparable scales (1 = the target).
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -29,14 +31,49 @@ SCALE = {"ppo": 1.0, "dt": 100.0}
 """Scores are divided by this before aggregating (DT normalized scores: 1 = the target)."""
 
 
+def normalized_auc(
+    curve: Sequence[Sequence[float]], budget: float, low: float, high: float, start: float | None = None
+) -> float:
+    """Normalized area under an evaluation curve (sample efficiency, issue 27.3), in [0, 1].
+
+    ``curve`` holds (env step, score) points with steps in [0, budget]. Each score is normalized by the task's
+    random score ``low`` and maximum ``high`` and clipped, ``n(v) = min(1, max(0, (v - low) / (high - low)))``.
+    Conventions: unless the curve has a point at step 0, the point ``(0, start)`` is put first, with ``start =
+    low`` by default (the untrained policy is taken to score the random score); the last score is held to the
+    budget B. With the points (s_0 = 0, n_0), ..., (s_m = B, n_m) in step order, the trapezoid rule gives
+
+        AUC = (1 / B) * sum_{i < m} (s_{i+1} - s_i) * (n_i + n_{i+1}) / 2
+
+    so 1 = the maximum score from step 0 on, 0 = never above the random score, and a linear ramp from random to
+    the maximum over the budget is 1/2. Two points at the same step (kept in the given order) make a vertical
+    jump: a step function's exact area.
+    """
+    if not (math.isfinite(budget) and budget > 0):
+        raise ValueError(f"budget must be a finite number > 0, got {budget!r}")
+    if not (math.isfinite(low) and math.isfinite(high) and high > low):
+        raise ValueError(f"need finite scores with high > low, got low={low!r}, high={high!r}")
+    points = sorted(((float(s), float(v)) for s, v in curve), key=lambda p: p[0])
+    bad = [p for p in points if not (0 <= p[0] <= budget and math.isfinite(p[1]))]
+    if bad:
+        raise ValueError(f"curve point {bad[0]} is outside steps [0, {budget}] or not finite")
+    if not points or points[0][0] > 0:
+        points.insert(0, (0.0, low if start is None else float(start)))
+    if points[-1][0] < budget:
+        points.append((float(budget), points[-1][1]))
+    norm = [(s, min(1.0, max(0.0, (v - low) / (high - low)))) for s, v in points]
+    area = sum((s1 - s0) * (n0 + n1) / 2 for (s0, n0), (s1, n1) in itertools.pairwise(norm))
+    return area / budget
+
+
 def score_matrices(
-    records: Sequence[dict[str, Any]], tasks: Sequence[str], scale: float = 1.0
+    records: Sequence[dict[str, Any]], tasks: Sequence[str], scale: float = 1.0, key: str = "score"
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """{encoder name: (n_seeds, n_tasks)} over the seeds complete on every task; {name: why left out}."""
+    """{encoder name: (n_seeds, n_tasks)} of each record's ``key`` (the final score, or e.g. a normalized AUC
+    added by the caller) over the seeds complete on every task; {name: why left out}."""
     by: dict[str, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
     for r in records:
-        if r.get("score") is not None and r["task"] in tasks:
-            by[r["encoder_name"]][r["task"]][int(r["seed"])] = float(r["score"]) / scale
+        if r.get(key) is not None and r["task"] in tasks:
+            by[r["encoder_name"]][r["task"]][int(r["seed"])] = float(r[key]) / scale
     out, incomplete = {}, {}
     for name, per_task in by.items():
         missing = [t for t in tasks if t not in per_task]
@@ -103,9 +140,11 @@ def aggregate(
     reference: str,
     scale: float = 1.0,
     reps: int = REPS,
+    key: str = "score",
 ) -> dict[str, Any]:
-    """Per encoder: IQM, CI, probability of improvement over ``reference``, seeds; plus the incomplete ones."""
-    scores, incomplete = score_matrices(records, tasks, scale)
+    """Per encoder: IQM, CI, probability of improvement over ``reference``, seeds; plus the incomplete ones
+    (of the records' ``key``: see :func:`score_matrices`)."""
+    scores, incomplete = score_matrices(records, tasks, scale, key)
     iqm = iqm_intervals(scores, reps)
     prob = improvement_over(scores, reference, reps)
     rows = {}
