@@ -55,6 +55,7 @@ from rl_transformers.algos.dt_setup import (
     default_return_scale,
     default_targets,
     env_factory,
+    episode_embedding_rows,
     target_label,
     time_limit,
 )
@@ -145,7 +146,7 @@ class DTTrainer:
         check_eval_seeds(episodes, config)
         self.make_env = env_factory(config, self.info)
         env_limit = time_limit(self.make_env) if config.eval_episodes > 0 else None
-        self.max_ep_len = config.max_ep_len or max(int(self.data.lengths.max()), env_limit or 0)
+        self.max_ep_len = episode_embedding_rows(config.max_ep_len, int(self.data.lengths.max()), env_limit)
         self.max_eval_steps = None if env_limit is not None else self.max_ep_len
         name = self.info.env_id or self.info.dataset_id or config.dataset
         self.return_scale = config.return_scale or default_return_scale(self.data.returns, name)

@@ -13,6 +13,7 @@ import gymnasium as gym
 import numpy as np
 
 from rl_transformers.algos.dt_config import DTConfig
+from rl_transformers.utils.errors import UserError
 
 __all__ = [
     "check_eval_seeds",
@@ -20,10 +21,26 @@ __all__ = [
     "default_return_scale",
     "default_targets",
     "env_factory",
+    "episode_embedding_rows",
     "round_target",
     "target_label",
     "time_limit",
 ]
+
+
+def episode_embedding_rows(given: int | None, longest_episode: int, env_limit: int | None) -> int:
+    """Rows of the timestep embedding: ``given`` (``--max-ep-len``) or the longest of the dataset's episodes and
+    the env's time limit. A ``given`` below the longest episode is refused: every later timestep would share the
+    last row, so the model could not tell those steps apart (silently, before)."""
+    if given is None:
+        return max(longest_episode, env_limit or 0)
+    if given < longest_episode:
+        raise UserError(
+            f"{given} is below the dataset's longest episode ({longest_episode} steps): its later "
+            f"timesteps would share one embedding row; use --max-ep-len >= {longest_episode}, or leave it unset",
+            source="--max-ep-len",
+        )
+    return given
 
 
 def default_return_scale(returns: np.ndarray, env_name: str | None) -> float:
