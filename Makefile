@@ -27,7 +27,7 @@ test-slow: venv
 	$(BIN)/python -m pytest -q -m slow -n 2 --max-worker-restart 0 --timeout 600 --timeout-method signal --durations 5 $(SLOW_IN)
 
 # The dependency floors: a second venv (.venv/lowest) with the lowest gymnasium, tyro, minari and SB3 that
-# pyproject.toml allows runs a smoke subset (.ci/lowest.sh). Not in .ci/run: a fresh one took ~4 min here.
+# pyproject.toml allows runs a smoke subset (.ci/lowest.sh); .ci/run runs it last (~1.5-4 min).
 lowest: venv
 	bash .ci/lowest.sh
 
