@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from rl_transformers.agents.run_listing import missing_run_message
-from rl_transformers.utils.checkpoint import InvalidCheckpointError, latest_checkpoint, read_checkpoint
+from rl_transformers.utils.checkpoint_load import InvalidCheckpointError, latest_checkpoint, read_checkpoint
 from rl_transformers.utils.errors import UserError
 from rl_transformers.utils.provenance import read_invocations
 

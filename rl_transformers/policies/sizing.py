@@ -140,7 +140,7 @@ def match_run_config(cfg: TrainConfig, echo: Callable[[str], Any] | None = print
 def _with_saved_width(cfg: TrainConfig) -> TrainConfig:
     """``cfg`` with the hidden_size saved in the checkpoint it resumes (unchanged when there is none to read:
     the trainer then reports the missing or foreign checkpoint itself)."""
-    from rl_transformers.utils.checkpoint import latest_checkpoint, load_checkpoint
+    from rl_transformers.utils.checkpoint_load import latest_checkpoint, load_checkpoint
     from rl_transformers.utils.resume import saved_config
 
     path = latest_checkpoint(cfg.resume) if cfg.resume is not None else None

@@ -1,7 +1,8 @@
 """Shared training infrastructure for the PPO (GTrXL) and Decision Transformer trainers.
 
 ``runs``: run directories and config JSON round trips; ``checkpoint``: atomic saves, RNG state and the
-``step_<n>`` / ``last`` / ``best`` checkpoint manager; ``training``: seeding, threads, graceful Ctrl-C,
+``step_<n>`` / ``last`` / ``best`` checkpoint manager; ``checkpoint_load``: the safe loader and the newest
+loadable checkpoint of a run; ``training``: seeding, threads, graceful Ctrl-C,
 finiteness checks and schedules. The logger lives in :mod:`rl_transformers.logging`.
 """
 
@@ -10,13 +11,15 @@ from __future__ import annotations
 from rl_transformers.utils.checkpoint import (
     CheckpointManager,
     CheckpointWriteError,
-    InvalidCheckpointError,
     atomic_save,
     capture_rng_state,
+    restore_rng_state,
+)
+from rl_transformers.utils.checkpoint_load import (
+    InvalidCheckpointError,
     latest_checkpoint,
     load_checkpoint,
     read_checkpoint,
-    restore_rng_state,
 )
 from rl_transformers.utils.runs import (
     from_dict,

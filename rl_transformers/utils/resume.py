@@ -27,7 +27,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from rl_transformers.utils.checkpoint import latest_checkpoint, load_checkpoint
+from rl_transformers.utils.checkpoint_load import latest_checkpoint, load_checkpoint
 from rl_transformers.utils.errors import UserError
 from rl_transformers.utils.runs import from_dict, to_jsonable
 
