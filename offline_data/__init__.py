@@ -20,14 +20,8 @@ from typing import Any
 from offline_data.d4rl_io import d4rl_to_minari, read_d4rl_hdf5, write_d4rl_hdf5
 from offline_data.episode import DatasetInfo, Episode, OfflineDataset, episode_returns
 from offline_data.loading import load_episodes
-from offline_data.minari_io import (
-    dataset_path,
-    infer_spaces,
-    minari_root,
-    read_minari,
-    validate_dataset_id,
-    write_minari_dataset,
-)
+from offline_data.minari_io import dataset_path, minari_root, read_minari, validate_dataset_id
+from offline_data.minari_write import infer_spaces, write_minari_dataset
 from offline_data.scores import D4RL_REF_SCORES, RefScores, env_family, normalized_score, reference_scores
 
 __all__ = [

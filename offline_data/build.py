@@ -47,7 +47,8 @@ from offline_data.behaviour import Training, algo_class, load_policy, train_beha
 from offline_data.build_config import KINDS, SEED_OFFSETS, BuildConfig, BuildResult, Kind
 from offline_data.episode import Episode, episode_returns
 from offline_data.errors import DatasetExistsError, DatasetNotFoundError
-from offline_data.minari_io import check_writable, dataset_path, write_minari_dataset
+from offline_data.minari_io import dataset_path
+from offline_data.minari_write import check_writable, write_minari_dataset
 from offline_data.rollouts import (
     Actor,
     collect_episodes,

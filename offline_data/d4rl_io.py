@@ -23,12 +23,8 @@ import numpy as np
 from offline_data.env_check import file_env_spec
 from offline_data.episode import DatasetInfo, Episode, OfflineDataset
 from offline_data.errors import DatasetError, DatasetExistsError, DatasetNotFoundError
-from offline_data.minari_io import (
-    _makeable,
-    check_action_space,
-    infer_spaces,
-    write_minari_dataset,
-)
+from offline_data.minari_io import check_action_space
+from offline_data.minari_write import _makeable, infer_spaces, write_minari_dataset
 from offline_data.scores import D4RL_REF_SCORES, env_family
 from rl_transformers.utils.atomic import atomic_file
 

@@ -38,7 +38,8 @@ from offline_data.memory_tasks import (
     make_task_env,
     random_episode_mask,
 )
-from offline_data.minari_io import check_writable, dataset_path, validate_dataset_id, write_minari_dataset
+from offline_data.minari_io import dataset_path, validate_dataset_id
+from offline_data.minari_write import check_writable, write_minari_dataset
 
 __all__ = ["MemoryBuildConfig", "MemoryDataset", "build_memory_datasets", "main"]
 

@@ -192,10 +192,10 @@ def _episodes(n: int = 3, steps: int = 20) -> list[Episode]:
 
 
 def test_dataset_write_refuses_a_disk_without_room(tmp_path: Path, monkeypatch) -> None:
-    from offline_data import minari_io
+    from offline_data import minari_write
 
     usage = shutil.disk_usage(tmp_path)
-    monkeypatch.setattr(minari_io.shutil, "disk_usage", lambda p: usage._replace(free=100_000))
+    monkeypatch.setattr(minari_write.shutil, "disk_usage", lambda p: usage._replace(free=100_000))
     with pytest.raises(DatasetError, match="no space left on device for Minari dataset 'test/p/medium-v0'"):
         write_minari_dataset("test/p/medium-v0", _episodes(), env="Pendulum-v1", root=tmp_path)
     assert [p.name for p in tmp_path.rglob("*") if not p.name.startswith(".")] == []  # nothing visible
