@@ -24,7 +24,7 @@ from offline_data.env_check import file_env_spec
 from offline_data.episode import DatasetInfo, Episode, OfflineDataset
 from offline_data.errors import DatasetError, DatasetExistsError, DatasetNotFoundError
 from offline_data.minari_io import check_action_space
-from offline_data.minari_write import _makeable, infer_spaces, write_minari_dataset
+from offline_data.minari_write import env_makeable, infer_spaces, write_minari_dataset
 from offline_data.scores import D4RL_REF_SCORES, env_family
 from rl_transformers.utils.atomic import atomic_file
 
@@ -309,7 +309,7 @@ def d4rl_to_minari(
         ref_min_score, ref_max_score = info.ref_min_score, info.ref_max_score
     write_kwargs.setdefault("description", f"Converted from the D4RL-format file {Path(path).name}.")
     # a makeable env's spaces (true bounds) beat the ones inferred from the data
-    env_spaces = info.env_spec is not None and _makeable(info.env_spec)
+    env_spaces = info.env_spec is not None and env_makeable(info.env_spec)
     return write_minari_dataset(
         dataset_id,
         episodes,

@@ -30,6 +30,7 @@ from rl_transformers.utils.atomic import clean_stale, new_temp_dir, replace_dir
 __all__ = [
     "check_free_space",
     "check_writable",
+    "env_makeable",
     "infer_spaces",
     "write_minari_dataset",
 ]
@@ -100,7 +101,8 @@ def _as_spec(env: str | EnvSpec | gym.Env | None, allow_env_modules: Sequence[st
     return resolve_env(env, source="the env given to write_minari_dataset", allow_modules=allow_env_modules)
 
 
-def _makeable(spec: EnvSpec) -> bool:
+def env_makeable(spec: EnvSpec) -> bool:
+    """Whether ``spec`` builds here (its dependencies installed), so its spaces can be read from the env."""
     try:
         gym.make(spec).close()
     except Exception:  # e.g. gymnasium.error.DependencyNotInstalled for MuJoCo without `mujoco`
@@ -182,7 +184,7 @@ def write_minari_dataset(
         )
     env_spec = _as_spec(env, allow_env_modules)
     eval_spec = _as_spec(eval_env, allow_env_modules) or env_spec
-    if env_spec is not None and _makeable(env_spec):
+    if env_spec is not None and env_makeable(env_spec):
         with contextlib.closing(gym.make(env_spec)) as made:
             observation_space = observation_space or made.observation_space
             action_space = action_space or made.action_space

@@ -8,19 +8,14 @@ finiteness checks and schedules. The logger lives in :mod:`rl_transformers.loggi
 
 from __future__ import annotations
 
-from rl_transformers.utils.checkpoint import (
-    CheckpointManager,
-    CheckpointWriteError,
-    atomic_save,
-    capture_rng_state,
-    restore_rng_state,
-)
+from rl_transformers.utils.checkpoint import CheckpointManager, CheckpointWriteError, atomic_save
 from rl_transformers.utils.checkpoint_load import (
     InvalidCheckpointError,
     latest_checkpoint,
     load_checkpoint,
     read_checkpoint,
 )
+from rl_transformers.utils.rng import capture_rng_state, restore_rng_state
 from rl_transformers.utils.runs import (
     from_dict,
     load_config,

@@ -1,12 +1,8 @@
-"""Crash-safe checkpoints, RNG state capture, and a manager for ``step_<n>.pt`` / ``last.pt`` / ``best.pt``.
+"""Crash-safe checkpoints and a manager for ``step_<n>.pt`` / ``last.pt`` / ``best.pt``.
 
 Method: :func:`atomic_save` writes with ``torch.save`` into a temporary file in the destination directory,
 ``fsync``s it, then ``os.replace``s it over the target, so a crash or Ctrl-C mid-write leaves either the old
-file or the new one, never a torn one. :func:`capture_rng_state` snapshots the global generators (Python
-``random``, NumPy's legacy global ``np.random``, torch CPU and every CUDA device) as tensors and plain
-Python containers, so checkpoints load with ``torch.load(weights_only=True)``; restoring it makes the next
-draws identical to an uninterrupted run. Generators the trainer owns (Gymnasium env ``np_random``, explicit
-``torch.Generator`` / ``np.random.Generator`` objects) are not global and must be saved by the trainer.
+file or the new one, never a torn one. RNG state capture lives in :mod:`rl_transformers.utils.rng`.
 
 :class:`CheckpointManager` lays out ``<run_dir>/checkpoints/``::
 
@@ -39,15 +35,12 @@ import torch
 from rl_transformers.utils.atomic import atomic_link, atomic_write, atomic_write_json
 from rl_transformers.utils.checkpoint_load import read_checkpoint, step_files
 from rl_transformers.utils.errors import UserError
-from rl_transformers.utils.rng import capture_rng_state, restore_rng_state
 from rl_transformers.utils.safe_paths import run_subdir
 
 __all__ = [
     "CheckpointManager",
     "CheckpointWriteError",
     "atomic_save",
-    "capture_rng_state",
-    "restore_rng_state",
 ]
 
 META_KEY = "checkpoint_meta"
