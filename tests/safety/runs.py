@@ -1,4 +1,5 @@
-"""Shared pieces of the safety tests: a tiny PPO run config and a hostile pickle payload."""
+"""Shared pieces of the safety tests: a tiny PPO run config, a hostile pickle payload, a checkpoint rewriter and
+small random episodes."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import os
 import pickle
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from offline_data.episode import Episode
 from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
 from rl_transformers.policies import PolicyConfig, gtrxl_backbone
 
@@ -43,3 +46,29 @@ class Evil:
 def evil_bytes(marker: Path) -> torch.Tensor:
     """The pickled :class:`Evil` as a uint8 tensor, the shape of a checkpoint's byte fields."""
     return torch.frombuffer(bytearray(pickle.dumps(Evil(marker))), dtype=torch.uint8)
+
+
+def rewrite_last(run: Path, change) -> Path:
+    """Replace ``<run>/checkpoints/last.pt`` by a new file (not through a hard link) holding ``change(ckpt)``."""
+    path = run / "checkpoints" / "last.pt"
+    ckpt = torch.load(path, weights_only=True)
+    change(ckpt)
+    path.unlink()
+    torch.save(ckpt, path)
+    return path
+
+
+def random_episodes(n: int = 2, steps: int = 5) -> list[Episode]:
+    """``n`` Pendulum-shaped episodes of ``steps`` random steps (obs 3, action 1), truncated at the end."""
+    rng = np.random.default_rng(0)
+    return [
+        Episode(
+            observations=rng.normal(size=(steps, 3)).astype(np.float32),
+            actions=rng.uniform(-2, 2, size=(steps, 1)).astype(np.float32),
+            rewards=rng.normal(size=steps),
+            terminations=np.zeros(steps, bool),
+            truncations=np.r_[np.zeros(steps - 1, bool), True],
+            next_observations=rng.normal(size=(steps, 3)).astype(np.float32),
+        )
+        for _ in range(n)
+    ]

@@ -36,7 +36,7 @@ from rl_transformers.utils import (
 from rl_transformers.utils.errors import UserError
 from rl_transformers.utils.resume import parse_cli
 from rl_transformers.utils.trust import sign_blob
-from tests.safety.runs import BATCH, Evil, evil_bytes, tiny
+from tests.safety.runs import BATCH, Evil, evil_bytes, rewrite_last, tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,16 +54,6 @@ def run_copy(ppo_run: Path, tmp_path: Path) -> Path:
     dst = tmp_path / "run"
     shutil.copytree(ppo_run, dst)
     return dst
-
-
-def rewrite(run: Path, change) -> Path:
-    """Replace last.pt by a new file (not through the hard link) holding ``change(ckpt)``."""
-    path = run / "checkpoints" / "last.pt"
-    ckpt = torch.load(path, weights_only=True)
-    change(ckpt)
-    path.unlink()
-    torch.save(ckpt, path)
-    return path
 
 
 def resume_cfg(ppo_run: Path, run: Path, **kw) -> TrainConfig:
@@ -103,7 +93,7 @@ def test_every_byte_field_is_inert_on_resume(ppo_run: Path, tmp_path: Path) -> N
         run = tmp_path / f"run{i}"
         shutil.copytree(ppo_run, run)
         marker = tmp_path / f"marker{i}"
-        path = rewrite(run, lambda c, f=field, m=marker: set_path(c, f, evil_bytes(m)))
+        path = rewrite_last(run, lambda c, f=field, m=marker: set_path(c, f, evil_bytes(m)))
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -124,7 +114,7 @@ def test_forged_and_foreign_signatures_are_refused(
     with monkeypatch.context() as m:
         m.setenv("RLT_HOME", str(tmp_path / "attacker"))
         forged = sign_blob(Evil(marker), RESUME_BLOB)  # valid under the attacker's key
-    path = rewrite(run_copy, lambda c: c.__setitem__(RESUME_BLOB, forged))
+    path = rewrite_last(run_copy, lambda c: c.__setitem__(RESUME_BLOB, forged))
     with pytest.warns(UserWarning, match="does not match this user's key") as caught:
         train(resume_cfg(ppo_run, run_copy))
     assert str(path) in str(caught[0].message) and "--trust-checkpoint" in str(caught[0].message)
@@ -139,7 +129,7 @@ def test_legacy_unsigned_pickles_are_not_loaded(ppo_run: Path, run_copy: Path, t
         del c[RESUME_BLOB]
         c["envs"], c["loop"] = evil_bytes(marker), evil_bytes(marker)
 
-    path = rewrite(run_copy, legacy)
+    path = rewrite_last(run_copy, legacy)
     with pytest.warns(UserWarning, match="older version") as caught:
         train(resume_cfg(ppo_run, run_copy))
     assert str(path) in str(caught[0].message)
@@ -154,7 +144,7 @@ def test_trust_flag_is_never_read_from_the_checkpoint(run_copy: Path, tmp_path: 
         c["config"]["trust_checkpoint"] = True
         c[RESUME_BLOB]["data"] = evil_bytes(marker)
 
-    rewrite(run_copy, crafted)
+    rewrite_last(run_copy, crafted)
     cfg = parse_cli(TrainConfig, per_invocation=RESUME_PER_INVOCATION, argv=["--resume", str(run_copy)])
     assert cfg.trust_checkpoint is False
     with pytest.warns(UserWarning, match="not unpickled"):
@@ -212,7 +202,7 @@ def test_hostile_checkpoints_through_the_scripts(run_copy: Path, ppo_run: Path, 
     assert out.returncode != 0 and str(evil_policy) in out.stderr and "not a valid checkpoint" in out.stderr
     assert "Traceback" not in out.stderr
     # train_gtrxl.py --resume with a malicious env blob: resumes with fresh episodes, names the file
-    path = rewrite(run_copy, lambda c: c[RESUME_BLOB].__setitem__("data", evil_bytes(marker)))
+    path = rewrite_last(run_copy, lambda c: c[RESUME_BLOB].__setitem__("data", evil_bytes(marker)))
     out = run_script("scripts/train_gtrxl.py", "--resume", str(run_copy), "--total-timesteps", str(3 * BATCH))
     assert out.returncode == 0, out.stderr
     assert str(path) in out.stderr and "not unpickled" in out.stderr
@@ -259,7 +249,7 @@ def test_truncated_and_garbage_files(run_copy: Path) -> None:
     ids=["str-for-float", "float-for-int", "str-for-bool", "no-ppo", "no-backbone", "no-config", "literal"],
 )
 def test_bad_checkpoint_config_is_a_clear_error(ppo_run: Path, run_copy: Path, change, expected: str) -> None:
-    path = rewrite(run_copy, change)
+    path = rewrite_last(run_copy, change)
     for load in (lambda: load_policy(path), lambda: train(resume_cfg(ppo_run, path))):
         with pytest.raises(UserError) as info:
             load()
@@ -267,12 +257,12 @@ def test_bad_checkpoint_config_is_a_clear_error(ppo_run: Path, run_copy: Path, c
 
 
 def test_other_observation_space_is_a_clear_error(run_copy: Path) -> None:
-    path = rewrite(run_copy, lambda c: c["config"].__setitem__("env_id", "CartPole-v1"))
+    path = rewrite_last(run_copy, lambda c: c["config"].__setitem__("env_id", "CartPole-v1"))
     with pytest.raises(UserError, match="was trained on observation space") as info:
         load_policy(path)
     assert str(path) in str(info.value) and "'CartPole-v1' has observation space Box" in str(info.value)
     # a checkpoint written before the spaces were recorded: same message from the weight shapes
-    path = rewrite(run_copy, lambda c: c.pop("spaces"))
+    path = rewrite_last(run_copy, lambda c: c.pop("spaces"))
     with pytest.raises(UserError, match="the weight shapes differ"):
         load_policy(path)
 

@@ -16,13 +16,11 @@ import zipfile
 from pathlib import Path
 
 import gymnasium as gym
-import numpy as np
 import pytest
 import torch
 
 from offline_data import write_minari_dataset
 from offline_data.build import BuildConfig, build_datasets
-from offline_data.episode import Episode
 from offline_data.errors import DatasetError
 from offline_data.sb3_state import load_policy_weights
 from rl_transformers.agents import load as load_agent
@@ -33,7 +31,7 @@ from rl_transformers.utils import CheckpointManager, CheckpointWriteError, to_js
 from rl_transformers.utils import checkpoint as checkpoint_module
 from rl_transformers.utils.checks import MAX_EVAL_EPISODES, MAX_NUM_ENVS
 from rl_transformers.utils.errors import UserError, run_cli, storage_failure
-from tests.safety.runs import BATCH, Evil, tiny
+from tests.safety.runs import BATCH, Evil, random_episodes, rewrite_last, tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCH_ADVICE = "weights_only` set to `False"
@@ -54,15 +52,6 @@ def run_copy(ppo_run: Path, tmp_path: Path) -> Path:
 
 def resume(ppo_run: Path, run: Path) -> TrainConfig:
     return dataclasses.replace(tiny(ppo_run.parents[2], updates=3, save_every=BATCH), resume=str(run))
-
-
-def rewrite_last(run: Path, change) -> Path:
-    path = run / "checkpoints" / "last.pt"
-    ckpt = torch.load(path, weights_only=True)
-    change(ckpt)
-    path.unlink()
-    torch.save(ckpt, path)
-    return path
 
 
 def script(*args: str) -> subprocess.CompletedProcess:
@@ -176,28 +165,13 @@ def test_full_disk_anywhere_is_an_error_line(capsys) -> None:
         run_cli(bug, argv=["x"])
 
 
-def _episodes(n: int = 3, steps: int = 20) -> list[Episode]:
-    rng = np.random.default_rng(0)
-    return [
-        Episode(
-            observations=rng.normal(size=(steps, 3)).astype(np.float32),
-            actions=rng.uniform(-2, 2, size=(steps, 1)).astype(np.float32),
-            rewards=rng.normal(size=steps),
-            terminations=np.zeros(steps, bool),
-            truncations=np.r_[np.zeros(steps - 1, bool), True],
-            next_observations=rng.normal(size=(steps, 3)).astype(np.float32),
-        )
-        for _ in range(n)
-    ]
-
-
 def test_dataset_write_refuses_a_disk_without_room(tmp_path: Path, monkeypatch) -> None:
     from offline_data import minari_write
 
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(minari_write.shutil, "disk_usage", lambda p: usage._replace(free=100_000))
     with pytest.raises(DatasetError, match="no space left on device for Minari dataset 'test/p/medium-v0'"):
-        write_minari_dataset("test/p/medium-v0", _episodes(), env="Pendulum-v1", root=tmp_path)
+        write_minari_dataset("test/p/medium-v0", random_episodes(3, 20), env="Pendulum-v1", root=tmp_path)
     assert [p.name for p in tmp_path.rglob("*") if not p.name.startswith(".")] == []  # nothing visible
 
 

@@ -23,7 +23,6 @@ import pytest
 from envs.resolve import EnvRefusedError, allow_env_modules, make_env, resolve_env
 from offline_data import (
     DatasetInfo,
-    Episode,
     d4rl_to_minari,
     load_episodes,
     read_d4rl_hdf5,
@@ -33,6 +32,7 @@ from offline_data import (
 from offline_data.errors import DatasetError
 from rl_transformers.algos.env_util import make_env_thunk, make_vec_env
 from rl_transformers.algos.evaluation import evaluate_policy
+from tests.safety.runs import random_episodes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,23 +41,8 @@ def _evil_spec(marker: Path, **extra: object) -> dict:
     return {"id": "Evil-v0", "entry_point": "os:system", "kwargs": {"command": f"touch {marker}"}, **extra}
 
 
-def _episodes(n: int = 2, steps: int = 5) -> list[Episode]:
-    rng = np.random.default_rng(0)
-    return [
-        Episode(
-            observations=rng.normal(size=(steps, 3)).astype(np.float32),
-            actions=rng.uniform(-2, 2, size=(steps, 1)).astype(np.float32),
-            rewards=rng.normal(size=steps),
-            terminations=np.zeros(steps, bool),
-            truncations=np.r_[np.zeros(steps - 1, bool), True],
-            next_observations=rng.normal(size=(steps, 3)).astype(np.float32),
-        )
-        for _ in range(n)
-    ]
-
-
 def _evil_hdf5(path: Path, marker: Path, key: str = "env_spec", value: object = None) -> Path:
-    episodes = _episodes()
+    episodes = random_episodes()
     with h5py.File(path, "w") as file:
         file["observations"] = np.concatenate([ep.observations for ep in episodes])
         file["actions"] = np.concatenate([ep.actions for ep in episodes])
@@ -70,7 +55,7 @@ def _evil_hdf5(path: Path, marker: Path, key: str = "env_spec", value: object = 
 
 
 def _evil_minari(root: Path, marker: Path, drop_spaces: bool = False) -> Path:
-    path = write_minari_dataset("evil/data-v0", _episodes(), env="Pendulum-v1", root=root)
+    path = write_minari_dataset("evil/data-v0", random_episodes(), env="Pendulum-v1", root=root)
     meta_path = path / "data" / "metadata.json"
     meta = json.loads(meta_path.read_text())
     evil = json.dumps(_evil_spec(marker, additional_wrappers=[]))  # parseable by Minari's EnvSpec.from_json
