@@ -18,7 +18,7 @@ import torch
 import tyro
 
 from rl_transformers.study.encoders import ppo_encoders, select
-from rl_transformers.study.probe_grid import ProbeConfig, estimate, plan_rows, run_grid
+from rl_transformers.study.probe_grid import ProbeConfig, estimate, plan_rows, restore_cells, run_grid
 from rl_transformers.utils.errors import run_cli
 
 
@@ -29,6 +29,10 @@ def main(cfg: ProbeConfig) -> None:
     if cfg.dry_run:
         print(estimate(cfg, rows))
         return
+    if cfg.docs is not None:  # a fresh checkout starts from the committed cells, never below them
+        restored = restore_cells(cfg, rows, cfg.docs / "memory_probe.json")
+        if restored:
+            print(f"restored {restored} finished cells from {cfg.docs / 'memory_probe.json'} into {cfg.out}")
     if not cfg.report_only:
         run_grid(cfg, rows)
     if cfg.docs is not None:

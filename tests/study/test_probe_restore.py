@@ -1,0 +1,48 @@
+"""A fresh checkout rebuilds the committed memory-probe documents from them (probe_grid.restore_cells)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rl_transformers.study.encoders import ppo_encoders, select
+from rl_transformers.study.probe_grid import ProbeConfig, ProbeSettings, plan_rows, restore_cells
+from rl_transformers.study.probe_report import cell_records
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "results" / "memory_probe.json"
+
+
+def _plan(committed: dict, out: Path) -> tuple[ProbeConfig, list]:
+    encoders = sorted({c["encoder"] for c in committed["cells"]})
+    cfg = ProbeConfig(
+        out=out,
+        encoders=tuple(encoders),
+        ks=tuple(committed["ks"]),
+        seeds=tuple(committed["seeds"]),
+        bounds=tuple(committed["bounds"]),
+        settings=ProbeSettings(**committed["settings"]),
+    )
+    all_encoders, _ = ppo_encoders(match=True)
+    return cfg, plan_rows(select(all_encoders, cfg.encoders), cfg.bounds)
+
+
+def test_committed_cells_restore_into_an_empty_out_and_give_the_same_records(tmp_path: Path) -> None:
+    committed = json.loads(DOCS.read_text())
+    cfg, rows = _plan(committed, tmp_path / "cells")
+    assert cell_records(cfg, rows) == []  # nothing measured here: without restore the page would be empty
+    assert restore_cells(cfg, rows, DOCS) == len(committed["cells"])
+    assert cell_records(cfg, rows) == committed["cells"]
+    assert restore_cells(cfg, rows, DOCS) == 0  # existing cells are never overwritten
+
+
+def test_other_settings_or_non_finite_records_are_not_restored(tmp_path: Path) -> None:
+    committed = json.loads(DOCS.read_text())
+    cfg, rows = _plan(committed, tmp_path / "cells")
+    other = dict(
+        committed, settings={**committed["settings"], "updates": committed["settings"]["updates"] + 1}
+    )
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    assert restore_cells(cfg, rows, tmp_path / "other.json") == 0
+    bad = dict(committed, cells=[dict(c, accuracy=float("nan")) for c in committed["cells"]])
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    assert restore_cells(cfg, rows, tmp_path / "bad.json") == 0
