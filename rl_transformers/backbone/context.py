@@ -55,6 +55,10 @@ class ForwardContext:
 
     embed: Any = None
     """Callable (x, pos, layer) -> x adding per-layer input embeddings (absolute positional schemes)."""
+    segment: Tensor | None = None
+    """(B, T) long, or None: the stream segment of each new token when rows restart inside the chunk
+    (``Backbone.forward(starts=...)``): 0 continues the carried state, k counts the restarts up to the token.
+    Carried keys (memory, KV cache) belong to segment 0; a query sees keys of its own segment only."""
 
     def enter_layer(self, x: Tensor, layer: int) -> Tensor:
         """Called by depth controllers with the hidden states entering ``layer`` (adds input embeddings)."""

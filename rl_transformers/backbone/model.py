@@ -7,7 +7,11 @@ module's state, and the depth controller's state. It is returned, never stored o
 with many envs, DT rollouts) keep, slice, reset and detach it themselves.
 
 ``reset`` (B,) bool clears rows before this chunk (an episode starts); ``key_padding_mask`` (B, T) bool marks
-real tokens (False = padding: never attended to by other tokens).
+real tokens (False = padding: never attended to by other tokens). ``starts`` (B, T) bool restarts rows inside
+the chunk: a token with ``starts`` True and the tokens after it see neither the state nor the earlier tokens,
+and their positions count from 0 there, as if the chunk had been cut at the start and the rest run from a reset
+state (``starts[:, 0]`` acts as ``reset``). Only backbones whose parts support it take it
+(:attr:`Backbone.segments_unsupported`); PPO re-runs stored sequences this way instead of packing their pieces.
 """
 
 from __future__ import annotations
@@ -85,6 +89,20 @@ class Backbone(nn.Module):
             depth=self.depth.init_state(batch_size, device, dtype),
         )
 
+    @property
+    def segments_unsupported(self) -> str | None:
+        """Why ``forward(starts=...)`` is refused (None: supported): the attention must mask by segment
+        (``Attention.segment_masks``), the memory be none or ``xl``, the depth ``fixed``, the block not
+        ``reversible``."""
+        cfg = self.cfg
+        if not registry.get("attention", cfg.attention).cls.segment_masks:
+            return f"attention {cfg.attention!r} does not mask by segment"
+        if cfg.memory not in (None, "xl"):
+            return f"memory {cfg.memory!r} is not segment-aware"
+        if cfg.depth != "fixed" or cfg.block == "reversible":
+            return f"depth {cfg.depth!r} / block {cfg.block!r} is not segment-aware"
+        return None
+
     # -- forward ----------------------------------------------------------------------------------------------
     def forward(
         self,
@@ -92,12 +110,20 @@ class Backbone(nn.Module):
         state: BackboneState | None = None,
         reset: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
+        starts: Tensor | None = None,
     ) -> BackboneOutput:
         if x.dim() != 3 or x.shape[-1] != self.cfg.d_model:
             raise ValueError(f"expected x of shape (B, T, {self.cfg.d_model}), got {tuple(x.shape)}")
         b, t, _ = x.shape
         if state is None:
             state = self.init_state(b, x.device, x.dtype)
+        segment = None
+        if starts is not None:
+            if (reason := self.segments_unsupported) is not None:
+                raise ValueError(f"starts (restarts inside a chunk) is not supported here: {reason}")
+            starts = starts.to(torch.bool)
+            reset = starts[:, 0] if reset is None else reset.to(torch.bool) | starts[:, 0]
+            segment = starts.long().cumsum(1)
         if reset is not None:
             state = state.reset(reset.to(torch.bool))
         valid = (
@@ -105,7 +131,11 @@ class Backbone(nn.Module):
             if key_padding_mask is None
             else key_padding_mask.to(torch.bool)
         )
-        pos = state.pos[:, None] + torch.arange(t, device=x.device)
+        steps = torch.arange(t, device=x.device)
+        pos = state.pos[:, None] + steps
+        if starts is not None:  # positions count from each row's last start (cummax: no host sync)
+            last = torch.where(starts, steps, -1).cummax(1).values
+            pos = torch.where(last >= 0, steps - last, pos)
         ctx = ForwardContext(
             pos=pos,
             valid=valid,
@@ -115,12 +145,14 @@ class Backbone(nn.Module):
             info={} if self.collect_info else None,
             memory=self.memory.read(state.memory) if self.memory is not None else None,
             embed=self.position.embed if self.position.kind == "input" else None,
+            segment=segment,
         )
         ctx.extras["memory_state"] = state.memory
         h, layers, depth_state = self.depth(x, ctx, state.layers, state.depth)
         y = self.final_norm(h)
         memory = self.memory.write(state.memory, ctx) if self.memory is not None else None
-        new_state = BackboneState(pos=state.pos + t, layers=layers, memory=memory, depth=depth_state)
+        new_pos = state.pos + t if starts is None else pos[:, -1] + 1
+        new_state = BackboneState(pos=new_pos, layers=layers, memory=memory, depth=depth_state)
         return BackboneOutput(y=y, state=new_state, aux_losses=ctx.aux, info=ctx.info or {})
 
 

@@ -51,6 +51,9 @@ class Core(nn.Module):
     d_out: int
     stateful: bool = True
     """False for memory-less cores: sequences need no cutting at episode starts."""
+    segments: bool = False
+    """True when ``forward`` takes ``starts`` (B, T) bool and restarts rows inside the chunk itself
+    (``Backbone.forward(starts=...)``), so stored sequences need no cutting into pieces."""
 
     def initial_state(self, batch: int, device: torch.device | str, dtype: torch.dtype) -> State:
         raise NotImplementedError
@@ -113,14 +116,20 @@ class TransformerCore(Core):
         super().__init__()
         self.backbone = Backbone(cfg)
         self.d_in = self.d_out = cfg.d_model
+        self.segments = type(self) is TransformerCore and self.backbone.segments_unsupported is None
 
     def initial_state(self, batch: int, device: torch.device | str, dtype: torch.dtype) -> State:
         return self.backbone.init_state(batch, device, dtype)
 
     def forward(
-        self, x: Tensor, state: Any, reset: Tensor | None = None, valid: Tensor | None = None
+        self,
+        x: Tensor,
+        state: Any,
+        reset: Tensor | None = None,
+        valid: Tensor | None = None,
+        starts: Tensor | None = None,
     ) -> CoreOutput:
-        out = self.backbone(x, state=state, reset=reset, key_padding_mask=valid)
+        out = self.backbone(x, state=state, reset=reset, key_padding_mask=valid, starts=starts)
         return CoreOutput(out.y, out.state, out.aux_losses, out.info)
 
     @property
@@ -160,8 +169,15 @@ class ContextCore(TransformerCore):
         )
 
     def forward(
-        self, x: Tensor, state: Any, reset: Tensor | None = None, valid: Tensor | None = None
+        self,
+        x: Tensor,
+        state: Any,
+        reset: Tensor | None = None,
+        valid: Tensor | None = None,
+        starts: Tensor | None = None,
     ) -> CoreOutput:
+        if starts is not None:
+            raise ValueError("ContextCore does not restart rows inside a chunk (segments=False): cut them")
         if reset is not None:
             state = state.reset(reset.to(torch.bool))
         t = x.shape[1]

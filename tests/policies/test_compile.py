@@ -4,7 +4,7 @@ eager.
 Every configuration is the GTrXL policy (gated blocks, XL memory, ``xl_relative`` positions; ``rope`` for the
 kernel attentions, which refuse score schemes) with one attention or memory swapped in. Inputs are random, with
 episode resets at random envs and steps while acting and episode starts inside the training sequences (cut
-into packed pieces). Compiled and eager run in float64 and must agree to 1e-9 (absolute and relative), values,
+into packed pieces, or restarted inside the core where it masks by episode: ``Core.segments``). Compiled and eager run in float64 and must agree to 1e-9 (absolute and relative), values,
 carried states and parameter gradients alike: a wrong graph gives errors of order 1e-2 and more. The
 ``aot_eager`` backend (dynamo + AOTAutograd, no code generation) checks the captured graphs fast; inductor, what
 ``--compile`` runs, compiles for minutes on a loaded CPU, so those tests are ``slow``.
@@ -146,6 +146,10 @@ def test_acting_step_and_training_forward_have_no_graph_break(name: str) -> None
     )
     torch._dynamo.reset()
     assert breaks <= MAX_BREAKS and graphs == 1, reasons
+    if policy.core.segments:  # the uncut training forward (rows restarted inside the core) is what PPO runs
+        graphs, breaks, reasons = graph_breaks(policy.core, x, states[STEPS - W - 1], starts=seq_starts)
+        torch._dynamo.reset()
+        assert breaks <= MAX_BREAKS and graphs == 1, reasons
 
 
 def test_graph_break_count_bites() -> None:

@@ -37,6 +37,23 @@ def visible_mask(t: int, k_valid: Tensor, causal: bool) -> Tensor:
     return allowed | (j == i)
 
 
+def key_segments(ctx: ForwardContext, s: int) -> Tensor:
+    """(B, S) segment of each key when the last T of S keys are the new tokens (``ForwardContext.segment``):
+    carried keys (memory, KV cache) are segment 0."""
+    seg = ctx.segment
+    assert seg is not None
+    if s == seg.shape[1]:
+        return seg
+    return torch.cat([seg.new_zeros(seg.shape[0], s - seg.shape[1]), seg], dim=1)
+
+
+def same_segment(ctx: ForwardContext, s: int) -> Tensor | None:
+    """(B, 1, T, S) bool: key j is in query i's segment (rows restarting inside the chunk), or None."""
+    if ctx.segment is None:
+        return None
+    return ctx.segment[:, None, :, None] == key_segments(ctx, s)[:, None, None, :]
+
+
 def memory_keys(ctx: ForwardContext, mem: MemoryContext) -> tuple[Tensor, Tensor]:
     """(k_pos, k_valid): ``mem``'s positions / validity followed by the new tokens' (B, M + T).
 
@@ -113,6 +130,9 @@ class Attention(nn.Module):
     position: Position
     position_kinds: ClassVar[frozenset[str]] = frozenset({"none", "input", "qk", "bias", "scores"})
     """Position kinds this kernel supports (kernel/linear attentions cannot take logit biases)."""
+    segment_masks: ClassVar[bool] = False
+    """True when the kernel masks keys of other segments (``ForwardContext.segment``, see
+    :func:`same_segment`), so a chunk may restart rows inside it (``Backbone.forward(starts=...)``)."""
 
     def __init__(self, cfg: Any, options: Any, position: Position, layer: int) -> None:
         super().__init__()
@@ -206,6 +226,9 @@ class Attention(nn.Module):
                 raise ValueError(reason)
             full = state.append(k, v, k_pos, k_valid)  # one concatenation serves the kernel and the new state
             k, v, k_pos, k_valid = full.k, full.v, full.pos, full.valid
+            if ctx.segment is not None:  # keys of segments before a row's last restart leave the cache
+                last = ctx.segment[:, -1:]
+                full = KVCache(k, v, k_pos, k_valid & (key_segments(ctx, k.shape[2]) == last))
             new_state = full.trimmed(self.max_cache)
         else:
             new_state = state

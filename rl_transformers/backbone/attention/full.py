@@ -19,6 +19,7 @@ from rl_transformers.backbone.attention.base import (
     Attention,
     attention_entropy,
     dense_attention,
+    same_segment,
     shared_mask,
     visible_mask,
 )
@@ -48,6 +49,12 @@ def window_limit(mask: Tensor, t: int, window: int | None) -> Tensor:
     return mask & (i - j <= window)
 
 
+def _segmented(mask: Tensor, ctx: ForwardContext, s: int) -> Tensor:
+    """``mask`` restricted to keys of the query's own segment when rows restart inside the chunk."""
+    same = same_segment(ctx, s)
+    return mask if same is None else mask & same
+
+
 @register(
     "attention",
     "full",
@@ -55,6 +62,8 @@ def window_limit(mask: Tensor, t: int, window: int | None) -> Tensor:
     capabilities=Capabilities(causal=True, exact=True, streaming="exact"),
 )
 class FullAttention(Attention):
+    segment_masks = True
+
     def attend(
         self,
         q: Tensor,
@@ -68,7 +77,14 @@ class FullAttention(Attention):
         t, s = q.shape[2], k.shape[2]
         dropout_p = self.attn_dropout.p if self.training else 0.0
         plain = not (self.position.modifies_scores or self.options.force_dense or ctx.collect_info)
-        if plain and t == s and self.max_cache is None and (ctx.all_valid or bool(k_valid.all())):
+        unsegmented = ctx.segment is None
+        if (
+            plain
+            and unsegmented
+            and t == s
+            and self.max_cache is None
+            and (ctx.all_valid or bool(k_valid.all()))
+        ):
             # No padding, no cache: the fused causal kernel (FlashAttention on GPU).
             return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, dropout_p=dropout_p)
         causal, window = self.causal, self.max_cache
@@ -76,7 +92,7 @@ class FullAttention(Attention):
             ctx,
             ("full", t, causal, window),
             k_valid,
-            lambda: window_limit(visible_mask(t, k_valid, causal), t, window),
+            lambda: _segmented(window_limit(visible_mask(t, k_valid, causal), t, window), ctx, s),
         )
         if plain:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)

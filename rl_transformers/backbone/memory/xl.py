@@ -73,10 +73,14 @@ class XLMemory(Memory):
     def write(self, state: XLMemoryState, ctx: ForwardContext) -> XLMemoryState:
         m = self.options.mem_len
         new_h = torch.stack([h.detach() for h in ctx.attention_inputs[: state.h.shape[1]]], dim=1)
+        old_valid, new_valid = state.valid, ctx.valid
+        if ctx.segment is not None:  # rows restarted inside the chunk keep their last segment only
+            last = ctx.segment[:, -1:]
+            old_valid, new_valid = old_valid & (last == 0), new_valid & (ctx.segment == last)
         out = XLMemoryState(
             h=append_window(state.h, new_h.to(state.h.dtype), 2, m),
             pos=append_window(state.pos, ctx.pos, 1, m),
-            valid=append_window(state.valid, ctx.valid, 1, m),
+            valid=append_window(old_valid, new_valid, 1, m),
         )
         if ctx.collect_info:
             ctx.add_info("backbone/memory_fill", out.valid.float().mean(1).mean().detach())
