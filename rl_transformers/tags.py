@@ -52,6 +52,7 @@ __all__ = [
     "EVAL_NORMALIZED_SCORE",
     "EVAL_RETURN_MEAN",
     "EVAL_RETURN_STD",
+    "EVAL_SUCCESS_RATE",
     "EXPLAINED_VARIANCE",
     "FPS",
     "GRAD_NORM",
@@ -93,6 +94,7 @@ SAMPLES_PER_SECOND = "time/samples_per_second"
 EVAL_RETURN_MEAN = "eval/return_mean"
 EVAL_RETURN_STD = "eval/return_std"
 EVAL_EP_LENGTH_MEAN = "eval/ep_length_mean"
+EVAL_SUCCESS_RATE = "eval/success_rate"
 
 STANDARD_TAGS: dict[str, str] = {
     EP_REW_MEAN: "mean undiscounted return of episodes finished in the window",
@@ -120,4 +122,6 @@ STANDARD_TAGS: dict[str, str] = {
     EVAL_RETURN_MEAN: "Decision Transformer: mean evaluation return of the first target (@<target>: per target)",
     EVAL_RETURN_STD: "Decision Transformer: std of the evaluation returns (@<target>: per target)",
     EVAL_EP_LENGTH_MEAN: "Decision Transformer: mean evaluation episode length (@<target>: per target)",
+    EVAL_SUCCESS_RATE: "share of evaluation episodes whose last info had is_success / success true (SB3's tag; "
+    "envs that report it, e.g. the T-Maze)",
 }

@@ -83,12 +83,12 @@ update, tested against the per-parameter loop in tests/algos/test_dt_optimizer.p
 
 def headline(targets: list[float | None]) -> tuple[str, ...]:
     """Tags of the final summary (their last logged values): each target's mean return and normalised score,
-    named with the target (``eval/return_mean@3600``; BC's one unconditioned evaluation has no suffix), then
-    the loss."""
+    named with the target (``eval/return_mean@3600``; BC's one unconditioned evaluation has no suffix), and
+    the success rate where the env reports one, then the loss."""
     per_target = [
         f"{tag}{target_label(target)}"
         for target in targets
-        for tag in (T.EVAL_RETURN_MEAN, T.EVAL_NORMALIZED_SCORE)
+        for tag in (T.EVAL_RETURN_MEAN, T.EVAL_NORMALIZED_SCORE, T.EVAL_SUCCESS_RATE)
     ]
     return (*per_target, T.LOSS)
 
@@ -235,7 +235,14 @@ class DTTrainer:
                 self.net, model, [b.to(self.device) for b in batches], config.aux_weight, collect_info
             )
         else:
-            batch = self.data.sample(self.local_batch, config.context_len, self.sampler_rng, config.padding)
+            if config.window_starts == "aligned":
+                (batch,) = self.data.sample_segments(
+                    self.local_batch, config.context_len, 1, self.sampler_rng
+                )
+            else:
+                batch = self.data.sample(
+                    self.local_batch, config.context_len, self.sampler_rng, config.padding
+                )
             batch = batch.to(self.device)
             model.backbone.collect_info = collect_info
             try:

@@ -62,6 +62,11 @@ class DTConfig(RunConfig):
     """N consecutive K-step segments per training window, the backbone memory carried (detached) from one to
     the next as RATE does (Cherepanov et al. 2023, arXiv 2306.09459); the rollout carries it across the
     episode too. Needs --backbone.memory (xl: mem_len >= 3K(N-1) tokens covers the window). 1: K-step windows."""
+    window_starts: Literal["uniform", "aligned"] = "uniform"
+    """Where training windows start: uniform over each episode's steps (the paper's sampler), or aligned to
+    multiples of K (j·K, j uniform in [0, ⌈T/K⌉ − 1]: the windows fall where the rollout's segments do, and with
+    K ≥ T every window is the whole episode, so a cue at t = 0 is in every window; segment training always
+    aligns). Aligned windows need --padding right."""
     max_ep_len: int | None = None
     """Rows of the timestep embedding; None: the longest of the dataset's episodes and the env's time limit."""
     return_scale: float | None = None
@@ -131,6 +136,11 @@ class DTConfig(RunConfig):
         )
         check_choice("algo", self.algo, ("dt", "bc"))
         check_choice("padding", self.padding, Padding)
+        check_choice("window_starts", self.window_starts, ("uniform", "aligned"))
+        if self.window_starts == "aligned" and self.padding != "right":
+            raise UserError(
+                f"window_starts (--window-starts) = 'aligned' needs --padding right, got {self.padding!r}"
+            )
         check_number(
             "bc_top_fraction (--bc-top-fraction)", self.bc_top_fraction, low=0.0, high=1.0, low_open=True
         )

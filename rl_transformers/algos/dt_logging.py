@@ -89,6 +89,8 @@ def eval_scalars(results: Sequence[EvalResult], info: Any) -> dict[str, float]:
         values[f"{T.EVAL_RETURN_MEAN}{label}"] = mean
         values[f"{T.EVAL_RETURN_STD}{label}"] = float(res.returns.std())
         values[f"{T.EVAL_EP_LENGTH_MEAN}{label}"] = float(res.lengths.mean())
+        if res.successes is not None:  # episodes of an env that reports no flag count as failures
+            values[f"{T.EVAL_SUCCESS_RATE}{label}"] = float(np.nan_to_num(res.successes, nan=0.0).mean())
         if info.ref_min_score is not None and info.ref_max_score is not None:
             score = float(np.mean(info.normalized_score(res.returns)))
             values[f"{T.EVAL_NORMALIZED_SCORE}{label}"] = score
@@ -98,13 +100,17 @@ def eval_scalars(results: Sequence[EvalResult], info: Any) -> dict[str, float]:
             values[T.EVAL_RETURN_MEAN] = mean
             values[T.EVAL_MEAN_REWARD] = mean
             values[T.EVAL_MEAN_EP_LENGTH] = float(res.lengths.mean())
+            if res.successes is not None:
+                values[T.EVAL_SUCCESS_RATE] = values[f"{T.EVAL_SUCCESS_RATE}{label}"]
     return values
 
 
 def write_eval_episodes(run_dir: Path, step: int, results: Sequence[EvalResult]) -> Path:
     """``<run_dir>/eval/step_<step>.json`` (written atomically): every target's per-episode returns and
-    lengths."""
+    lengths, and success flags (null: not reported) where the env reports them."""
     episodes = [
-        {"target": r.target, "returns": r.returns.tolist(), "lengths": r.lengths.tolist()} for r in results
+        {"target": r.target, "returns": r.returns.tolist(), "lengths": r.lengths.tolist()}
+        | ({} if r.successes is None else {"successes": [None if x != x else bool(x) for x in r.successes]})
+        for r in results
     ]
     return save_config(run_dir / "eval", {"step": step, "episodes": episodes}, filename=f"step_{step}.json")

@@ -104,11 +104,13 @@ def evaluate_policy(
 # -- Decision Transformer --------------------------------------------------------------------------------
 @dataclass
 class EvalResult:
-    """Returns and lengths of the evaluation episodes of one target."""
+    """Returns and lengths of the evaluation episodes of one target, and their success flags where the env
+    reports one (the last step's ``info["is_success"]``, SB3's key, or ``info["success"]``; else None)."""
 
     target: float | None
     returns: np.ndarray
     lengths: np.ndarray
+    successes: np.ndarray | None = None
 
 
 def evaluate_dt(
@@ -134,6 +136,7 @@ def evaluate_dt(
         for target in targets:
             returns = np.zeros(n_episodes)
             lengths = np.zeros(n_episodes, dtype=np.int64)
+            successes = np.full(n_episodes, np.nan)
             for first in range(0, n_episodes, len(envs)):
                 ids = list(range(first, min(n_episodes, first + len(envs))))
                 n = len(ids)
@@ -145,7 +148,7 @@ def evaluate_dt(
                     rewards = np.zeros(n)
                     for j in np.flatnonzero(alive):
                         action = actions[j] if not model.discrete_actions else int(actions[j])
-                        ob, r, terminated, truncated, _ = envs[j].step(action)
+                        ob, r, terminated, truncated, info = envs[j].step(action)
                         obs[j] = np.asarray(ob)
                         rewards[j] = float(r)
                         returns[ids[j]] += float(r)
@@ -156,11 +159,22 @@ def evaluate_dt(
                             or (max_steps is not None and lengths[ids[j]] >= max_steps)
                         ):
                             alive[j] = False
+                            successes[ids[j]] = success_flag(info)
                     agent.observe(rewards)
-            results.append(EvalResult(target, returns, lengths))
+            known = None if np.isnan(successes).all() else successes
+            results.append(EvalResult(target, returns, lengths, known))
     finally:
         if own:
             for env in envs:
                 env.close()
         model.train(was_training)
     return results
+
+
+def success_flag(info: dict) -> float:
+    """1.0 / 0.0 from an episode's last ``info`` (``is_success``, as SB3 reads it, else ``success``); NaN when
+    the env reports neither."""
+    for key in ("is_success", "success"):
+        if key in info and info[key] is not None:
+            return float(bool(info[key]))
+    return float("nan")

@@ -322,3 +322,21 @@ def test_eval_scalars_tags_by_hand() -> None:
         "eval/mean_reward": 6.0,
         "eval/mean_ep_length": 3.0,
     }
+
+
+def test_success_rate_from_episode_flags() -> None:
+    """``eval/success_rate`` is the share of episodes whose last info says success (SB3's ``is_success`` first,
+    else ``success``); an episode without a flag counts as a failure; no flag at all logs no rate."""
+    from types import SimpleNamespace
+
+    from rl_transformers.algos.dt_logging import eval_scalars
+    from rl_transformers.algos.evaluation import EvalResult, success_flag
+
+    assert success_flag({"is_success": True, "success": False}) == 1.0
+    assert success_flag({"success": np.bool_(False)}) == 0.0
+    assert np.isnan(success_flag({"TimeLimit.truncated": True}))
+    no_refs = SimpleNamespace(ref_min_score=None, ref_max_score=None)
+    flags = np.array([1.0, np.nan, 0.0, 1.0])
+    got = eval_scalars([EvalResult(1.0, np.zeros(4), np.ones(4, dtype=np.int64), flags)], no_refs)
+    assert got["eval/success_rate@1"] == 0.5 and got["eval/success_rate"] == 0.5
+    assert "eval/success_rate" not in eval_scalars([EvalResult(1.0, np.zeros(2), np.ones(2))], no_refs)
