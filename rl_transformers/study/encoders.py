@@ -97,6 +97,8 @@ def _value(raw: str) -> Any:
         return json.loads(raw)
     if re.fullmatch(r"-?\d+", raw):
         return int(raw)
+    if re.fullmatch(r"-?\d+\.\d*(e-?\d+)?", raw):
+        return float(raw)
     return raw
 
 

@@ -197,6 +197,10 @@ def _dt(job: dict[str, Any], run: Path) -> dict[str, Any]:
     record["updates"] = result.step
     record["steps_per_s"] = None
     record["updates_per_s"] = result.step / wall if wall > 0 else None
+    success = read_series(run / "progress.jsonl", "eval/success_rate")
+    if success:  # envs that report success (the T-Maze of the offline memory table)
+        record["success"] = success[-1][1]
+        record["success_curve"] = [list(p) for p in success]
     return record
 
 

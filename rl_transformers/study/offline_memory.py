@@ -1,0 +1,277 @@
+"""The offline memory table: the Decision Transformer on T-Maze corridors, one row per causal attention and memory.
+
+Issue 28, point 3. Data: the passive T-Maze (Bakker 2001; in the form of Ni et al. 2023, arXiv 2307.03864) built
+locally by :data:`DATASET_COMMAND` (500 episodes per corridor length L: 80 % scripted oracle, 20 % uniform random;
+the cue of t = 0 is needed at t = L). A DT must carry the cue L steps to choose the arm; the score is the
+**success rate** at the target return 1 over :data:`RECIPE` ``eval_episodes`` greedy episodes (the env's
+``success`` flag). Rows (every row gets the same recipe, budget and seeds):
+
+- **attention** rows: every causal attention the DT backbone accepts (:func:`~rl_transformers.study.encoders.
+  dt_encoders`, parameter-matched to ``full``), context K = L + 1 steps (3K tokens: the whole episode), windows
+  aligned to the episode start (``--window-starts aligned``: the cue is in every training window). Each keeps
+  its default options, so a windowed attention whose layers x window is shorter than 3(L + 1) tokens cannot
+  reach the cue (docs/offline_memory.md, "Reach"): the table shows where each one stops working.
+- **memory** rows (RATE, Cherepanov et al. 2023, arXiv 2306.09459): ``full`` attention with K_s = ⌈(L + 1) / 3⌉
+  and ``--segments 3``, the memory carried across the segments in training and in the rollout: ``xl``
+  (mem_len 3K_s(N - 1) tokens: exactly the window), ``compressive`` (3K_s recent + 3K_s compressed at rate 2)
+  and ``knn`` (3K_s local, a store of 6K_s, top 8).
+- the **floor**: ``full`` with K = K_s and no memory: the cue is out of its context at the junction, so it
+  can only guess (a memoryless policy's success is the share of evaluation episodes with its favoured cue).
+
+Jobs, resume, locks, records and their restore are the encoder study's (:mod:`~rl_transformers.study.launch`,
+:mod:`~rl_transformers.study.records`): a job is one (L, row, seed) under ``<out>/offline_memory/dt/TMaze<L>/``;
+the committed ``docs/results/offline_memory.json`` is restored into a fresh checkout before anything runs.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import statistics
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from rl_transformers.study import launch, records
+from rl_transformers.study.encoders import Encoder, dt_encoders, format_spec, parse_spec, select
+from rl_transformers.study.progress import Progress
+from rl_transformers.study.suite import DATASET_ROOT, Task
+from rl_transformers.utils.errors import UserError
+
+PRESET = "offline_memory"
+LENGTHS = (10, 50, 200)
+"""Corridor lengths L of the table (datasets of :data:`DATASET_COMMAND`)."""
+SEGMENTS = 3
+"""N of the memory rows: K_s = ⌈(L + 1) / N⌉ steps per segment."""
+SEEDS = (0, 1, 2)
+DATASET_NAME = "mixed-e0-r20-v0"
+DATASET_COMMAND = (
+    "python scripts/make_memory_dataset.py --task tmaze --memory-lengths 10 50 200 --random-share 0.2 "
+    "--root datasets/minari"
+)
+BUDGET = {10: 600, 50: 1000, 200: 2000}
+"""Gradient updates per corridor length (evaluations at every quarter)."""
+ASSUMED_UPDATES_PER_S = {10: 20.0, 50: 6.0, 200: 1.2}
+"""--dry-run's rate (updates/s, evaluations included, one core) for a cell no finished run has measured: from
+single full-attention runs on the development machine."""
+RECIPE: dict[str, Any] = {
+    "batch_size": 32,
+    "learning_rate": 3e-3,
+    "warmup_steps": 50,
+    "embed_dropout": 0.0,
+    "eval_episodes": 50,
+    "eval_envs": 10,
+    "log_every": 100,
+    "window_starts": "aligned",
+}
+"""DT settings of every row (with backbone dropout 0): at the study's DT settings (dropout 0.1, learning rate
+6e-4, uniform window starts) ``full`` with K = 51 stayed at chance on corridor 50 for 600 updates; with these it
+solves it in 300."""
+BACKBONE = {"dropout": 0.0}
+MEMORIES = ("xl", "compressive", "knn")
+FLOOR = "floor"
+
+
+def segment_len(length: int) -> int:
+    """K_s of corridor ``length``: N segments of K_s steps cover its L + 1 steps."""
+    return -(-(length + 1) // SEGMENTS)
+
+
+def memory_options(memory: str, length: int) -> dict[str, int]:
+    """Options of a memory row on corridor ``length`` (in tokens: 3 per step)."""
+    tokens = 3 * segment_len(length)
+    if memory == "xl":
+        return {"mem_len": tokens * (SEGMENTS - 1)}
+    if memory == "compressive":
+        return {"mem_len": tokens, "cmem_len": tokens, "rate": 2}
+    if memory == "knn":
+        return {"mem_len": tokens, "store_size": 2 * tokens, "top_k": 8}
+    raise ValueError(f"no options for memory {memory!r}")
+
+
+@dataclass(frozen=True)
+class Row:
+    """A row of the table; :meth:`encoder` and :meth:`dt_args` give its job on one corridor length."""
+
+    name: str
+    family: str
+    """attention | memory | floor."""
+    spec: str
+    """Backbone overrides common to every length (the attention rows' parameter-matched spec)."""
+    note: str = ""
+
+    def encoder(self, length: int) -> Encoder:
+        fields = {**parse_spec(self.spec), **BACKBONE}
+        if self.family == "memory":
+            fields.update(memory=self.name, memory_options=memory_options(self.name, length))
+        return Encoder(self.name, format_spec(fields), self.family, self.note)
+
+    def dt_args(self, length: int) -> dict[str, Any]:
+        if self.family == "attention":
+            return {**RECIPE, "context_len": length + 1}
+        segments = SEGMENTS if self.family == "memory" else 1
+        return {**RECIPE, "context_len": segment_len(length), "segments": segments}
+
+
+def rows(match: bool = True) -> list[Row]:
+    """Every row: the DT attention rows, the memories, the floor."""
+    attention, _ = dt_encoders(match)
+    out = [Row(e.name, "attention", e.spec, "K = L + 1") for e in attention]
+    out += [Row(m, "memory", "attention=full", f"full, K_s, {SEGMENTS} segments") for m in MEMORIES]
+    out.append(Row(FLOOR, "floor", "attention=full", "full, K_s, no memory"))
+    return out
+
+
+def task(length: int) -> Task:
+    budget = BUDGET.get(length, BUDGET[max(BUDGET)])
+    return Task(
+        name=f"TMaze{length}",
+        algo="dt",
+        tag="memory",
+        budget={PRESET: budget},
+        eval_every={PRESET: max(1, budget // 4)},
+        dataset=f"rlt/tmaze-{length}/{DATASET_NAME}",
+        target=1.0,
+        score_note="success rate at target return 1",
+    )
+
+
+DATASETS = DATASET_ROOT
+"""Root of the Minari datasets, relative to the checkout (the worker resolves it; an absolute path stays)."""
+
+
+def make_job(length: int, row: Row, seed: int, out: Path) -> launch.Job:
+    return launch.make_job(
+        task(length), row.encoder(length), seed, PRESET, out, dt=row.dt_args(length), dataset_root=DATASETS
+    )
+
+
+@dataclass(frozen=True)
+class OfflineMemoryConfig:
+    """The offline memory table (issue 28): T-Maze corridors x attentions and memories x seeds."""
+
+    lengths: tuple[int, ...] = LENGTHS
+    """Corridor lengths to run (the documents always cover every length of the table)."""
+    encoders: tuple[str, ...] = ()
+    """Only these rows by name (default: every row)."""
+    seeds: tuple[int, ...] = SEEDS
+    out: Path = Path("runs/offline_memory")
+    """Run directories: <out>/offline_memory/dt/TMaze<L>/<row>/s<seed>/."""
+    docs: Path = Path("docs/results")
+    """Where offline_memory.{md,json} and plots/offline_memory*.png are written."""
+    workers: int = 1
+    """Runs at once (one torch thread each)."""
+    timeout_s: float | None = 7200.0
+    """Kill a run after this many seconds (it runs again on the next invocation)."""
+    dry_run: bool = False
+    """Print the run count and the estimated time, then exit; nothing on disk changes."""
+    report_only: bool = False
+    """Only rebuild the documents from finished runs."""
+    restore: bool = True
+    """Restore the committed records (<docs>/offline_memory.json) into empty run directories first."""
+
+
+def plan(cfg: OfflineMemoryConfig, table: list[Row] | None = None) -> list[launch.Job]:
+    """The jobs of ``cfg`` in length-major, then seed-major order (short corridors finish first)."""
+    for length in cfg.lengths:
+        if length not in LENGTHS:
+            raise UserError(
+                f"corridor length {length} is not in the table {list(LENGTHS)}", source="--lengths"
+            )
+    table = table if table is not None else rows()
+    chosen = {e.name for e in select([Encoder(r.name, r.spec, r.family) for r in table], cfg.encoders)}
+    return [
+        make_job(length, row, seed, Path(cfg.out))
+        for length in sorted(cfg.lengths)
+        for seed in cfg.seeds
+        for row in table
+        if row.name in chosen
+    ]
+
+
+def estimates(jobs: list[launch.Job], out: Path) -> list[float]:
+    """Seconds per job: its budget over the updates/s (evaluations included) of finished runs of the same
+    (length, row), else of the same length, else :data:`ASSUMED_UPDATES_PER_S`; plus 10 s of start-up."""
+    found = [records.read_json(p) for p in Path(out).rglob("result.json")]
+    rates: dict[tuple[str, str], list[float]] = {}
+    for r in found:
+        if isinstance(r, dict) and isinstance(x := r.get("updates_per_s"), int | float) and x > 0:
+            rates.setdefault((str(r.get("task")), str(r.get("encoder_name"))), []).append(float(x))
+    seconds = []
+    for job in jobs:
+        t, name = job.spec["task"], job.spec["encoder_name"]
+        same = rates.get((t, name)) or [x for (tt, _), xs in rates.items() if tt == t for x in xs]
+        length = int(t.removeprefix("TMaze"))
+        rate = statistics.median(same) if same else ASSUMED_UPDATES_PER_S.get(length, 1.0)
+        seconds.append(job.spec["budget"] / rate + 10.0)
+    return seconds
+
+
+def run_offline_memory(cfg: OfflineMemoryConfig, log=print) -> dict[str, Any]:
+    from rl_transformers.study.offline_memory_report import write_report
+
+    table = rows()
+    jobs = plan(cfg, table)
+    every = plan(replace(cfg, lengths=LENGTHS, encoders=(), seeds=SEEDS), table)
+    docs = Path(cfg.docs)
+    committed = docs / "offline_memory.json"
+    restored: set[Path] = set()
+    if cfg.restore and committed.exists():
+        restored = {j.dir for j in records.restore(every, committed, dry_run=cfg.dry_run)}
+        if restored:
+            log(
+                f"{'would restore' if cfg.dry_run else 'restored'} {len(restored)} finished runs from {committed}"
+            )
+    todo = [j for j in jobs if j.dir not in restored and launch.status(j) != "done"]
+    log(f"offline memory table: {len(jobs)} runs, {len(jobs) - len(todo)} finished, {len(todo)} to run")
+    if cfg.dry_run:
+        each = estimates(todo, Path(cfg.out))
+        total = sum(each) / 3600
+        log(
+            f"estimated {total:.1f} core-hours: {total / max(1, cfg.workers):.1f} h on {cfg.workers} worker(s)"
+        )
+        for length in sorted(cfg.lengths):
+            part = sum(s for j, s in zip(todo, each, strict=True) if j.spec["task"] == f"TMaze{length}")
+            log(f"  TMaze{length}: {part / 3600:.2f} core-hours")
+        return {"jobs": len(jobs), "todo": len(todo), "seconds": sum(each)}
+    if todo and not cfg.report_only:
+        bar = Progress(dict(zip((j.name for j in todo), estimates(todo, Path(cfg.out)), strict=True)),
+                       cfg.workers, log)  # fmt: skip
+        try:
+            launch.run_local(todo, cfg.workers, cfg.timeout_s, log, bar)
+        finally:
+            bar.close()
+    found = records.results(every, log)
+    before = records.read_committed(committed) if committed.exists() and cfg.restore else []
+    lost = {r["key"] for r in before} - {r["key"] for r in found}
+    if lost:
+        raise UserError(
+            f"the rebuilt table would lose {len(lost)} committed records; nothing written (restore them: "
+            "leave out --no-restore)",
+            source=str(committed),
+        )
+    write_report(found, table, docs, command_line(cfg))
+    log(f"wrote {docs}/offline_memory.md, offline_memory.json ({len(found)} runs), plots/offline_memory*.png")
+    return {"jobs": len(jobs), "records": len(found)}
+
+
+def command_line(cfg: OfflineMemoryConfig) -> str:
+    """The command that rebuilds the documents (the options that differ from the defaults, then --report-only)."""
+    default = OfflineMemoryConfig()
+    parts = [
+        f"--{k} {shlex.quote(str(getattr(cfg, k)))}"
+        for k in ("out", "docs")
+        if getattr(cfg, k) != getattr(default, k)
+    ]
+    return " ".join(["python scripts/offline_memory.py", *parts, "--report-only"])
+
+
+def mean_ci(values: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of a 95 % Student-t interval (0 for one value)."""
+    from scipy import stats
+
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, 0.0
+    half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    return mean, float(half)

@@ -1,0 +1,23 @@
+"""The offline memory table: the Decision Transformer on T-Maze corridors of 10 / 50 / 200, one row per causal
+attention (context covering the corridor), per memory (segments with carried memory) and a floor (method:
+rl_transformers/study/offline_memory.py; issue 28).
+
+    python scripts/make_memory_dataset.py --task tmaze --memory-lengths 10 50 200 --random-share 0.2 --root datasets/minari
+    python scripts/offline_memory.py --dry-run                        # run count and estimated core-hours
+    python scripts/offline_memory.py --lengths 10 50 --workers 2       # run (resumable), then write the documents
+    python scripts/offline_memory.py --encoders full xl floor --lengths 10 --seeds 0
+    python scripts/offline_memory.py --report-only                     # rebuild docs/results/offline_memory.*
+
+Each finished run leaves a result.json under --out; an interrupted table resumes where it stopped, and a fresh
+checkout restores the committed records of docs/results/offline_memory.json first.
+"""
+
+from __future__ import annotations
+
+import tyro
+
+from rl_transformers.study.offline_memory import OfflineMemoryConfig, run_offline_memory
+from rl_transformers.utils.errors import run_cli
+
+if __name__ == "__main__":
+    run_cli(lambda: run_offline_memory(tyro.cli(OfflineMemoryConfig, description=__doc__)))
