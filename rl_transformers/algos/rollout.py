@@ -99,11 +99,13 @@ def collect_rollout(
     truncated_all = np.zeros((n_steps, n_envs), dtype=bool)
     pending: list[_Bootstrap] = []
     storage.final_values.zero_()  # written below only where an env was truncated
+    with torch.inference_mode():  # projections cached for this rollout's weights (state stored without them)
+        state = policy.acting_state(state)
     for step in range(n_steps):
         with torch.inference_mode():
             if step % storage.seq_len == 0:
                 state = policy.segment_start(state)
-                storage.store_state(step, state)
+                storage.store_state(step, policy.plain_state(state))
             out = policy.act(obs, state, starts)
         next_obs, reward, terminated, truncated, info = envs.step(policy.to_env(out.action))
         _check_env_output(next_obs, reward, env_id, step, global_step)

@@ -19,6 +19,11 @@ class MemoryContext:
     h: Tensor
     pos: Tensor
     valid: Tensor
+    k: Tensor | None = None
+    """(B, M, d) the layer's key projection of ``h`` (before heads and position transforms), cached while
+    acting with fixed weights (``Backbone.project_memory``), or None: the attention projects ``h`` itself."""
+    v: Tensor | None = None
+    """(B, M, d) the value projection of ``h``, cached with ``k``."""
     hook: Callable[[Any, Tensor, Tensor, ForwardContext], Tensor] | None = None
     """Optional callback ``hook(attention, x, out, ctx) -> out`` run by the attention of this application after
     its kernel: x (B, T, d) is the attention input, out (B, H, T, D) the per-head output before the output

@@ -16,6 +16,7 @@ state (``starts[:, 0]`` acts as ``reset``). Only backbones whose parts support i
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +89,23 @@ class Backbone(nn.Module):
             memory=memory,
             depth=self.depth.init_state(batch_size, device, dtype),
         )
+
+    def project_memory(self, state: BackboneState) -> BackboneState:
+        """``state`` with its memory's key / value projections cached (XL memory), for acting while the
+        weights stay fixed (a rollout): each step then projects only its new tokens. Forwards with gradients
+        ignore the cache; call again after the weights change, :meth:`unproject_memory` before storing."""
+        if self.memory is None or state.memory is None:
+            return state
+        attentions = [self.depth.attention_for(i) for i in range(self.depth.n_applications)]
+        with torch.no_grad():
+            memory = self.memory.with_projections(state.memory, attentions)
+        return dataclasses.replace(state, memory=memory)
+
+    def unproject_memory(self, state: BackboneState) -> BackboneState:
+        """``state`` without the cached projections of :meth:`project_memory`."""
+        if self.memory is None or state.memory is None:
+            return state
+        return dataclasses.replace(state, memory=self.memory.without_projections(state.memory))
 
     @property
     def segments_unsupported(self) -> str | None:

@@ -31,6 +31,18 @@ def _map(value: Any, fn: Callable[[Tensor], Tensor]) -> Any:
     return value
 
 
+def _reset(value: Any, mask: Tensor) -> Any:
+    if isinstance(value, Tensor):
+        return zero_rows(value, mask)
+    if isinstance(value, State):
+        return value.reset(mask)  # nested states may override (e.g. XL memory clears validity only)
+    if isinstance(value, tuple):
+        return tuple(_reset(v, mask) for v in value)
+    if isinstance(value, list):
+        return [_reset(v, mask) for v in value]
+    return value
+
+
 def zero_rows(t: Tensor, mask: Tensor) -> Tensor:
     """Rows of ``t`` where ``mask`` (B,) is True set to zero / False (out of place)."""
     shape = (mask.shape[0],) + (1,) * (t.dim() - 1)
@@ -64,7 +76,8 @@ class State:
             return self
         # Masked arithmetic, no host sync or data-dependent branch (``mask.any()`` / ``nonzero``): the same
         # work with or without resets, so a compiled step has one graph and no break (issue 26).
-        return self.map(lambda t: zero_rows(t, mask))
+        changes = {f.name: _reset(getattr(self, f.name), mask) for f in dataclasses.fields(self)}
+        return dataclasses.replace(self, **changes)
 
     @property
     def batch_size(self) -> int | None:

@@ -119,6 +119,15 @@ class ActorCritic(nn.Module):
         """Call at the first step of each training sequence, before storing the state (trims context cores)."""
         return self.core.segment_start(state)
 
+    def acting_state(self, state: Any) -> Any:
+        """``state`` prepared for acting with the current weights (the XL memory's key / value projections
+        cached, so each step projects its new tokens only); call at the start of every rollout."""
+        return self.core.acting_state(state)
+
+    def plain_state(self, state: Any) -> Any:
+        """``state`` without the acting caches (what training sequences start from)."""
+        return self.core.plain_state(state)
+
     # -- acting -------------------------------------------------------------------------------------------
     def eager_step(self, obs: Obs, state: Any, episode_start: Tensor | None) -> tuple[Tensor, Any]:
         """Core features (B, d) of one step and the new state (encoder + core, no heads)."""

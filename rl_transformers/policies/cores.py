@@ -67,6 +67,15 @@ class Core(nn.Module):
         """Called by trainers at the first step of every training sequence (before the state is stored)."""
         return state
 
+    def acting_state(self, state: Any) -> Any:
+        """``state`` prepared for acting while the weights stay fixed (a rollout), e.g. with cached
+        projections; call again after the weights change. Default: unchanged."""
+        return state
+
+    def plain_state(self, state: Any) -> Any:
+        """``state`` without what :meth:`acting_state` added (what trainers store). Default: unchanged."""
+        return state
+
     @property
     def collect_info(self) -> bool:
         return False
@@ -120,6 +129,12 @@ class TransformerCore(Core):
 
     def initial_state(self, batch: int, device: torch.device | str, dtype: torch.dtype) -> State:
         return self.backbone.init_state(batch, device, dtype)
+
+    def acting_state(self, state: Any) -> Any:
+        return self.backbone.project_memory(state)
+
+    def plain_state(self, state: Any) -> Any:
+        return self.backbone.unproject_memory(state)
 
     def forward(
         self,

@@ -76,9 +76,9 @@ def close(a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 def act_all(policy: GTrXLPolicy, step: Any, obs: torch.Tensor, starts: torch.Tensor) -> tuple[list, list]:
-    state = policy.initial_state(B)
     features, states = [], []
     with torch.inference_mode():
+        state = policy.acting_state(policy.initial_state(B))  # as a rollout starts (XL: projections cached)
         for t in range(STEPS):
             h, state = step(obs[t], state, starts[t])
             features.append(h)
@@ -118,7 +118,7 @@ def check_compiled_equals_eager(name: str, backend: str) -> None:
     seq_starts = starts[STEPS - W :].t().contiguous()
     seq_starts[0, 2] = seq_starts[1, 0] = True
     assert len(Packing.from_starts(seq_starts).row) > B  # rows are cut into pieces
-    stored = want_states[STEPS - W - 1]
+    stored = policy.plain_state(want_states[STEPS - W - 1])  # as the rollout stores it
     got = training_pass(policy, stored, seq_obs, seq_starts)
     assert isinstance(policy.compiled_core, CompiledCall) and policy.compiled_core.failed is None, messages
     eager_policy(policy)
@@ -140,14 +140,15 @@ def test_acting_step_and_training_forward_have_no_graph_break(name: str) -> None
     seq_starts[0, 2] = True
     packing = Packing.from_starts(seq_starts)
     x = torch.randn(B, W, 16, dtype=torch.float64)
-    piece_state = states[STEPS - W - 1].index_select(packing.row)
+    stored = policy.plain_state(states[STEPS - W - 1])
+    piece_state = stored.index_select(packing.row)
     graphs, breaks, reasons = graph_breaks(
         policy.core, packing.pack(x), piece_state, reset=packing.reset, valid=packing.valid()
     )
     torch._dynamo.reset()
     assert breaks <= MAX_BREAKS and graphs == 1, reasons
     if policy.core.segments:  # the uncut training forward (rows restarted inside the core) is what PPO runs
-        graphs, breaks, reasons = graph_breaks(policy.core, x, states[STEPS - W - 1], starts=seq_starts)
+        graphs, breaks, reasons = graph_breaks(policy.core, x, stored, starts=seq_starts)
         torch._dynamo.reset()
         assert breaks <= MAX_BREAKS and graphs == 1, reasons
 

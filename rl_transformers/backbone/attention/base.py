@@ -197,13 +197,23 @@ class Attention(nn.Module):
         application = len(ctx.attention_inputs)  # = layer index, or step index under universal depth
         ctx.attention_inputs.append(x)
         mem = ctx.memory_for(application)
-        if mem is not None:  # Transformer-XL style: hidden states prepended on the key/value side
-            kv_in = torch.cat([mem.h.to(x.dtype), x], dim=1)
+        if mem is None:
+            k_pos, k_valid = pos, valid
+            k_lin, v_lin = self.k_proj(x), self.v_proj(x)
+        elif mem.k is not None and mem.v is not None and not torch.is_grad_enabled():
+            # Acting: the memory's projections were cached when its tokens entered (the weights are fixed
+            # while acting), so only the new tokens are projected; the memory keeps theirs (XL ``write``).
             k_pos, k_valid = memory_keys(ctx, mem)
-        else:
-            kv_in, k_pos, k_valid = x, pos, valid
-        k = self.position.transform_k(self.split_heads(self.k_proj(kv_in)), k_pos, self.layer)
-        v = self.split_heads(self.v_proj(kv_in))
+            k_new, v_new = self.k_proj(x), self.v_proj(x)
+            ctx.extras.setdefault("memory_projections", {})[application] = (k_new, v_new)
+            k_lin = torch.cat([mem.k.to(x.dtype), k_new], dim=1)
+            v_lin = torch.cat([mem.v.to(x.dtype), v_new], dim=1)
+        else:  # Transformer-XL style: hidden states prepended on the key/value side
+            k_pos, k_valid = memory_keys(ctx, mem)
+            kv_in = torch.cat([mem.h.to(x.dtype), x], dim=1)
+            k_lin, v_lin = self.k_proj(kv_in), self.v_proj(kv_in)
+        k = self.position.transform_k(self.split_heads(k_lin), k_pos, self.layer)
+        v = self.split_heads(v_lin)
         out, state = self.core(q, k, v, pos, k_pos, k_valid, ctx, state)
         if mem is not None and mem.hook is not None:  # the memory reads this layer / mixes in retrieval (knn)
             out = mem.hook(self, x, out, ctx)

@@ -38,6 +38,14 @@ class Memory(nn.Module):
     def write(self, state: Any, ctx: ForwardContext) -> Any:
         raise NotImplementedError
 
+    def with_projections(self, state: Any, attentions: list[Any]) -> Any:
+        """``state`` with the key / value projections of its memory cached for acting (default: unchanged)."""
+        return state
+
+    def without_projections(self, state: Any) -> Any:
+        """``state`` without cached projections (default: unchanged)."""
+        return state
+
     @classmethod
     def check_config(cls, cfg: Any, options: Any) -> None:
         from rl_transformers.backbone import registry

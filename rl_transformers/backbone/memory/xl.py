@@ -11,6 +11,7 @@ seg_start(t) - M <= j <= t" (tested); with M >= sequence length it equals full c
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,16 +21,32 @@ from torch import Tensor
 from rl_transformers.backbone.context import ForwardContext, MemoryContext
 from rl_transformers.backbone.memory.base import Memory
 from rl_transformers.backbone.registry import Capabilities, register
-from rl_transformers.backbone.state import State
+from rl_transformers.backbone.state import State, zero_rows
 
 
 @dataclass
 class XLMemoryState(State):
-    """h: (B, L, M, d) per-layer memories; pos: (B, M); valid: (B, M). Columns are time-aligned."""
+    """h: (B, L, M, d) per-layer memories; pos: (B, M); valid: (B, M). Columns are time-aligned.
+
+    k, v: (B, L, M, d) each layer's key / value projections of h, or None. Cached for acting only
+    (``Backbone.project_memory``: valid while the weights do not change, e.g. one rollout); a forward with
+    gradients ignores them and projects h.
+    """
 
     h: Tensor
     pos: Tensor
     valid: Tensor
+    k: Tensor | None = None
+    v: Tensor | None = None
+
+    def reset(self, mask: Tensor | None) -> XLMemoryState:
+        """Rows where ``mask`` is True lose their memory: validity and positions are cleared, the hidden states
+        (and projections) are kept, since an invalid column is never attended: its softmax weight is exactly 0,
+        so its (finite) key and value add exact zeros to outputs and gradients. Saves copying the whole memory
+        at every acting step (resets are masked arithmetic applied at every step)."""
+        if mask is None:
+            return self
+        return dataclasses.replace(self, pos=zero_rows(self.pos, mask), valid=zero_rows(self.valid, mask))
 
 
 @dataclass(frozen=True)
@@ -68,7 +85,17 @@ class XLMemory(Memory):
         )
 
     def read(self, state: XLMemoryState) -> list[MemoryContext | None]:
-        return [MemoryContext(state.h[:, i], state.pos, state.valid) for i in range(state.h.shape[1])]
+        k, v = state.k, state.v
+        return [
+            MemoryContext(
+                state.h[:, i],
+                state.pos,
+                state.valid,
+                k=None if k is None else k[:, i],
+                v=None if v is None else v[:, i],
+            )
+            for i in range(state.h.shape[1])
+        ]
 
     def write(self, state: XLMemoryState, ctx: ForwardContext) -> XLMemoryState:
         m = self.options.mem_len
@@ -82,9 +109,28 @@ class XLMemory(Memory):
             pos=append_window(state.pos, ctx.pos, 1, m),
             valid=append_window(old_valid, new_valid, 1, m),
         )
+        projections = ctx.extras.get("memory_projections")
+        if state.k is not None and state.v is not None and projections is not None:
+            n = state.h.shape[1]  # the new tokens' projections, computed by the attentions of this forward
+            new_k = torch.stack([projections[i][0] for i in range(n)], dim=1).to(state.k.dtype)
+            new_v = torch.stack([projections[i][1] for i in range(n)], dim=1).to(state.v.dtype)
+            out.k = append_window(state.k, new_k, 2, m)
+            out.v = append_window(state.v, new_v, 2, m)
         if ctx.collect_info:
             ctx.add_info("backbone/memory_fill", out.valid.float().mean(1).mean().detach())
         return out
+
+    def with_projections(self, state: XLMemoryState, attentions: list[Any]) -> XLMemoryState:
+        """Each layer's k_proj / v_proj of its memory h, cached in the state (acting with fixed weights: a
+        step then projects its new tokens only, and ``write`` appends their projections)."""
+        if len(attentions) != state.h.shape[1]:
+            return state
+        k = torch.stack([att.k_proj(state.h[:, i]) for i, att in enumerate(attentions)], dim=1)
+        v = torch.stack([att.v_proj(state.h[:, i]) for i, att in enumerate(attentions)], dim=1)
+        return dataclasses.replace(state, k=k, v=v)
+
+    def without_projections(self, state: XLMemoryState) -> XLMemoryState:
+        return dataclasses.replace(state, k=None, v=None)
 
     @property
     def window(self) -> int:
