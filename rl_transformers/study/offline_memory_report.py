@@ -179,3 +179,36 @@ def write_report(found: Sequence[dict[str, Any]], table: Sequence[om.Row], docs:
     plots = plot(data, table, docs / "plots")
     atomic_write_json(docs / "offline_memory.json", [public(r) for r in found], indent=1)
     atomic_write_text(docs / "offline_memory.md", markdown(found, table, data, command, plots))
+
+
+def study_section(docs: Path) -> list[str]:
+    """The encoder study's summary of the offline memory table in ``docs`` (its main offline tasks): success per
+    row and corridor length from the committed records; empty when the table has no record yet."""
+    from rl_transformers.study.records import read_committed
+
+    path = Path(docs) / "offline_memory.json"
+    if not path.exists():
+        return []
+    found = read_committed(path)
+    if not found:
+        return []
+    table = om.rows()
+    data = table_data(found, table)
+    head = " | ".join(f"L = {n}" for n in om.LENGTHS)
+    lines = [
+        "### Main tasks: offline memory (T-Maze corridors)",
+        "",
+        f"Success rate at target return 1 ({len(found)} runs; IQM [95 % CI] over seeds, or the mean of the seeds "
+        "finished so far); method, speed per context and plots: [offline_memory.md](offline_memory.md). "
+        "CartPole and Pendulum below are the control rows: they need no memory.",
+        "",
+        f"| row | family | {head} |",
+        "|---|---|" + "---|" * len(om.LENGTHS),
+    ]
+    for row in table:
+        lines.append(
+            f"| `{row.name}` | {row.family} | "
+            + " | ".join(cell_text(data[row.name][str(n)]) for n in om.LENGTHS)
+            + " |"
+        )
+    return [*lines, "", "### Control tasks", ""]

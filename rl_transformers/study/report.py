@@ -248,7 +248,10 @@ def markdown(
         encs = [e[0] for e in ctx["encoders"].get(algo, [])]
         if not encs:
             continue
-        lines += [f"## {suite.capitalize()} ({algo.upper()})", "", "### Encoders", "",
+        lines += [f"## {suite.capitalize()} ({algo.upper()})", ""]
+        if algo == "dt" and ctx.get("offline_memory"):
+            lines += ctx["offline_memory"]
+        lines += ["### Encoders", "",
                   "| encoder | override string | family | note |", "|---|---|---|---|"]  # fmt: skip
         for name, spec, family, note in ctx["encoders"][algo]:
             lines.append(f"| {name} | `{spec or '(default)'}` | {family} | {note} |")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from rl_transformers.study import encoders as enc
-from rl_transformers.study import launch, notes, records, report, suite
+from rl_transformers.study import launch, notes, offline_memory, offline_memory_report, records, report, suite
 from rl_transformers.study.aggregate import REPS
 from rl_transformers.study.progress import Progress
 from rl_transformers.utils.errors import UserError
@@ -58,6 +58,10 @@ class StudyConfig:
     restore: bool = True
     """Before running, restore finished runs from the committed records <docs>/encoders.json (matched by job key)
     into run directories without a result, so a fresh checkout resumes where the committed results end."""
+    memory_table: bool = True
+    """With --preset full, the offline part also runs the offline memory table, its main tasks (T-Maze corridors
+    10-200, every causal attention and memory: rl_transformers/study/offline_memory.py, into the same --docs);
+    CartPole / Pendulum are its control rows."""
 
 
 def plan(cfg: StudyConfig) -> tuple[list[launch.Job], dict]:
@@ -188,6 +192,7 @@ def run_study(cfg: StudyConfig, log=print) -> dict:
     log(f"study {cfg.preset}: {len(jobs)} runs, {len(jobs) - len(todo)} finished, {len(todo)} to run "
         f"({n_failed} failed before, {n_short} stopped before their budget)")  # fmt: skip
     if cfg.dry_run:
+        offline_memory_part(cfg, docs, log)
         seconds, unknown = estimate(todo, out)
         workers = f"{cfg.workers} worker" + ("s" if cfg.workers != 1 else "")
         unmeasured = f" ({unknown} runs without a measured rate: assumed 1,000 steps/s, 20 updates/s)"
@@ -204,6 +209,8 @@ def run_study(cfg: StudyConfig, log=print) -> dict:
                 launch.run_local(todo, cfg.workers, cfg.timeout_s, log, bar)
         finally:
             bar.close()
+    offline_memory_part(cfg, docs, log)
+    ctx["offline_memory"] = offline_memory_report.study_section(docs)
     ctx["command"] = rebuild_command(cfg, docs)
     ctx["method"], ctx["notes"], ctx["caveat"] = notes.method(cfg.preset), notes.notes, notes.caveat
     ctx["planned"] = dict(Counter(j.spec["task"] for j in every_job))
@@ -215,6 +222,32 @@ def run_study(cfg: StudyConfig, log=print) -> dict:
     aggs = report.write_report(found, docs, ctx)
     log(f"wrote {docs}/encoders.md, encoders.json ({len(found)} runs), encoders_aggregate.json, plots/")
     return {"jobs": len(jobs), "records": len(found), "aggregates": aggs}
+
+
+def offline_memory_part(cfg: StudyConfig, docs: Path, log=print) -> None:
+    """The offline memory table as part of the study (``memory_table``, preset full, the offline part chosen and
+    no --tasks filter): run, dry-run or rebuild it with this invocation's settings; --encoders passes on the
+    names the table has (none of them: the table is left out)."""
+    if not (cfg.memory_table and cfg.preset == "full" and "offline" in cfg.parts and not cfg.tasks):
+        return
+    table = {r.name for r in offline_memory.rows()}
+    names = tuple(n for n in cfg.encoders if n in table)
+    if cfg.encoders and not names:
+        return
+    offline_memory.run_offline_memory(
+        offline_memory.OfflineMemoryConfig(
+            encoders=names,
+            seeds=cfg.seeds if cfg.seeds is not None else offline_memory.SEEDS,
+            out=Path(cfg.out),
+            docs=docs,
+            workers=cfg.workers,
+            timeout_s=cfg.timeout_s,
+            dry_run=cfg.dry_run,
+            report_only=cfg.report_only,
+            restore=cfg.restore,
+        ),
+        log,
+    )
 
 
 def check_nothing_lost(found: list[dict], committed: Path, moved: set[str], guard: bool) -> None:

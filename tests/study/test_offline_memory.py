@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rl_transformers.study import offline_memory as om
-from rl_transformers.study import records
+from rl_transformers.study import offline_memory_report, records, run
 from rl_transformers.study.encoders import parse_spec
 from rl_transformers.utils.errors import UserError
 
@@ -105,6 +105,8 @@ def test_a_tiny_table_runs_resumes_and_rebuilds_from_its_records(tiny_table: Pat
     assert (docs / "offline_memory.md").read_text() == markdown
     assert json.loads((docs / "offline_memory.json").read_text()) == published
     assert not list((tiny_table / "runs").rglob("stdout.log"))  # restored, not run
+    section = "\n".join(offline_memory_report.study_section(docs))  # encoders.md's offline part
+    assert "| `xl` | memory |" in section and "### Control tasks" in section
 
 
 def test_a_record_that_contradicts_its_job_is_refused(tiny_table: Path) -> None:
@@ -129,3 +131,28 @@ def test_a_record_with_a_bad_success_field_is_no_result(tmp_path: Path, field: s
             "updates": job.spec["budget"], "success": 1.0, "success_curve": [[600, 1.0]]}  # fmt: skip
     assert records.problem(good, job.spec) is None
     assert field in str(records.problem({**good, field: value}, job.spec))
+
+
+def test_the_study_runs_the_table_as_its_offline_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """encoder_study.py --preset full runs the table with its own settings (workers, seeds, dry run, restore)
+    and the --encoders the table has; not for the quick preset, a --tasks filter, the online part alone, only
+    encoders the table lacks, or --no-memory-table."""
+    called: list[om.OfflineMemoryConfig] = []
+    monkeypatch.setattr(om, "run_offline_memory", lambda cfg, log=print: called.append(cfg))
+    monkeypatch.setattr(om, "rows", lambda match=True: list(TINY_ROWS))
+    base = run.StudyConfig(preset="full", out=tmp_path / "runs", workers=2, dry_run=True)
+    run.offline_memory_part(run.replace(base, encoders=("xl", "gru")), tmp_path / "docs")
+    (cfg,) = called
+    assert cfg.encoders == ("xl",) and cfg.workers == 2 and cfg.dry_run and cfg.seeds == om.SEEDS
+    assert cfg.docs == tmp_path / "docs" and cfg.out == tmp_path / "runs"
+    for skipped in (
+        run.replace(base, preset="quick"),
+        run.replace(base, tasks=("TMaze10",)),
+        run.replace(base, parts=("online",)),
+        run.replace(base, encoders=("gru",)),
+        run.replace(base, memory_table=False),
+    ):
+        run.offline_memory_part(skipped, tmp_path / "docs")
+    assert len(called) == 1
