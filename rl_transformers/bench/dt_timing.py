@@ -16,7 +16,7 @@ import gc
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +54,22 @@ def run_rounds(
     warmup: int,
 ) -> dict[str, dict[str, list[float]]]:
     """Per candidate, the CPU and wall seconds of each round (``{"cpu": [...], "wall": [...]}``)."""
+    updates = {name: make_update(c, batch) for name, c in candidates.items()}
+    return time_rounds(updates, device, steps, rounds, warmup)
+
+
+def time_rounds(
+    updates: Mapping[str, Callable[[], object]],
+    device: torch.device,
+    steps: int,
+    rounds: int,
+    warmup: int,
+    on_round: Callable[[int], None] | None = None,
+) -> dict[str, dict[str, list[float]]]:
+    """Interleaved rounds of any update callables (the module docstring's method): per name, the CPU and wall
+    seconds of each round's ``steps`` calls. ``on_round(r)`` after round r (progress), outside the clocks."""
     if steps < 1 or rounds < 1 or warmup < 0:
         raise ValueError(f"steps and rounds must be >= 1 and warmup >= 0, got {steps}, {rounds}, {warmup}")
-    updates = {name: make_update(c, batch) for name, c in candidates.items()}
     for update in updates.values():
         for _ in range(warmup):
             update()
@@ -76,6 +89,8 @@ def run_rounds(
                 seconds[name]["cpu"].append(time.process_time() - cpu0)
                 seconds[name]["wall"].append(time.perf_counter() - wall0)
             gc.collect()
+            if on_round is not None:
+                on_round(r)
     finally:
         if gc_was_enabled:
             gc.enable()

@@ -29,6 +29,7 @@ import multiprocessing as mp
 import resource
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,7 +92,7 @@ class MemoryJob:
     budget_bytes: float
 
 
-def _malloc_returns_memory() -> Any:
+def malloc_returns_memory() -> Any:
     """Make glibc give large blocks back to the OS at free() (fixed mmap threshold, no dynamic raise), so RSS
     tracks live memory and freed blocks are not silently reused below the peak mark; returns malloc_trim."""
     try:
@@ -103,9 +104,26 @@ def _malloc_returns_memory() -> Any:
         return None
 
 
+def measure_rss(call: Callable[[], object], trim: Any = None) -> dict[str, Any]:
+    """Extra resident memory of one ``call`` in this process (meant for a fresh child, after
+    :func:`malloc_returns_memory` and a warm-up): collect, trim the heap, reset the peak mark, run, read it."""
+    gc.collect()
+    if trim is not None:
+        trim(0)
+    if _reset_peak() and _status_bytes("VmRSS") is not None:
+        method, baseline = "vmhwm", _status_bytes("VmRSS")
+    else:
+        method, baseline = "ru_maxrss", _maxrss_bytes()
+    start = time.perf_counter()
+    call()
+    call_s = time.perf_counter() - start
+    peak = _status_bytes("VmHWM") if method == "vmhwm" else _maxrss_bytes()
+    return {"peak_bytes": max(0, int(peak or 0) - int(baseline or 0)), "call_s": call_s, "method": method}
+
+
 def _child(job: MemoryJob, conn: Any) -> None:
     try:
-        trim = _malloc_returns_memory()
+        trim = malloc_returns_memory()
         torch.set_num_threads(job.threads)
         dtype = getattr(torch, job.dtype)
         common = dict(
@@ -122,20 +140,7 @@ def _child(job: MemoryJob, conn: Any) -> None:
         if data is not None and math.isfinite(job.budget_bytes):
             limit = int(data + job.budget_bytes)
             resource.setrlimit(resource.RLIMIT_DATA, (limit, resource.getrlimit(resource.RLIMIT_DATA)[1]))
-        gc.collect()
-        if trim is not None:
-            trim(0)
-        if _reset_peak() and _status_bytes("VmRSS") is not None:
-            method, baseline = "vmhwm", _status_bytes("VmRSS")
-        else:
-            method, baseline = "ru_maxrss", _maxrss_bytes()
-        start = time.perf_counter()
-        op.call()
-        call_s = time.perf_counter() - start
-        peak = _status_bytes("VmHWM") if method == "vmhwm" else _maxrss_bytes()
-        conn.send(
-            {"peak_bytes": max(0, int(peak or 0) - int(baseline or 0)), "call_s": call_s, "method": method}
-        )
+        conn.send(measure_rss(op.call, trim))
     except (MemoryError, RuntimeError) as err:
         text = str(err)
         if isinstance(err, MemoryError) or "allocate" in text:
@@ -153,9 +158,15 @@ def _child(job: MemoryJob, conn: Any) -> None:
 def measure_cpu(job: MemoryJob, timeout: float) -> dict[str, Any]:
     """Run ``job`` in a fresh process: dict with peak_bytes / call_s / method, or error = memory | time |
     unsupported | error (with a detail)."""
+    return run_in_child(_child, (job,), timeout)
+
+
+def run_in_child(target: Callable[..., None], args: tuple[Any, ...], timeout: float) -> dict[str, Any]:
+    """``target(*args, conn)`` in a fresh forkserver process; the dict it sends on ``conn``, or error = memory
+    (the process died) | time (no answer within ``timeout`` s, then it is killed) | error (a bad exit code)."""
     ctx = _context()
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(job, child), daemon=True)
+    proc = ctx.Process(target=target, args=(*args, child), daemon=True)
     proc.start()
     child.close()
     result: dict[str, Any]
