@@ -84,6 +84,11 @@ def evaluate_minibatch(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict, dict]:
     """New log-probs, entropies, values (B, W) of a minibatch, plus aux losses and info."""
     b, w = mb.log_probs.shape
+    if len(mb.state_groups) == 1:
+        rows, state = mb.state_groups[0]
+        if rows.shape[0] == b and torch.equal(rows.cpu(), torch.arange(b)):  # every row, in order: no gathers
+            out = policy.evaluate_sequence(mb.obs, mb.actions, state, mb.episode_starts)
+            return out.log_prob, out.entropy, out.value, dict(out.aux_losses), out.info
     new_lp = mb.log_probs.new_empty(b, w)
     ent = mb.log_probs.new_empty(b, w)
     val = mb.log_probs.new_empty(b, w)

@@ -157,6 +157,8 @@ class RolloutStorage:
         self.truncated = torch.zeros(t, n, **flags)
         self.episode_starts = torch.zeros(t, n, **flags)
         self.states: list[Any] = [None] * self.num_seq_starts
+        self._stacked: tuple[tuple[Any, ...], Any] | None = None
+        """(the stored states, their rows concatenated): sequence s's state is row s (``state_of``)."""
 
     # -- writing --------------------------------------------------------------------------------------------
     def store_state(self, step: int, state: Any) -> None:
@@ -241,6 +243,15 @@ class RolloutStorage:
         """Stored states of sequences ``seq_ids``, grouped by shape: [(positions in seq_ids, state rows)]."""
         if any(s is None for s in self.states):
             raise RuntimeError("a state was not stored for every sequence start (call store_state)")
+        same = {state_signature(s) for s in self.states}
+        if len(same) == 1 and isinstance(self.states[0], State):
+            # One shape (the common case): sequence s = g·N + e is row s of the stored states concatenated,
+            # concatenated once per rollout, so a minibatch is a single gather.
+            states = tuple(self.states)
+            if self._stacked is None or any(a is not b for a, b in zip(self._stacked[0], states)):
+                self._stacked = (states, cat_rows(list(states)))
+            rows = self._stacked[1].index_select(seq_ids.to(self.device))
+            return [(torch.arange(len(seq_ids)), rows)]
         n = self.num_envs
         grid = (seq_ids // n).tolist()
         env = (seq_ids % n).tolist()
