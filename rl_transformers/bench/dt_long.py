@@ -299,17 +299,18 @@ def run_bench(
     check_datasets(cfg)
     torch.set_num_threads(cfg.threads)
     machine = machine_info("cpu")
-    found = [rec for length in cfg.lengths for rec in measure_length(length, rows, cfg, log)]
     setup = {k: getattr(cfg, k) for k in ("rounds", "updates", "round_s", "warmup", "threads")}
-    report = {
-        "command": command,
-        "machine": finish_machine_info(machine),
-        "setup": setup | {"lengths": list(cfg.lengths), "dataset": cfg.dataset_name},
-        "results": found,
-    }
-    if cfg.out is not None:
-        write_results(report, Path(cfg.out))
-        log(f"wrote {cfg.out}/results.json and results.md")
+    report: dict[str, Any] = {"command": command, "results": []}
+    for length in cfg.lengths:  # written after each length: a long run that stops keeps what it measured
+        report["results"] += measure_length(length, rows, cfg, log)
+        report["machine"] = finish_machine_info(machine)
+        report["setup"] = setup | {"lengths": list(cfg.lengths), "dataset": cfg.dataset_name}
+        report["complete"] = length == cfg.lengths[-1]
+        if cfg.out is not None:
+            write_results(report, Path(cfg.out))
+            log(
+                f"wrote {cfg.out}/results.json and results.md (corridors done: {length} of {list(cfg.lengths)})"
+            )
     return report
 
 
@@ -337,18 +338,21 @@ def render_markdown(report: dict[str, Any]) -> str:
         " saved: bytes autograd saves for the backward in one update (sum, and the most alive at once); peak RSS:"
         " extra resident memory of one update in a fresh process.",
     ]
+    if not report.get("complete", True):
+        lines.append("- **incomplete**: the run stopped before its last corridor length")
     for length in dict.fromkeys(r["length"] for r in report["results"]):
         lines += [
             "",
             f"## Corridor {length}",
             "",
-            "| row | K | segments | tokens | updates/s (CPU) | updates/s (wall) | vs full (CPU) | vs full (wall) | "
+            "| row | K | segments | tokens | parameters | updates/s (CPU) | updates/s (wall) | vs full (CPU) | vs full (wall) | "
             "saved MiB | saved MiB (peak alive) | peak RSS MiB |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in (r for r in report["results"] if r["length"] == length):
             lines.append(
-                f"| {r['row']} | {r['K']} | {r['segments']} | {r['tokens']} | {r['cpu_updates_per_s']} | "
+                f"| {r['row']} | {r['K']} | {r['segments']} | {r['tokens']} | {r['n_parameters']:,} | "
+                f"{r['cpu_updates_per_s']} | "
                 f"{r['wall_updates_per_s']} | {r['speed_vs_full_cpu']} | {r['speed_vs_full_wall']} | "
                 f"{_mib(r['saved_bytes'])} | {_mib(r['peak_saved_bytes'])} | {_mib(r.get('rss_peak_bytes'))} |"
             )

@@ -69,12 +69,14 @@ def test_every_row_and_k_gets_positive_numbers(report: dict) -> None:
         assert r["rss_peak_bytes"] > 0 and "rss_error" not in r, r
         assert len(r["cpu_rounds_s"]) == len(r["wall_rounds_s"]) == 2 and r["updates_per_round"] == 2
         assert r["peak_saved_bytes"] <= r["saved_bytes"]
-    assert report["written"]["results"] == report["results"]  # the file is what was measured
+    assert report["written"]["results"] == report["results"] and report["written"]["complete"]
+    assert "incomplete" not in report["markdown"]
     assert report["written"]["machine"]["git_sha"] and report["written"]["command"].startswith(
         "python scripts/"
     )
     for name in EXPECTED:
-        assert f"| {name} | {EXPECTED[name][0]} | {EXPECTED[name][1]} |" in report["markdown"]
+        k, n = EXPECTED[name]
+        assert f"| {name} | {k} | {n} | {3 * k * n} |" in report["markdown"]
     for name in EXPECTED:  # a progress line per row: saved bytes, speed, RSS
         assert sum(line.startswith(f"TMaze{L} {name}:") for line in report["lines"]) == 3
 
