@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -27,6 +27,7 @@ from rl_transformers.backbone import registry
 from rl_transformers.backbone.blocks import Block
 from rl_transformers.backbone.config import BackboneConfig
 from rl_transformers.backbone.context import ForwardContext
+from rl_transformers.backbone.memory.xl import XLMemory
 from rl_transformers.backbone.state import BackboneState
 
 
@@ -63,6 +64,8 @@ class Backbone(nn.Module):
             registry.get("memory", cfg.memory).cls(cfg, cfg.options("memory")) if cfg.memory else None
         )
         self.final_norm: nn.Module = nn.LayerNorm(cfg.d_model) if block_cls.final_norm else nn.Identity()
+        self._read_visible = isinstance(self.memory, XLMemory) and attention_cls.drops_invalid_keys
+        """Read only the XL memory columns some row can see (eager forwards; ``XLMemory.read_visible``)."""
 
     # -- state ------------------------------------------------------------------------------------------------
     def init_state(
@@ -161,7 +164,7 @@ class Backbone(nn.Module):
             all_valid=key_padding_mask is None,
             aligned=self.memory is None or self.memory.aligned_positions,
             info={} if self.collect_info else None,
-            memory=self.memory.read(state.memory) if self.memory is not None else None,
+            memory=self._read_memory(state.memory),
             embed=self.position.embed if self.position.kind == "input" else None,
             segment=segment,
         )
@@ -172,6 +175,13 @@ class Backbone(nn.Module):
         new_pos = state.pos + t if starts is None else pos[:, -1] + 1
         new_state = BackboneState(pos=new_pos, layers=layers, memory=memory, depth=depth_state)
         return BackboneOutput(y=y, state=new_state, aux_losses=ctx.aux, info=ctx.info or {})
+
+    def _read_memory(self, memory_state: Any) -> list[Any] | None:
+        if self.memory is None:
+            return None
+        if self._read_visible and not torch.compiler.is_compiling():  # compiled: static widths
+            return cast(XLMemory, self.memory).read_visible(memory_state)
+        return self.memory.read(memory_state)
 
 
 def build_backbone(cfg: BackboneConfig) -> Backbone:

@@ -130,6 +130,9 @@ class Attention(nn.Module):
     position: Position
     position_kinds: ClassVar[frozenset[str]] = frozenset({"none", "input", "qk", "bias", "scores"})
     """Position kinds this kernel supports (kernel/linear attentions cannot take logit biases)."""
+    drops_invalid_keys: ClassVar[bool] = False
+    """True when keys masked for every query change nothing but rounding (a dense masked softmax: their
+    weight is exactly 0), so the XL memory may leave its never-visible columns out (``read_visible``)."""
     segment_masks: ClassVar[bool] = False
     """True when the kernel masks keys of other segments (``ForwardContext.segment``, see
     :func:`same_segment`), so a chunk may restart rows inside it (``Backbone.forward(starts=...)``)."""

@@ -63,6 +63,7 @@ def _segmented(mask: Tensor, ctx: ForwardContext, s: int) -> Tensor:
 )
 class FullAttention(Attention):
     segment_masks = True
+    drops_invalid_keys = True
 
     def attend(
         self,

@@ -59,6 +59,11 @@ class XLOptions:
             raise ValueError(f"mem_len must be >= 1, got {self.mem_len!r}")
 
 
+TRIM_INVALID = True
+"""``XLMemory.read_visible`` drops the columns invalid in every row; False: it reads them all (tests and
+timings compare the two)."""
+
+
 def append_window(old: Tensor, new: Tensor, dim: int, keep: int) -> Tensor:
     """Concatenate along ``dim`` and keep the last ``keep`` entries."""
     both = torch.cat([old, new], dim=dim)
@@ -96,6 +101,30 @@ class XLMemory(Memory):
             )
             for i in range(state.h.shape[1])
         ]
+
+    def read_visible(self, state: XLMemoryState) -> list[MemoryContext | None]:
+        """:meth:`read` without the oldest columns that are invalid in every row (columns are time-aligned and
+        a reset invalidates a row's whole memory, so these are all the columns no query can see once episodes
+        are shorter than the memory). Only for attentions whose result does not depend on keys masked for
+        every query (``Attention.drops_invalid_keys``): the same sums without exact zeros. The width depends
+        on the data (a host sync), so compiled forwards read the full width."""
+        m = state.valid.shape[1]
+        if not TRIM_INVALID or m == 0:
+            return self.read(state)
+        any_valid = state.valid.any(0)
+        cut = int(any_valid.to(torch.uint8).argmax()) if bool(any_valid.any()) else m
+        if cut == 0:
+            return self.read(state)
+        k, v = state.k, state.v
+        return self.read(
+            XLMemoryState(
+                h=state.h[:, :, cut:],
+                pos=state.pos[:, cut:],
+                valid=state.valid[:, cut:],
+                k=None if k is None else k[:, :, cut:],
+                v=None if v is None else v[:, :, cut:],
+            )
+        )
 
     def write(self, state: XLMemoryState, ctx: ForwardContext) -> XLMemoryState:
         m = self.options.mem_len
