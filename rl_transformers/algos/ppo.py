@@ -126,7 +126,7 @@ class PPOTrainer:
         if cfg.compile:  # issue 26: compiled acting step and training forward, eager fallback
             from rl_transformers.policies.compile import compile_policy
 
-            compile_policy(self.policy)
+            compile_policy(self.policy, training=cfg.compile_training)
         if isinstance(self.policy.core, ContextCore) and ppo.seq_len > self.policy.core.context_len:
             raise ValueError(
                 f"seq_len={ppo.seq_len} must be <= context_len={self.policy.core.context_len} for "

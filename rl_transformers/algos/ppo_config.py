@@ -136,9 +136,13 @@ class TrainConfig(RunConfig):
     torch_deterministic: bool = False
     """Ask torch for deterministic kernels (GPU)."""
     compile: bool = False
-    """torch.compile (inductor) the acting step and the minibatch forward + backward (policies/compile.py):
-    falls back to eager with a one-line message when compilation fails, prints the compile time. Equal to eager
-    up to rounding, not bit for bit. Off until measured on an idle machine (issue 26)."""
+    """torch.compile (inductor) the acting step (policies/compile.py): falls back to eager with a one-line
+    message when compilation fails, prints the compile time. Equal to eager up to rounding, not bit for bit.
+    Measured on an idle 2-core machine (benchmarks/results/ppo_compile): rollout 1.6x eager, whole update
+    ~1.15x; off by default because a cold compile takes about 2 minutes (seconds from inductor's cache)."""
+    compile_training: bool = False
+    """With --compile, also compile the minibatch forward + backward. Off: on one CPU thread the compiled
+    training pass measured 0.90x eager's (measure before turning it on for other shapes or a GPU)."""
     trust_checkpoint: bool = False
     """With --resume: unpickle the saved environments even when they are not signed by this user's key
     (only for files you trust: unpickling can run code). Without it such a run resumes with fresh episodes.
@@ -200,6 +204,7 @@ RESUME_MUTABLE = (
     "vectorization",
     "torch_deterministic",
     "compile",
+    "compile_training",
 )
 """Fields a ``--resume`` may change (the others must equal the saved values, see resume_config)."""
 RESUME_PER_INVOCATION = ("resume", "trust_checkpoint", "allow_env_modules")

@@ -76,11 +76,13 @@ class CompiledCall:
         return out
 
 
-def compile_policy(policy: ActorCritic, log: Log = _print, **options: Any) -> ActorCritic:
-    """Give ``policy`` compiled acting-step and training-forward callables (see the module docstring);
-    ``options`` go to ``torch.compile`` (e.g. ``backend="aot_eager"`` in tests)."""
+def compile_policy(
+    policy: ActorCritic, log: Log = _print, training: bool = True, **options: Any
+) -> ActorCritic:
+    """Give ``policy`` a compiled acting step and, with ``training``, a compiled training forward (see the module
+    docstring); ``options`` go to ``torch.compile`` (e.g. ``backend="aot_eager"`` in tests)."""
     policy.compiled_step = CompiledCall("acting step", policy.eager_step, log, **options)
-    policy.compiled_core = CompiledCall("training forward", policy.core, log, **options)
+    policy.compiled_core = CompiledCall("training forward", policy.core, log, **options) if training else None
     return policy
 
 
