@@ -74,6 +74,8 @@ def evaluate_policy(
         loop = reset_loop(envs, policy, seed, device)
         obs, starts, state = loop.obs, loop.episode_start, loop.policy_state
         ep_return, ep_length = loop.ep_return, loop.ep_length
+        with torch.inference_mode():  # the memory's key / value projections cached, as in the rollout
+            state = policy.acting_state(state)
         step = 0
         while (counts < targets).any():
             with torch.inference_mode():
