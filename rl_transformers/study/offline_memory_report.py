@@ -73,6 +73,18 @@ def cell_text(entry: dict[str, Any]) -> str:
     return "–"
 
 
+def success_table(table: Sequence[om.Row], data: dict[str, Any]) -> list[str]:
+    """The success table's lines: one row per table row, one column per corridor length."""
+    lines = [
+        f"| row | family | {' | '.join(f'L = {n}' for n in om.LENGTHS)} |",
+        "|---|---|" + "---|" * len(om.LENGTHS),
+    ]
+    for row in table:
+        cells_ = " | ".join(cell_text(data[row.name][str(n)]) for n in om.LENGTHS)
+        lines.append(f"| `{row.name}` | {row.family} | {cells_} |")
+    return lines
+
+
 def markdown(found: Sequence[dict[str, Any]], table: Sequence[om.Row], data: dict[str, Any], command: str,
              plots: list[str]) -> str:  # fmt: skip
     expected = len(table) * len(om.LENGTHS) * len(om.SEEDS)
@@ -106,12 +118,8 @@ def markdown(found: Sequence[dict[str, Any]], table: Sequence[om.Row], data: dic
         "",
         "## Success rate",
         "",
-        f"| row | family | {lengths} |",
-        "|---|---|" + "---|" * len(om.LENGTHS),
+        *success_table(table, data),
     ]
-    for row in table:
-        cells_ = " | ".join(cell_text(data[row.name][str(n)]) for n in om.LENGTHS)
-        lines.append(f"| `{row.name}` | {row.family} | {cells_} |")
     lines += [
         "",
         "## Speed per context",
@@ -194,7 +202,6 @@ def study_section(docs: Path) -> list[str]:
         return []
     table = om.rows()
     data = table_data(found, table)
-    head = " | ".join(f"L = {n}" for n in om.LENGTHS)
     lines = [
         "### Main tasks: offline memory (T-Maze corridors)",
         "",
@@ -202,13 +209,6 @@ def study_section(docs: Path) -> list[str]:
         "finished so far); method, speed per context and plots: [offline_memory.md](offline_memory.md). "
         "CartPole and Pendulum below are the control rows: they need no memory.",
         "",
-        f"| row | family | {head} |",
-        "|---|---|" + "---|" * len(om.LENGTHS),
+        *success_table(table, data),
     ]
-    for row in table:
-        lines.append(
-            f"| `{row.name}` | {row.family} | "
-            + " | ".join(cell_text(data[row.name][str(n)]) for n in om.LENGTHS)
-            + " |"
-        )
     return [*lines, "", "### Control tasks", ""]

@@ -97,21 +97,16 @@ def problem(record: Any, spec: dict[str, Any]) -> str | None:
     params = record.get("parameters")
     if params is not None and (not isinstance(params, int) or isinstance(params, bool) or params < 0):
         return f"parameters {params!r} is not a count"
-    curve = record.get("curve")
-    if curve is not None and not (
-        isinstance(curve, list)
-        and all(isinstance(p, list) and len(p) == 2 and all(_number(x) for x in p) for p in curve)
-    ):
-        return "curve is not a list of [step, value] pairs of finite numbers"
+    for field in ("curve", "success_curve"):
+        points = record.get(field)
+        if points is not None and not (
+            isinstance(points, list)
+            and all(isinstance(p, list) and len(p) == 2 and all(_number(x) for x in p) for p in points)
+        ):
+            return f"{field} is not a list of [step, value] pairs of finite numbers"
     success = record.get("success")
     if success is not None and not (_number(success) and 0.0 <= success <= 1.0):
         return f"success {success!r} is not a rate in [0, 1]"
-    points = record.get("success_curve")
-    if points is not None and not (
-        isinstance(points, list)
-        and all(isinstance(p, list) and len(p) == 2 and all(_number(x) for x in p) for p in points)
-    ):
-        return "success_curve is not a list of [step, value] pairs of finite numbers"
     for field in ("git_sha", "machine"):
         if record.get(field) is not None and not isinstance(record[field], str):
             return f"{field} {record[field]!r} is not a string"

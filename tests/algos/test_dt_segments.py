@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -216,6 +218,13 @@ def test_one_segment_is_todays_step_bit_for_bit(tmaze, tmp_path: Path, memory: s
     """``--segments 1`` is the single-window update, written out here by hand (same data stream)."""
     backbone = dt_backbone_config(d_model=32, n_layers=1, n_heads=2, dropout=0.0, memory=memory)
     config = tmaze_config(tmaze, tmp_path, backbone=backbone, segments=1)
+    check_hand_written_updates(
+        config, lambda data, rng: data.sample(config.batch_size, config.context_len, rng, config.padding)
+    )
+
+
+def check_hand_written_updates(config: DTConfig, sample: Callable[[TrajectoryDataset, Any], DTBatch]) -> None:
+    """The trainer's updates equal the plain update written out here on ``sample``'s batches (same stream)."""
     trainer = DTTrainer(config, DistContext(), torch.device("cpu"))
     model = copy.deepcopy(trainer.model)
     optimizer = torch.optim.AdamW(
@@ -225,7 +234,7 @@ def test_one_segment_is_todays_step_bit_for_bit(tmaze, tmp_path: Path, memory: s
     rng = np.random.default_rng([config.seed, 0])
     for _ in range(config.total_steps):
         trainer.update()
-        batch = trainer.data.sample(config.batch_size, config.context_len, rng, config.padding)
+        batch = sample(trainer.data, rng)
         out = model(**batch.model_inputs())
         loss = model.action_loss(out.predictions, batch.actions, batch.mask)
         optimizer.zero_grad(set_to_none=True)
@@ -317,26 +326,9 @@ def test_aligned_update_is_the_hand_written_step(tmaze, tmp_path: Path) -> None:
     """``--window-starts aligned`` trains on ``sample_segments(B, K, 1)`` windows with the usual update (written
     out here by hand on the same data stream)."""
     config = tmaze_config(tmaze, tmp_path, window_starts="aligned", context_len=3)
-    trainer = DTTrainer(config, DistContext(), torch.device("cpu"))
-    model = copy.deepcopy(trainer.model)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay, fused=True
+    check_hand_written_updates(
+        config, lambda data, rng: data.sample_segments(config.batch_size, config.context_len, 1, rng)[0]
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: linear_warmup(s, config.warmup_steps))
-    rng = np.random.default_rng([config.seed, 0])
-    for _ in range(config.total_steps):
-        trainer.update()
-        (batch,) = trainer.data.sample_segments(config.batch_size, config.context_len, 1, rng)
-        out = model(**batch.model_inputs())
-        loss = model.action_loss(out.predictions, batch.actions, batch.mask)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-    for (name, p), q in zip(trainer.model.named_parameters(), model.parameters()):
-        assert torch.equal(p, q), name
-    trainer.close()
 
 
 def test_aligned_windows_need_right_padding(tmaze, tmp_path: Path) -> None:
