@@ -66,6 +66,7 @@ class Backbone(nn.Module):
         self.final_norm: nn.Module = nn.LayerNorm(cfg.d_model) if block_cls.final_norm else nn.Identity()
         self._read_visible = isinstance(self.memory, XLMemory) and attention_cls.drops_invalid_keys
         """Read only the XL memory columns some row can see (eager forwards; ``XLMemory.read_visible``)."""
+        self._segments_unsupported = self._segments_reason()
 
     # -- state ------------------------------------------------------------------------------------------------
     def init_state(
@@ -113,11 +114,14 @@ class Backbone(nn.Module):
     @property
     def segments_unsupported(self) -> str | None:
         """Why ``forward(starts=...)`` is refused (None: supported): the attention must mask by segment
-        (``Attention.segment_masks``), the memory be none or ``xl``, the depth ``fixed``, the block not
-        ``reversible``."""
+        (``Attention.masks_segments``), the memory be none or ``xl``, the depth ``fixed``, the block not
+        ``reversible``. Decided once, at construction (no work inside a traced forward)."""
+        return self._segments_unsupported
+
+    def _segments_reason(self) -> str | None:
         cfg = self.cfg
-        if not registry.get("attention", cfg.attention).cls.segment_masks:
-            return f"attention {cfg.attention!r} does not mask by segment"
+        if not registry.get("attention", cfg.attention).cls.masks_segments(cfg.options("attention")):
+            return f"attention {cfg.attention!r} (with these options) does not mask by segment"
         if cfg.memory not in (None, "xl"):
             return f"memory {cfg.memory!r} is not segment-aware"
         if cfg.depth != "fixed" or cfg.block == "reversible":

@@ -29,6 +29,12 @@ def configs() -> dict[str, BackboneConfig]:
             attention_options={"max_cache": 7},  # XL replays the stream exactly within the memory's window
         ),
         "kv_cache_window": BackboneConfig(**small, position="rope", attention_options={"max_cache": 6}),
+        "gaussian_prior_kv_cache": BackboneConfig(  # the study's PPO row: no XL memory, its own bounded cache
+            **small, attention="gaussian_prior", position="xl_relative", attention_options={"max_cache": 6}
+        ),
+        "gaussian_prior_xl": gtrxl_backbone(16, 2, 2, mem_len=5).replace(
+            attention="gaussian_prior", attention_options={"max_cache": 5}
+        ),
         "kv_cache_absolute": BackboneConfig(**small, position="sinusoidal", block="pre_ln"),
     }
 
@@ -93,8 +99,9 @@ def test_starts_bite() -> None:
         dict(attention="linear", position="rope"),
         dict(memory="compressive", position="rope"),
         dict(depth="universal", position="rope"),
+        dict(attention="gaussian_prior", attention_options={"truncate_sigmas": 6.0}),
     ],
-    ids=["attention_linear", "memory_compressive", "depth_universal"],
+    ids=["attention_linear", "memory_compressive", "depth_universal", "gaussian_prior_windowed"],
 )
 def test_unsupported_parts_refuse_starts(kw: dict) -> None:
     bb = Backbone(BackboneConfig(d_model=16, n_layers=2, n_heads=2, **kw))

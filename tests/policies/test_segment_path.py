@@ -29,10 +29,15 @@ def run(policy, state, obs, actions, starts, segments: bool, monkeypatch: pytest
     return out, grads
 
 
-@pytest.mark.parametrize("mem_len", [4, 32])
-def test_uncut_training_forward_equals_packed(mem_len: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("mem_len", "attention"), [(4, "full"), (32, "full"), (4, "gaussian_prior"), (32, "gaussian_prior")]
+)
+def test_uncut_training_forward_equals_packed(
+    mem_len: int, attention: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     torch.manual_seed(0)
-    policy = make_policy(PolicyConfig(backbone=gtrxl_backbone(16, 2, 2, mem_len=mem_len)), OBS, ACT).double()
+    backbone = gtrxl_backbone(16, 2, 2, mem_len=mem_len).replace(attention=attention, attention_options={})
+    policy = make_policy(PolicyConfig(backbone=backbone), OBS, ACT).double()
     assert policy.core.segments  # the default GTrXL takes the uncut path
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():  # a stored state with a partly filled memory, as a rollout leaves it

@@ -137,6 +137,11 @@ class Attention(nn.Module):
     """True when the kernel masks keys of other segments (``ForwardContext.segment``, see
     :func:`same_segment`), so a chunk may restart rows inside it (``Backbone.forward(starts=...)``)."""
 
+    @classmethod
+    def masks_segments(cls, options: Any) -> bool:
+        """Whether the kernel, with these options, masks keys of other segments (default: ``segment_masks``)."""
+        return cls.segment_masks
+
     def __init__(self, cfg: Any, options: Any, position: Position, layer: int) -> None:
         super().__init__()
         self.cfg = cfg

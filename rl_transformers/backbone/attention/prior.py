@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rl_transformers.backbone.attention.base import Attention, attention_entropy, visible_mask
+from rl_transformers.backbone.attention.base import Attention, attention_entropy, same_segment, visible_mask
 from rl_transformers.backbone.attention.full import window_limit
 from rl_transformers.backbone.context import ForwardContext
 from rl_transformers.backbone.registry import Capabilities, register
@@ -106,6 +106,13 @@ class GaussianPriorAttention(Attention):
         sigma = self.sigma.to(dtype).view(1, -1, 1, 1)
         return -dist.pow(2) / (2 * sigma.pow(2))
 
+    segment_masks = True
+    """The dense form masks keys of other segments; the windowed form (``truncate_sigmas``) does not."""
+
+    @classmethod
+    def masks_segments(cls, options: Any) -> bool:
+        return options.truncate_sigmas is None
+
     def attend(
         self,
         q: Tensor,
@@ -120,6 +127,11 @@ class GaussianPriorAttention(Attention):
             return self.attend_windowed(q, k, v, q_pos, k_pos, k_valid, ctx)
         t = q.shape[2]
         mask = window_limit(visible_mask(t, k_valid, self.causal), t, self.options.max_cache)
+        same = same_segment(
+            ctx, k.shape[2]
+        )  # rows restarting inside the chunk (Backbone.forward(starts=...))
+        if same is not None:
+            mask = mask & same
         scores = self.position.logits_aligned if ctx.aligned else self.position.logits
         logits = scores(q, k, q_pos, k_pos, self.layer)
         dtype = torch.promote_types(logits.dtype, torch.float32)
