@@ -65,12 +65,31 @@ def table_data(found: Sequence[dict[str, Any]], table: Sequence[om.Row]) -> dict
     return data
 
 
+SOLVED = 0.9
+"""A run with at least this success rate counts as solved (the cell's ``n/3 solved``)."""
+
+
 def cell_text(entry: dict[str, Any]) -> str:
+    """IQM [CI] when every seed finished, else the mean of those that did; then how many seeds solved it."""
+    if "mean" not in entry:
+        return "–"
+    solved = f"{sum(v >= SOLVED for v in entry['success'])}/{len(entry['success'])} solved"
     if "iqm" in entry:
-        return f"{entry['iqm']:.2f} [{entry['ci_low']:.2f}, {entry['ci_high']:.2f}]"
-    if "mean" in entry:
-        return f"{entry['mean']:.2f} ({len(entry['success'])}/{len(om.SEEDS)} seeds)"
-    return "–"
+        return f"{entry['iqm']:.2f} [{entry['ci_low']:.2f}, {entry['ci_high']:.2f}] · {solved}"
+    return f"{entry['mean']:.2f} · {solved} ({len(entry['success'])} of {len(om.SEEDS)} seeds)"
+
+
+def memoryless_scores(episodes: int, seed: int = 1_000_000) -> tuple[float, float]:
+    """Success of the two policies that ignore the cue (always north, always south) on the evaluation episodes
+    (the DT trainer resets episode i with ``eval_seed + i``; the cue is the first observation's sign)."""
+    import gymnasium as gym
+
+    import envs  # noqa: F401  (registers rlt/ ids)
+
+    env = gym.make("rlt/TMaze-v0", corridor_length=1)  # the cue draw does not depend on the corridor length
+    north = sum(float(env.reset(seed=seed + i)[0][0]) > 0 for i in range(episodes))
+    env.close()
+    return north / episodes, (episodes - north) / episodes
 
 
 def success_table(table: Sequence[om.Row], data: dict[str, Any]) -> list[str]:
@@ -88,6 +107,7 @@ def success_table(table: Sequence[om.Row], data: dict[str, Any]) -> list[str]:
 def markdown(found: Sequence[dict[str, Any]], table: Sequence[om.Row], data: dict[str, Any], command: str,
              plots: list[str]) -> str:  # fmt: skip
     expected = len(table) * len(om.LENGTHS) * len(om.SEEDS)
+    north, south = memoryless_scores(om.RECIPE["eval_episodes"])
     status = "Complete" if len(found) >= expected else f"PARTIAL: {len(found)} of {expected} runs finished"
     lengths = " | ".join(f"L = {n}" for n in om.LENGTHS)
     lines = [
@@ -98,7 +118,9 @@ def markdown(found: Sequence[dict[str, Any]], table: Sequence[om.Row], data: dic
         "`--dry-run` prints the cost).",
         "",
         f"Data: `{om.DATASET_COMMAND}` (500 episodes per corridor length L, 80 % oracle, 20 % uniform random). "
-        "The cue of t = 0 decides the arm at t = L. Score: the **success rate** of "
+        f"The cue of t = 0 decides the arm at t = L; a policy that ignores it succeeds in {north:.2f} (always "
+        f"north) or {south:.2f} (always south) of the evaluation episodes. "
+        f"A cell: IQM [CI] and how many seeds solved it (success ≥ {SOLVED}). Score: the **success rate** of "
         f"{om.RECIPE['eval_episodes']} greedy episodes at target return 1 after the whole budget "
         f"({', '.join(f'{om.BUDGET[n]:,} updates at L = {n}' for n in om.LENGTHS)}), seeds {list(om.SEEDS)}. "
         "A cell is the interquartile mean over the seeds with its 95 % stratified-bootstrap CI (`rliable`), or "

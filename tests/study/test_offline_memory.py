@@ -156,3 +156,19 @@ def test_the_study_runs_the_table_as_its_offline_part(
     ):
         run.offline_memory_part(skipped, tmp_path / "docs")
     assert len(called) == 1
+
+
+def test_memoryless_scores_count_the_evaluation_cues() -> None:
+    """Always-north and always-south succeed on complementary shares of the evaluation episodes, counted here
+    from the env's cue with the trainer's reset seeds."""
+    import gymnasium as gym
+
+    import envs  # noqa: F401
+
+    north, south = offline_memory_report.memoryless_scores(20, seed=7)
+    env = gym.make("rlt/TMaze-v0", corridor_length=5)
+    cues = [float(env.reset(seed=7 + i)[0][0]) for i in range(20)]
+    assert north == cues.count(1.0) / 20 and south == cues.count(-1.0) / 20 and north + south == pytest.approx(1.0)
+    assert offline_memory_report.cell_text({"mean": 0.7, "success": [1.0, 0.4]}).endswith(
+        "1/2 solved (2 of 3 seeds)"
+    )
