@@ -168,7 +168,37 @@ def test_memoryless_scores_count_the_evaluation_cues() -> None:
     north, south = offline_memory_report.memoryless_scores(20, seed=7)
     env = gym.make("rlt/TMaze-v0", corridor_length=5)
     cues = [float(env.reset(seed=7 + i)[0][0]) for i in range(20)]
-    assert north == cues.count(1.0) / 20 and south == cues.count(-1.0) / 20 and north + south == pytest.approx(1.0)
+    assert (
+        north == cues.count(1.0) / 20
+        and south == cues.count(-1.0) / 20
+        and north + south == pytest.approx(1.0)
+    )
     assert offline_memory_report.cell_text({"mean": 0.7, "success": [1.0, 0.4]}).endswith(
         "1/2 solved (2 of 3 seeds)"
     )
+
+
+def test_estimates_use_measured_runs_then_the_benchmark_scaled_then_the_assumption(tmp_path: Path) -> None:
+    """A cell with a finished run uses its rate; one without uses the benchmark's rate times the median ratio of
+    the same length's runs to their benchmark rates; a row the benchmark lacks, the length's median; budget /
+    rate + 10 s each (hand-computed)."""
+    floor = om.Row("floor", "floor", "attention=full")
+    done = om.make_job(10, FULL, 0, tmp_path)
+    done.dir.mkdir(parents=True)
+    (done.dir / "result.json").write_text(
+        json.dumps({"task": "TMaze10", "encoder_name": "full", "updates_per_s": 20.0})
+    )
+    bench = {("full", 10): 80.0, ("xl", 10): 40.0}
+    jobs = [
+        om.make_job(10, FULL, 1, tmp_path),
+        om.make_job(10, TINY_ROWS[1], 0, tmp_path),
+        om.make_job(10, floor, 0, tmp_path),
+    ]
+    budget = om.BUDGET[10]
+    got = om.estimates(jobs, tmp_path, bench)
+    assert got == pytest.approx([budget / 20.0 + 10, budget / (40.0 * 0.25) + 10, budget / 20.0 + 10])
+    assert om.estimates([om.make_job(50, FULL, 0, tmp_path)], tmp_path, {}) == [
+        om.BUDGET[50] / om.ASSUMED_UPDATES_PER_S[50] + 10
+    ]
+    assert om.bench_rates(tmp_path / "missing.json") == {}
+    assert om.bench_rates()[("full", 200)] > 0  # the committed benchmark covers the table's rows
