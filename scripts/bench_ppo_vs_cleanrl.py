@@ -23,6 +23,7 @@ import tyro
 from rl_transformers.bench import ppo_reference
 from rl_transformers.bench.meta import finish_machine_info, load_text, machine_info
 from rl_transformers.utils.atomic import atomic_write_text
+from rl_transformers.utils.errors import run_cli
 
 
 @dataclass(frozen=True)
@@ -99,4 +100,4 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args, description=__doc__))
+    run_cli(lambda: main(tyro.cli(Args, description=__doc__)))

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_transformers.bench.ppo_throughput import STATUS_OK, measure_one
+from rl_transformers.utils.errors import UserError
 
 CLEANRL_POM_FLAGS = (
     "--env_id", "ProofofMemory-v0", "--num_envs", "16", "--num_steps", "128", "--num_minibatches", "8",
@@ -128,15 +129,17 @@ def cleanrl_parameters(cleanrl_dir: Path, python: str) -> int:
     )
     env = os.environ | {"PYTHONWARNINGS": "ignore"}
     out = subprocess.run(
-        [python, "-c", code],
-        cwd=cleanrl_dir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
+        [python, "-c", code], cwd=cleanrl_dir, env=env, capture_output=True, text=True, timeout=300
     )
-    return int(out.stdout.strip().splitlines()[-1])
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines or not lines[-1].isdigit():
+        why = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UserError(
+            f"cannot build cleanrl's Agent with {python} in {cleanrl_dir}: {why} (install cleanrl's ppo_trxl "
+            "dependencies into that interpreter: its pyproject.toml lists them)",
+            source="--cleanrl-python",
+        )
+    return int(lines[-1])
 
 
 CLEANRL_FILES = ("ppo_trxl.py", "pom_env.py")
@@ -162,8 +165,12 @@ def compare(
     """Side-by-side rounds of cleanrl and each of :data:`OUR_MODELS`; rows with medians and speed-ups."""
     cleanrl_dir = cleanrl_dir.resolve()
     if not all((cleanrl_dir / name).is_file() for name in CLEANRL_FILES):
-        raise FileNotFoundError(f"{cleanrl_dir} must hold cleanrl's ppo_trxl.py and pom_env.py")
+        raise UserError(
+            f"{cleanrl_dir} must hold cleanrl's ppo_trxl.py and pom_env.py", source="--cleanrl-dir"
+        )
     source = cleanrl_source(cleanrl_dir)  # before the runs: what is measured is what is named
+    # before the runs too: an interpreter without cleanrl's dependencies stops here, not after the timing
+    params = {"cleanrl ppo_trxl": cleanrl_parameters(cleanrl_dir, cleanrl_python)}
     if str(cleanrl_dir) not in sys.path:
         sys.path.insert(0, str(cleanrl_dir))  # pom_env for our envs (spawned workers inherit sys.path)
     names = ["cleanrl ppo_trxl", *OUR_MODELS]
@@ -179,7 +186,6 @@ def compare(
             runs[name].append(result)
             log(f"[round {r + 1}/{rounds}] {name}: {result.get('steps_per_s', result)}")
     rows = []
-    params = {"cleanrl ppo_trxl": cleanrl_parameters(cleanrl_dir, cleanrl_python)}
     for name in names:
         ok = [x for x in runs[name] if x["status"] == STATUS_OK]
         row: dict[str, Any] = {"model": name, "status": STATUS_OK if ok else "error"}

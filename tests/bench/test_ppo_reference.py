@@ -114,3 +114,22 @@ def test_results_md_names_the_cleanrl_code_or_says_it_was_not_recorded() -> None
     assert (
         f"- cleanrl: commit {'f' * 40}; ppo_trxl.py sha256 {'a' * 12}, pom_env.py sha256 {'b' * 12}" in text
     )
+
+
+def test_an_interpreter_without_cleanrls_dependencies_is_one_error_line_before_any_timing(tmp_path) -> None:
+    """cleanrl's script needs its own dependencies: a missing one stops the comparison at once with an
+    ``error:`` line naming the interpreter and the missing module (no traceback, no timing rounds first)."""
+    import subprocess
+    import sys
+
+    for name in ("ppo_trxl.py", "pom_env.py"):
+        (tmp_path / name).write_text("import cleanrl_dependency_that_is_missing\n")
+    out = subprocess.run(
+        [sys.executable, "scripts/bench_ppo_vs_cleanrl.py", "--cleanrl-dir", str(tmp_path), "--rounds", "1",
+         "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("error:") and "Traceback" not in out.stderr
+    assert "cleanrl_dependency_that_is_missing" in out.stderr and "--cleanrl-python" in out.stderr
+    assert "[round" not in out.stdout and not (tmp_path / "out").exists()
