@@ -1,0 +1,298 @@
+"""The encoder study's second edition: one command that tunes, runs, resumes and reports the confirmation stage
+(issue 27, points 3, 4, 6, 7; what runs: :mod:`~rl_transformers.study.confirm_plan`).
+
+- ``--stage tune``: one Optuna study per encoder (``scripts/tune.py``, TPE + median pruner, SQLite, tuning seeds
+  disjoint from the test seeds; :func:`tune_command` gives each study's exact command, run as a subprocess with
+  one torch thread, ``--workers`` at once). A killed study resumes from its SQLite file. Each finished study's
+  ``best.json`` is copied into the committed tuning file ``<docs>/encoders_v2_tuning.json`` (never dropping an
+  entry), so a fresh checkout plans the same tuned jobs.
+- ``--stage run``: the jobs of both variants (tuned ones for tuned encoders only), through the study's launcher
+  (resume, locks, records); the committed ``<docs>/encoders_v2.json`` is restored into empty run directories
+  first, and the documents are never rebuilt with fewer records than were committed.
+- ``--dry-run``: the run count and core-hours of both stages, per task, from measured rates (:func:`rates`);
+  nothing on disk changes. ``--report-only``: only rebuild the documents.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import shlex
+import sqlite3
+import statistics
+import subprocess
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from rl_transformers.study import confirm_plan as cp
+from rl_transformers.study import launch, records
+from rl_transformers.study.encoders import Encoder, select
+from rl_transformers.study.progress import Progress
+from rl_transformers.utils.atomic import atomic_write_json
+from rl_transformers.utils.errors import UserError
+
+ASSUMED_STEPS_PER_S = 1000.0
+"""--dry-run's rate for an encoder no run has measured (env steps/s, one core, evaluations included)."""
+START_S = 10.0
+"""Process start-up per run or trial."""
+
+
+@dataclass(frozen=True)
+class ConfirmConfig:
+    """The confirmation stage of the encoder study's second edition (issue 27)."""
+
+    stage: Literal["tune", "run"] = "run"
+    """tune: the tuning studies (same trials and task for every encoder); run: the jobs of both variants."""
+    encoders: tuple[str, ...] = ()
+    """Only these encoders (default: every confirmation row)."""
+    tasks: tuple[str, ...] = ()
+    """Only these rungs (default: the whole ladder); the documents always cover everything."""
+    seeds: tuple[int, ...] = cp.SEEDS
+    out: Path = Path("runs/encoder_study_v2")
+    """Run directories: <out>/<variant>/ppo/<task>/<encoder>/s<seed>/; tuning: <out>/tune/<study>."""
+    docs: Path = Path("docs/results")
+    """encoders_v2.{md,json} and encoders_v2_tuning.json; encoders.json (the first edition) gives rates."""
+    workers: int = 1
+    """Runs (or tuning studies) at once, one torch thread each."""
+    timeout_s: float | None = 14400.0
+    """Kill a run after this many seconds (it runs again on the next invocation)."""
+    dry_run: bool = False
+    """Print the run count and core-hours of both stages, then exit; nothing on disk changes."""
+    report_only: bool = False
+    """Only rebuild the documents from finished runs and tuning results."""
+    restore: bool = True
+    """Restore the committed records (<docs>/encoders_v2.json) into empty run directories first."""
+
+    @property
+    def tune_out(self) -> Path:
+        return Path(self.out) / "tune"
+
+    @property
+    def tuning_file(self) -> Path:
+        return Path(self.docs) / "encoders_v2_tuning.json"
+
+
+# -- tuning ---------------------------------------------------------------------------------------------------
+def tune_command(encoder: Encoder, out: Path) -> list[str]:
+    """The exact ``scripts/tune.py`` command of an encoder's tuning study (settings: :func:`confirm_plan.
+    tuning_settings`; every other flag at the tuner's default)."""
+    s = cp.tuning_settings()
+    args = ["python", "scripts/tune.py", "--encoder", encoder.spec, "--env-id", s["env_id"]]
+    if s["env_kwargs"]:
+        import json
+
+        args += ["--env-kwargs", json.dumps(s["env_kwargs"])]
+    args += ["--total-timesteps", str(s["budget"]), "--eval-every", str(s["eval_every"]),
+             "--n-trials", str(s["trials"]), "--objective", s["objective"], "--study-name", cp.study_name(encoder),
+             "--out", str(out), "--ppo.anneal-horizon", str(cp.ANNEAL_HORIZON), "--threads", "1", "--device",
+             "cpu"]  # fmt: skip
+    return args
+
+
+def finished_trials(tune_out: Path, study: str) -> int:
+    """Finished (complete or pruned) trials of ``study`` in ``<tune_out>/<study>.db``, read only; 0 without it."""
+    db = tune_out / f"{study}.db"
+    if not db.exists():
+        return 0
+    try:
+        with sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True) as con:
+            row = con.execute(
+                "SELECT COUNT(*) FROM trials JOIN studies ON trials.study_id = studies.study_id "
+                "WHERE studies.study_name = ? AND trials.state IN ('COMPLETE', 'PRUNED')",
+                (study,),
+            ).fetchone()
+    except sqlite3.Error:
+        return 0
+    return int(row[0])
+
+
+def run_tune_command(args: list[str], log_path: Path) -> int:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(launch.ROOT), env.get("PYTHONPATH", "")) if p)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a") as out:
+        return subprocess.call([sys.executable, *args[1:]], cwd=launch.ROOT, env=env, stdout=out, stderr=out)
+
+
+def tune_stage(
+    cfg: ConfirmConfig, encoders: list[Encoder], tuned: dict[str, Any], log=print, runner=None
+) -> None:
+    """Run the missing tuning studies (``runner(args, log_path) -> exit code``), then collect their results."""
+    runner = runner or run_tune_command
+    todo = [e for e in encoders if not isinstance(tuned[e.name], cp.Tuned)]
+    log(f"tuning: {len(encoders) - len(todo)} of {len(encoders)} encoders tuned, {len(todo)} to tune")
+
+    def one(e: Encoder) -> str:
+        args = tune_command(e, cfg.tune_out)
+        code = runner(args, cfg.tune_out / f"{cp.study_name(e)}.log")
+        return f"  {'tuned' if code == 0 else f'FAILED ({code})'} {e.name}: {shlex.join(args)}"
+
+    with cf.ThreadPoolExecutor(max_workers=max(1, cfg.workers)) as pool:
+        for line in pool.map(one, todo):
+            log(line)
+    collect_tuning(cfg, encoders, log)
+
+
+def collect_tuning(cfg: ConfirmConfig, encoders: list[Encoder], log=print) -> None:
+    """Copy each finished local tuning result into the committed tuning file (entries are added, never
+    dropped; a committed entry is kept over a local one)."""
+    path = cfg.tuning_file
+    saved = records.read_json(path) if path.exists() else {"settings": cp.tuning_settings(), "encoders": {}}
+    if not isinstance(saved, dict) or not isinstance(saved.get("encoders"), dict):
+        raise UserError("expected a JSON object with an 'encoders' object", source=str(path))
+    found = cp.tuning_results(encoders, None, cfg.tune_out)
+    added = [n for n, t in found.items() if isinstance(t, cp.Tuned) and n not in saved["encoders"]]
+    if added:
+        entries = {**saved["encoders"], **{n: found[n].entry for n in added}}  # type: ignore[union-attr]
+        atomic_write_json(path, {**saved, "encoders": dict(sorted(entries.items()))}, indent=1)
+        log(f"wrote {len(added)} tuning results to {path}: {added}")
+
+
+# -- cost -----------------------------------------------------------------------------------------------------
+def rates(
+    out: Path, committed_v1: Path
+) -> tuple[dict[tuple[str, str], float], dict[str, float], dict[str, float]]:
+    """Measured env steps/s: {(task, encoder): median} of this stage's finished runs; {encoder: median} of the
+    first edition's committed records; {task: speed factor} (the median over the first edition's runs of a task
+    of rate / its encoder's median; a rung the first edition lacks takes its family's first rung)."""
+    mine: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for p in Path(out).rglob("result.json"):
+        r = records.read_json(p)
+        if isinstance(r, dict) and isinstance(x := r.get("steps_per_s"), int | float) and x > 0:
+            mine[(str(r.get("task")), str(r.get("encoder_name")))].append(float(x))
+    v1 = records.read_committed(committed_v1) if committed_v1.exists() else []
+    runs = [(r["task"], r["encoder_name"], float(r["steps_per_s"])) for r in v1
+            if r.get("algo") == "ppo" and isinstance(r.get("steps_per_s"), int | float) and r["steps_per_s"] > 0]  # fmt: skip
+    by_encoder: dict[str, list[float]] = defaultdict(list)
+    for _, name, x in runs:
+        by_encoder[name].append(x)
+    enc = {k: statistics.median(v) for k, v in by_encoder.items()}
+    ratios: dict[str, list[float]] = defaultdict(list)
+    for task, name, x in runs:
+        ratios[task].append(x / enc[name])
+    factor = {t: statistics.median(v) for t, v in ratios.items()}
+    for r in cp.RUNGS:
+        if r.name not in factor:
+            first = next(f.name for f in cp.RUNGS if f.family == r.family)
+            factor[r.name] = factor.get(first, 1.0)
+    return {k: statistics.median(v) for k, v in mine.items()}, enc, factor
+
+
+def rate_of(task: str, name: str, measured: tuple[dict, dict, dict]) -> tuple[float, str]:
+    """(steps/s, source) of one (task, encoder): a finished run of it, else the first edition's encoder rate x
+    the task factor, else :data:`ASSUMED_STEPS_PER_S`."""
+    mine, enc, factor = measured
+    if (task, name) in mine:
+        return mine[(task, name)], "measured"
+    if name in enc:
+        return enc[name] * factor.get(task, 1.0), "first edition"
+    return ASSUMED_STEPS_PER_S, "assumed"
+
+
+def dry_run_report(
+    cfg: ConfirmConfig, encoders: list[Encoder], tuned: dict, todo: list[launch.Job], log
+) -> float:
+    """Print both stages' cost; returns the core-hours."""
+    measured = rates(Path(cfg.out), Path(cfg.docs) / "encoders.json")
+    sources: dict[str, int] = defaultdict(int)
+    tuning = 0.0
+    for e in encoders:
+        if isinstance(tuned[e.name], cp.Tuned):
+            continue
+        trials = cp.TRIALS - min(cp.TRIALS, finished_trials(cfg.tune_out, cp.study_name(e)))
+        rate, source = rate_of(cp.TUNING_TASK, e.name, measured)
+        sources[source] += trials
+        tuning += trials * (cp.tuning_settings()["budget"] / rate + START_S)
+    per_task: dict[str, float] = defaultdict(float)
+    left = [e.name for e in encoders if not isinstance(tuned[e.name], cp.Tuned)]
+    pending_tuned = 0
+    for job in todo:
+        rate, source = rate_of(job.spec["task"], job.spec["encoder_name"], measured)
+        # an encoder not tuned yet will have a tuned run of the same budget: counted now, at the same rate
+        twice = job.spec["preset"] == cp.UNTUNED and job.spec["encoder_name"] in left
+        pending_tuned += twice
+        sources[source] += 1 + twice
+        per_task[job.spec["task"]] += (1 + twice) * (job.spec["budget"] / rate + START_S)
+    total = (tuning + sum(per_task.values())) / 3600
+    log(f"tune stage: {len(left)} encoders x {cp.TRIALS} trials on {cp.TUNING_TASK} "
+        f"({cp.tuning_settings()['budget']:,} env steps each, no pruning assumed): {tuning / 3600:.1f} core-hours")  # fmt: skip
+    log(f"run stage: {len(todo) + pending_tuned} runs ({pending_tuned} of them the tuned runs of encoders not "
+        f"tuned yet): {sum(per_task.values()) / 3600:.1f} core-hours")  # fmt: skip
+    for task, seconds in per_task.items():
+        log(f"  {task}: {seconds / 3600:.2f} core-hours")
+    log(f"in all {total:.1f} core-hours: {total / max(1, cfg.workers):.1f} h on {cfg.workers} worker(s); rates of "
+        "the runs and trials: " + ", ".join(f"{s} {n}" for s, n in sorted(sources.items()))
+        + f" (measured: finished runs here; first edition: {cfg.docs}/encoders.json per encoder x task factor; "
+        f"assumed: {ASSUMED_STEPS_PER_S:g} steps/s)")  # fmt: skip
+    return total
+
+
+# -- the driver -----------------------------------------------------------------------------------------------
+def run_confirm(cfg: ConfirmConfig, log=print, rows: list[Encoder] | None = None) -> dict[str, Any]:
+    from rl_transformers.study.confirm_report import write_report
+
+    if cfg.workers < 1:
+        raise UserError(f"must be >= 1, got {cfg.workers}", source="--workers")
+    table = rows if rows is not None else cp.encoder_rows()
+    chosen = select(table, cfg.encoders)
+    tasks = cp.rungs(cfg.tasks)
+    docs = Path(cfg.docs)
+    tuned = cp.tuning_results(table, cfg.tuning_file, cfg.tune_out)
+    if cfg.stage == "tune" and not (cfg.dry_run or cfg.report_only):
+        tune_stage(cfg, chosen, tuned, log)
+        tuned = cp.tuning_results(table, cfg.tuning_file, cfg.tune_out)
+    untuned = [f"{n} ({why})" for n, why in tuned.items() if not isinstance(why, cp.Tuned)]
+    if untuned:
+        log(f"no tuned runs for {len(untuned)} encoders: {', '.join(untuned)}")
+    jobs = cp.plan(tasks, chosen, cfg.seeds, tuned, Path(cfg.out))
+    every = cp.plan(cp.RUNGS, table, cp.SEEDS, tuned, Path(cfg.out))
+    committed = docs / "encoders_v2.json"
+    restored: set[Path] = set()
+    if cfg.restore and committed.exists():
+        restored = {j.dir for j in records.restore(every, committed, dry_run=cfg.dry_run)}
+        if restored:
+            log(
+                f"{'would restore' if cfg.dry_run else 'restored'} {len(restored)} finished runs from {committed}"
+            )
+    todo = [j for j in jobs if j.dir not in restored and launch.status(j) != "done"]
+    if cfg.stage == "tune":
+        todo = []
+    log(f"confirmation: {len(jobs)} runs, {len(jobs) - len(todo)} finished, {len(todo)} to run")
+    if cfg.dry_run:
+        chosen_todo = [j for j in jobs if j.dir not in restored and launch.status(j) != "done"]
+        hours = dry_run_report(cfg, chosen, tuned, chosen_todo, log)
+        return {"jobs": len(jobs), "todo": len(chosen_todo), "core_hours": hours}
+    if todo and not cfg.report_only:
+        measured = rates(Path(cfg.out), docs / "encoders.json")
+        each = {
+            j.name: j.spec["budget"] / rate_of(j.spec["task"], j.spec["encoder_name"], measured)[0] + START_S
+            for j in todo
+        }
+        bar = Progress(each, cfg.workers, log)
+        try:
+            launch.run_local(todo, cfg.workers, cfg.timeout_s, log, bar)
+        finally:
+            bar.close()
+    found = records.results(every, log)
+    before = records.read_committed(committed) if committed.exists() and cfg.restore else []
+    lost = {r["key"] for r in before} - {r["key"] for r in found}
+    if lost:
+        raise UserError(f"the rebuilt documents would lose {len(lost)} committed records; nothing written (restore "
+                        "them: leave out --no-restore)", source=str(committed))  # fmt: skip
+    write_report(found, table, tuned, docs, command_line(cfg))
+    log(f"wrote {docs}/encoders_v2.md, encoders_v2.json ({len(found)} runs)")
+    return {"jobs": len(jobs), "records": len(found)}
+
+
+def command_line(cfg: ConfirmConfig) -> str:
+    """The command that rebuilds the documents (the options that differ from the defaults, then --report-only)."""
+    default = ConfirmConfig()
+    parts = [
+        f"--{k} {shlex.quote(str(getattr(cfg, k)))}"
+        for k in ("out", "docs")
+        if getattr(cfg, k) != getattr(default, k)
+    ]
+    return " ".join(["python scripts/encoder_study_v2.py", *parts, "--report-only"])

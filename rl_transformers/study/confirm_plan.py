@@ -1,0 +1,288 @@
+"""The encoder study's second edition, confirmation stage (issue 27, points 3, 4, 6): tasks, encoders, tuning
+settings, tuned parameters and jobs. Running it: :mod:`~rl_transformers.study.confirm`; documents:
+:mod:`~rl_transformers.study.confirm_report`; design and commands: docs/encoder_study_v2.md.
+
+- **Tasks** (:data:`RUNGS`): a memory-length ladder - POPGym RepeatPrevious Easy / Medium / Hard (the symbol
+  k = 4 / 32 / 64 steps back, episodes of 51 / 103 / 155 steps; Morad et al. 2023, arXiv 2303.01859) and the
+  passive T-Maze with corridors 10 / 100 / 400 (the cue of t = 0 used at t = L; Ni et al. 2023, arXiv
+  2307.03864) - plus a control (PositionOnlyCartPoleEasy) and a noisy task (NoisyPositionOnlyCartPoleEasy).
+  Each rung states its family, the score of the uniformly random policy and the maximum (normalized AUC and the
+  "did not separate" rule), a budget (a stated cap, whole PPO updates of 2,048 env steps) and 16 evaluations.
+- **Encoders** (:data:`ENCODERS`): the study's parameter-matched PPO rows (:func:`~rl_transformers.study.
+  encoders.ppo_encoders`) by name.
+- **Variants**: ``v2-untuned`` (the defaults) and ``v2-tuned`` (the best parameters of the encoder's tuning
+  study, read as data: :func:`tuning_results`). The variant is the job's ``preset``, so both are separate runs
+  with separate records. An encoder without a finished tuning study has no tuned jobs: it is reported as
+  "not tuned yet", never run with the defaults in the tuned column.
+- **One learning-rate schedule** (:data:`ANNEAL_HORIZON`) in every job and every tuning trial.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rl_transformers.study import launch
+from rl_transformers.study.encoders import Encoder, label, ppo_encoders, select
+from rl_transformers.study.suite import BATCH, Task
+from rl_transformers.tune.knobs import context_knob
+from rl_transformers.tune.space import SearchSpace
+from rl_transformers.utils.errors import UserError, choice_hint
+
+UNTUNED, TUNED = "v2-untuned", "v2-tuned"
+VARIANTS = (UNTUNED, TUNED)
+SEEDS = (0, 1, 2)
+"""Test seeds (the study's; tuning trials use tuning seeds, disjoint from them: rl_transformers/tune/seeds.py)."""
+ANNEAL_HORIZON = 1_048_576
+"""Env steps H of the learning-rate anneal in every job and tuning trial: ``lr(s) = lr0 * (1 - s / H)``
+whatever the budget (PPOConfig.anneal_horizon). H = 2^20 = 512 updates is above the largest budget (786,432),
+so no run reaches a rate of 0 (the last update of the longest runs trains at 25 % of lr0), a run of budget B
+follows exactly the first B steps of every longer run's schedule, and a learning rate tuned on the tuning task
+means the same schedule on every rung."""
+PPO_RECIPE: dict[str, Any] = {"anneal_horizon": ANNEAL_HORIZON}
+"""PPOConfig fields of every job (the tuned variant adds learning_rate, ent_coef, seq_len)."""
+JOB_EXTRAS: dict[str, Any] = {}
+"""Extra job fields of every job (tests: num_envs, eval_episodes)."""
+ENCODERS = ("gtrxl", "full", "gaussian_prior", "lsh", "performer", "block_local_2d", "compressive", "knn",
+            "gru", "lstm", "mlp")  # fmt: skip
+"""The confirmation rows (issue 27.6): GTrXL, full, gaussian_prior, lsh, a kernel attention (performer, with
+rope), block_local_2d, compressive, knn, GRU, LSTM and the MLP floor."""
+REFERENCE = "gru"
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One task of the ladder."""
+
+    name: str
+    env_id: str
+    family: str
+    updates: int
+    """Budget in PPO updates of 2,048 env steps (a cap: see docs/encoder_study_v2.md)."""
+    low: float
+    """Expected return of the uniformly random policy (normalized score 0)."""
+    high: float = 1.0
+    """Maximum return (normalized score 1)."""
+    memory: int = 0
+    """Steps between the cue and its use (0: no memory needed beyond a few steps)."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def budget(self) -> int:
+        return self.updates * BATCH
+
+    @property
+    def eval_every(self) -> int:
+        return self.budget // EVALUATIONS
+
+    def task(self) -> Task:
+        return Task(self.name, "ppo", self.family, {v: self.budget for v in VARIANTS},
+                    {v: self.eval_every for v in VARIANTS}, self.env_id, dict(self.env_kwargs),
+                    score_note="POPGym MMER on [-1, 1]" if "popgym" in self.env_id else "greedy return")  # fmt: skip
+
+    def normalized(self, value: float) -> float:
+        """``value`` on [random, max] = [0, 1], clipped (the scale of :func:`~rl_transformers.study.aggregate.
+        normalized_auc`)."""
+        return min(1.0, max(0.0, (value - self.low) / (self.high - self.low)))
+
+
+EVALUATIONS = 16
+"""Greedy evaluations per run (16 episodes each), evenly spaced; every budget is a multiple of 16 updates."""
+RANDOM_REPEAT = -0.5
+"""RepeatPrevious: each scored step gives +-1 / (T - k), right with probability 1/4: E = (1/4 - 3/4) = -0.5."""
+RANDOM_CARTPOLE = 0.113
+"""PositionOnlyCartPole (noisy or not): reward 1/200 per step; a random policy lasts 22.7 steps (measured over
+200 episodes, standard error 0.004; tests/study/test_confirm.py checks it)."""
+
+
+def _tmaze_random(length: int) -> float:
+    from envs.tmaze import random_policy_return
+
+    return round(random_policy_return(length), 4)
+
+
+def _popgym(name: str) -> str:
+    return f"rlt/popgym-{name}-v0"
+
+
+RUNGS: tuple[Rung, ...] = (
+    Rung("RepeatPreviousEasy", _popgym("RepeatPreviousEasy"), "RepeatPrevious", 128, RANDOM_REPEAT, memory=4),
+    Rung("RepeatPreviousMedium", _popgym("RepeatPreviousMedium"), "RepeatPrevious", 256, RANDOM_REPEAT,
+         memory=32),
+    Rung("RepeatPreviousHard", _popgym("RepeatPreviousHard"), "RepeatPrevious", 384, RANDOM_REPEAT, memory=64),
+    Rung("TMaze10", "rlt/TMaze-v0", "T-Maze", 64, _tmaze_random(10), memory=10, env_kwargs={"corridor_length": 10}),
+    Rung("TMaze100", "rlt/TMaze-v0", "T-Maze", 128, _tmaze_random(100), memory=100,
+         env_kwargs={"corridor_length": 100}),
+    Rung("TMaze400", "rlt/TMaze-v0", "T-Maze", 256, _tmaze_random(400), memory=400,
+         env_kwargs={"corridor_length": 400}),
+    Rung("PositionOnlyCartPoleEasy", _popgym("PositionOnlyCartPoleEasy"), "control", 96, RANDOM_CARTPOLE),
+    Rung("NoisyPositionOnlyCartPoleEasy", _popgym("NoisyPositionOnlyCartPoleEasy"), "noisy", 96,
+         RANDOM_CARTPOLE),
+)  # fmt: skip
+"""The ladder. Budgets (caps): RepeatPrevious 262k / 524k / 786k, T-Maze 131k / 262k / 524k, control and noisy
+197k env steps (the GTrXL default with rope solved RepeatPreviousEasy at 98k-131k steps: issue 27)."""
+
+
+def rungs(names: tuple[str, ...] = ()) -> tuple[Rung, ...]:
+    """The ladder's rungs (all, or these names; an unknown one is a UserError naming the closest)."""
+    known = [r.name for r in RUNGS]
+    for name in names:
+        if name not in known:
+            raise UserError(f"unknown task {name!r}; {choice_hint(name, known)}", source="--tasks")
+    return tuple(r for r in RUNGS if not names or r.name in names)
+
+
+def rung(name: str) -> Rung:
+    return next(r for r in RUNGS if r.name == name)
+
+
+def encoder_rows() -> list[Encoder]:
+    """The confirmation's encoders, parameter-matched as in the study (about 5 s: every registry entry is built)."""
+    every, _ = ppo_encoders(match=True)
+    return select(every, ENCODERS, source="ENCODERS")
+
+
+# -- tuning ---------------------------------------------------------------------------------------------------
+TUNING_TASK = "RepeatPreviousMedium"
+"""Every encoder is tuned on this rung (k = 32: beyond the default 16-step training window, inside the default
+64-token cache; the middle of the ladder), with the same budget, trials, space and objective."""
+TUNING_UPDATES = 128
+"""Budget of a tuning trial: 128 updates (262,144 env steps; half the rung's confirmation budget)."""
+TRIALS = 8
+"""Finished trials per encoder (issue 27.3: the same number for every encoder, at least 8)."""
+TUNING_OBJECTIVE = "mean"
+"""A trial's score: the mean of its evaluations (the area under its evaluation curve: sample efficiency)."""
+TUNING_EVAL_EVERY = 16_384
+
+
+def tuning_settings() -> dict[str, Any]:
+    """What a tuned result depends on, besides the encoder (part of each tuning study's name)."""
+    r = rung(TUNING_TASK)
+    return {"task": r.name, "env_id": r.env_id, "env_kwargs": r.env_kwargs, "budget": TUNING_UPDATES * BATCH,
+            "eval_every": TUNING_EVAL_EVERY, "trials": TRIALS, "objective": TUNING_OBJECTIVE,
+            "ppo": PPO_RECIPE, "space": asdict(SearchSpace())}  # fmt: skip
+
+
+def study_name(encoder: Encoder) -> str:
+    """The tuning study of an encoder: its name and a hash of its spec and :func:`tuning_settings`, so a result
+    of other settings or another spec is never read as this one's."""
+    body = json.dumps({"spec": encoder.spec, **tuning_settings()}, sort_keys=True)
+    return f"v2-{label(encoder.name)}-{hashlib.sha256(body.encode()).hexdigest()[:8]}"
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """An encoder's tuned configuration: the spec with its knob applied and the tuned PPO fields."""
+
+    spec: str
+    ppo: dict[str, Any]
+    params: dict[str, Any]
+    entry: dict[str, Any]
+    """The tuning result as read (best.json fields)."""
+
+
+def tuned_config(encoder: Encoder, entry: Any, source: str) -> Tuned:
+    """The tuned configuration of ``encoder`` from a best.json-like ``entry`` (UserError naming ``source`` when
+    its parameters are not the tuner's)."""
+    params = entry.get("params") if isinstance(entry, dict) else None
+    if not isinstance(params, dict):
+        raise UserError(f"tuning result of {encoder.name!r} has no 'params' object", source=source)
+    knob = context_knob(encoder.spec)
+    allowed = {"learning_rate", "ent_coef", "seq_len"} | ({knob.name} if knob else set())
+    unknown = sorted(set(params) - allowed)
+    missing = sorted({"learning_rate", "ent_coef", "seq_len"} - set(params))
+    if unknown or missing:
+        raise UserError(f"tuning result of {encoder.name!r}: unknown parameters {unknown}, missing {missing}; "
+                        f"expected {sorted(allowed)}", source=source)  # fmt: skip
+    for key, value in params.items():
+        ok = (
+            isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and value > 0
+        )
+        if not ok or (key not in ("learning_rate", "ent_coef") and not isinstance(value, int)):
+            raise UserError(f"tuning result of {encoder.name!r}: {key} = {value!r} is not a valid value",
+                            source=source)  # fmt: skip
+    spec = (
+        knob.apply(encoder.spec, params[knob.name])
+        if knob is not None and knob.name in params
+        else encoder.spec
+    )
+    ppo = {k: params[k] for k in ("learning_rate", "ent_coef", "seq_len")}
+    return Tuned(spec, ppo, dict(params), dict(entry))
+
+
+def tuning_results(encoders: list[Encoder], committed: Path | None, tune_out: Path) -> dict[str, Tuned | str]:
+    """{encoder name: its Tuned configuration, or why it has none}. The committed tuning file (``committed``,
+    written by the tune stage) first, then the local ``<tune_out>/<study>/best.json``; a result counts only when
+    its study is this encoder's (:func:`study_name`) and it finished :data:`TRIALS` trials (``committed`` None:
+    the local results only)."""
+    from rl_transformers.study.records import read_json
+
+    exists = committed is not None and committed.exists()
+    saved = read_json(committed) if committed is not None and exists else {}
+    if exists and not (isinstance(saved, dict) and isinstance(saved.get("encoders"), dict)):
+        raise UserError("expected a JSON object with an 'encoders' object", source=str(committed))
+    out: dict[str, Tuned | str] = {}
+    for e in encoders:
+        name = study_name(e)
+        local = tune_out / name / "best.json"
+        entries = saved.get("encoders", {}) if isinstance(saved, dict) else {}
+        found = [
+            (str(committed), entries.get(e.name)),
+            (str(local), read_json(local) if local.exists() else None),
+        ]
+        why = "not tuned yet"
+        for source, entry in found:
+            if not isinstance(entry, dict):
+                continue
+            trials = entry.get("finished_trials")
+            if entry.get("study") != name:
+                why = f"tuned under other settings (study {entry.get('study')!r}, now {name!r}): tune again"
+            elif not isinstance(trials, int) or trials < TRIALS:
+                why = f"tuning incomplete ({trials} of {TRIALS} trials)"
+            else:
+                out[e.name] = tuned_config(e, entry, source)
+                break
+        else:
+            out[e.name] = why
+    return out
+
+
+# -- jobs -----------------------------------------------------------------------------------------------------
+def make_job(
+    r: Rung, encoder: Encoder, variant: str, seed: int, out: Path, tuned: Tuned | None = None
+) -> launch.Job:
+    """The job of one (rung, encoder, variant, seed); the tuned variant needs ``tuned``."""
+    spec, ppo = encoder.spec, dict(PPO_RECIPE)
+    if variant == TUNED:
+        if tuned is None:
+            raise ValueError(f"the tuned job of {encoder.name!r} needs its tuning result")
+        spec, ppo = tuned.spec, {**ppo, **tuned.ppo}
+    row = Encoder(encoder.name, spec, encoder.family, encoder.note)
+    return launch.make_job(r.task(), row, seed, variant, out, ppo=ppo, **JOB_EXTRAS)
+
+
+def plan(
+    tasks: tuple[Rung, ...],
+    encoders: list[Encoder],
+    seeds: tuple[int, ...],
+    tuned: dict[str, Tuned | str],
+    out: Path,
+) -> list[launch.Job]:
+    """Rung-major, then seed, encoder and variant (short budgets first; partial results cover encoders evenly).
+    Tuned jobs only for encoders with a tuning result."""
+    jobs = []
+    for r in sorted(tasks, key=lambda t: t.budget):
+        for seed in seeds:
+            for e in encoders:
+                jobs.append(make_job(r, e, UNTUNED, seed, out))
+                t = tuned.get(e.name)
+                if isinstance(t, Tuned):
+                    jobs.append(make_job(r, e, TUNED, seed, out, t))
+    return jobs

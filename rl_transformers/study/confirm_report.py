@@ -1,0 +1,216 @@
+"""The second edition's documents: ``encoders_v2.json`` (one record per finished run, restore-able) and
+``encoders_v2.md`` (tuning results, untuned vs tuned per task, rliable aggregates per task family).
+
+Built only from the records and the tuning results, so a rebuild says the same thing byte for byte. Scores of a
+run: the **final MMER** (its last evaluation, ``final_return``) and the **normalized AUC** (:func:`~rl_transformers.
+study.aggregate.normalized_auc` of its evaluation curve over the rung's budget, random = 0, max = 1). A task on
+which every (encoder, variant) cell's mean final score is within :data:`SEPARATION` of the random score, or every
+one within it of the maximum, **did not separate**: it is marked and left out of its family's aggregate. A
+family's aggregate is the interquartile mean with a 95 % stratified-bootstrap interval (``rliable``; Agarwal et
+al. 2021, arXiv 2108.13264) over seeds x separating tasks of the family, of the normalized final score (clipped
+to [0, 1], the AUC's scale) and of the normalized AUC, per encoder and variant, over the seeds finished on every
+such task.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rl_transformers.study import confirm_plan as cp
+from rl_transformers.study.aggregate import iqm_intervals, normalized_auc
+from rl_transformers.study.encoders import Encoder
+from rl_transformers.study.report import code_text, machines_text, public
+from rl_transformers.utils.atomic import atomic_write_json, atomic_write_text
+
+REPS = 2000
+SEPARATION = 0.05
+"""A task separates unless every cell's mean final score is within this of the random score, or of the max."""
+
+
+def final(record: dict[str, Any]) -> float:
+    return float(record["final_return"])
+
+
+def auc(record: dict[str, Any]) -> float:
+    r = cp.rung(record["task"])
+    return normalized_auc(record.get("curve") or [], r.budget, r.low, r.high)
+
+
+def cells(found: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
+    """Records by (task, encoder name, variant), sorted by seed."""
+    out: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in sorted(found, key=lambda r: r["seed"]):
+        if r.get("final_return") is not None:
+            out[(r["task"], r["encoder_name"], r["preset"])].append(r)
+    return out
+
+
+def separation(found: Sequence[dict[str, Any]]) -> dict[str, str | None]:
+    """{task: why it did not separate, or None when it did (or has no record yet)}."""
+    by_cell = cells(found)
+    out: dict[str, str | None] = {}
+    for r in cp.RUNGS:
+        means = [
+            statistics.fmean(final(x) for x in recs) for (t, _, _), recs in by_cell.items() if t == r.name
+        ]
+        out[r.name] = None
+        if means and all(abs(m - r.low) <= SEPARATION for m in means):
+            out[r.name] = f"every encoder within {SEPARATION} of the random score {r.low:g}"
+        elif means and all(abs(m - r.high) <= SEPARATION for m in means):
+            out[r.name] = f"every encoder within {SEPARATION} of the maximum {r.high:g}"
+    return out
+
+
+def family_aggregates(found: Sequence[dict[str, Any]], reps: int | None = None) -> dict[str, Any]:
+    """Per family: the separating tasks with records, and per metric {"<encoder> (<variant>)": (IQM, low, high)}."""
+    by_cell, split = cells(found), separation(found)
+    out: dict[str, Any] = {}
+    for family in dict.fromkeys(r.family for r in cp.RUNGS):
+        tasks = [r.name for r in cp.RUNGS if r.family == family and split[r.name] is None
+                 and any(t == r.name for t, _, _ in by_cell)]  # fmt: skip
+        entry: dict[str, Any] = {"tasks": tasks, "final": {}, "auc": {}}
+        rows = sorted({(n, v) for t, n, v in by_cell if t in tasks})
+        for metric, score in (("final", lambda x: cp.rung(x["task"]).normalized(final(x))), ("auc", auc)):
+            matrices = {}
+            for name, variant in rows:
+                per_task = [{x["seed"]: score(x) for x in by_cell.get((t, name, variant), [])} for t in tasks]
+                seeds = sorted(set.intersection(*(set(p) for p in per_task))) if per_task else []
+                if seeds:
+                    matrices[f"{name} ({variant})"] = np.array([[p[s] for p in per_task] for s in seeds])
+            entry[metric] = iqm_intervals(matrices, reps=reps or REPS)
+        out[family] = entry
+    return out
+
+
+def _cell(values: list[float], seeds: int) -> str:
+    if not values:
+        return "–"
+    more = "" if len(values) >= seeds else f" ({len(values)}/{seeds})"
+    return f"{statistics.fmean(values):.2f}{more}"
+
+
+def tuning_lines(table: Sequence[Encoder], tuned: dict[str, Any]) -> list[str]:
+    s = cp.tuning_settings()
+    lines = [
+        "## Tuning",
+        "",
+        f"Every encoder: {cp.TRIALS} trials of Optuna's TPE sampler with the median pruner on {s['task']} "
+        f"({s['budget']:,} env steps per trial, evaluations every {s['eval_every']:,}), objective "
+        f"`{s['objective']}` (the mean of a trial's evaluations), tuning seeds disjoint from the test seeds, "
+        "search space: learning rate, entropy coefficient, training window `seq_len` and the encoder's context "
+        "knob (`scripts/tune.py` defaults). Commands: `python scripts/encoder_study_v2.py --stage tune`.",
+        "",
+        "| encoder | status | learning rate | ent_coef | seq_len | knob | trial score |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for e in table:
+        t = tuned.get(e.name, "not tuned yet")
+        if not isinstance(t, cp.Tuned):
+            lines.append(f"| `{e.name}` | {t} | – | – | – | – | – |")
+            continue
+        knob = ", ".join(f"{k} {v}" for k, v in t.params.items() if k not in t.ppo) or "–"
+        value = t.entry.get("value")
+        score = f"{value:.3f}" if isinstance(value, int | float) else "–"
+        lines.append(f"| `{e.name}` | tuned ({t.entry.get('finished_trials')} trials) | {t.ppo['learning_rate']:.2e} "
+                     f"| {t.ppo['ent_coef']:.2e} | {t.ppo['seq_len']} | {knob} | {score} |")  # fmt: skip
+    return lines
+
+
+def task_lines(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned: dict[str, Any]) -> list[str]:
+    by_cell, split = cells(found), separation(found)
+    seeds = len(cp.SEEDS)
+    lines = ["## Untuned vs tuned, per task", "",
+             "A cell: the mean over the seeds finished (their count while fewer than "
+             f"{seeds}). Final: the last evaluation's MMER / return; AUC: normalized area under the evaluation "
+             "curve (0 = random, 1 = the maximum from the first step)."]  # fmt: skip
+    for r in cp.RUNGS:
+        mark = (
+            f" — **did not separate** ({split[r.name]}): left out of the aggregate" if split[r.name] else ""
+        )
+        lines += ["", f"### {r.name}{mark}", "",
+                  f"{r.family}, memory {r.memory or '–'} steps; budget {r.budget:,} env steps (cap), evaluations every "
+                  f"{r.eval_every:,}; random {r.low:g}, max {r.high:g}.", "",
+                  "| encoder | final untuned | final tuned | AUC untuned | AUC tuned |", "|---|---|---|---|---|"]  # fmt: skip
+        for e in table:
+            row = []
+            for fn in (final, auc):
+                for v in cp.VARIANTS:
+                    recs = by_cell.get((r.name, e.name, v), [])
+                    untuned_only = v == cp.TUNED and not isinstance(tuned.get(e.name), cp.Tuned)
+                    row.append(
+                        "not tuned yet" if untuned_only and not recs else _cell([fn(x) for x in recs], seeds)
+                    )
+            lines.append(f"| `{e.name}` | {' | '.join(row)} |")
+    return lines
+
+
+def aggregate_lines(aggs: dict[str, Any], table: Sequence[Encoder]) -> list[str]:
+    lines = ["## Per task family (rliable)", "",
+             "IQM [95 % CI] over seeds x the family's separating tasks, of the normalized final score and the "
+             "normalized AUC; an (encoder, variant) enters with the seeds finished on every such task."]  # fmt: skip
+    for family, entry in aggs.items():
+        lines += ["", f"### {family}", ""]
+        if not entry["tasks"]:
+            lines.append("No separating task with finished runs yet.")
+            continue
+        lines += [f"Tasks: {', '.join(entry['tasks'])}.", "",
+                  "| encoder | final untuned | final tuned | AUC untuned | AUC tuned |", "|---|---|---|---|---|"]  # fmt: skip
+        for e in table:
+            row = []
+            for metric in ("final", "auc"):
+                for v in cp.VARIANTS:
+                    x = entry[metric].get(f"{e.name} ({v})")
+                    row.append("–" if x is None else f"{x[0]:.2f} [{x[1]:.2f}, {x[2]:.2f}]")
+            lines.append(f"| `{e.name}` | {' | '.join(row)} |")
+    return lines
+
+
+def markdown(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned: dict[str, Any], command: str,
+             aggs: dict[str, Any]) -> str:  # fmt: skip
+    n_tuned = sum(isinstance(tuned.get(e.name), cp.Tuned) for e in table)
+    expected = len(cp.RUNGS) * len(table) * len(cp.VARIANTS) * len(cp.SEEDS)
+    complete = len(found) >= expected and n_tuned == len(table)
+    status = ("Complete" if complete else f"PARTIAL: {len(found)} of {expected} runs finished; {n_tuned} of "
+              f"{len(table)} encoders tuned")  # fmt: skip
+    lines = [
+        "# Encoder study, second edition: confirmation stage",
+        "",
+        f"**{status}.** Generated by `{command}` from the run records (`encoders_v2.json`) and the tuning results "
+        "(`encoders_v2_tuning.json`); method: `rl_transformers/study/confirm_plan.py`, design and cost: "
+        "[encoder_study_v2.md](../encoder_study_v2.md). Runs: `python scripts/encoder_study_v2.py` (resumable; "
+        "`--dry-run` prints the cost).",
+        "",
+        f"Protocol: {len(table)} encoders (the study's parameter-matched rows) x {len(cp.RUNGS)} tasks x 2 variants "
+        f"(`{cp.UNTUNED}`: defaults; `{cp.TUNED}`: the tuning study's best parameters) x seeds {list(cp.SEEDS)}. "
+        f"Every run and every tuning trial anneals the learning rate over the same {cp.ANNEAL_HORIZON:,} env steps, "
+        "whatever its budget (`--ppo.anneal-horizon`), so budgets do not change the schedule. PPO otherwise at "
+        "its defaults (32 envs x 64 steps); 16 greedy evaluation episodes every budget / 16 steps.",
+        "",
+        *tuning_lines(table, tuned),
+        "",
+        *aggregate_lines(aggs, table),
+        "",
+        *task_lines(found, table, tuned),
+        "",
+        "## Provenance",
+        "",
+        machines_text(found),
+        "",
+        code_text(found),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_report(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned: dict[str, Any], docs: Path,
+                 command: str) -> None:  # fmt: skip
+    docs.mkdir(parents=True, exist_ok=True)
+    aggs = family_aggregates(found)
+    atomic_write_json(docs / "encoders_v2.json", [public(r) for r in found], indent=1)
+    atomic_write_text(docs / "encoders_v2.md", markdown(found, table, tuned, command, aggs))

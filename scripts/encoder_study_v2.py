@@ -1,0 +1,24 @@
+"""The encoder study's second edition, confirmation stage: 11 encoders, untuned and tuned, on a memory-length
+ladder (RepeatPrevious Easy / Medium / Hard, T-Maze 10 / 100 / 400) plus a control and a noisy task, 3 seeds
+(method: rl_transformers/study/confirm_plan.py; design: docs/encoder_study_v2.md; issue 27).
+
+    python scripts/encoder_study_v2.py --dry-run                            # run count and core-hours of both stages
+    python scripts/encoder_study_v2.py --stage tune --workers 2             # tune every encoder (8 trials each, resumable)
+    python scripts/encoder_study_v2.py --stage tune --encoders gtrxl gru    # tune only these
+    python scripts/encoder_study_v2.py --workers 2                          # run both variants (resumable), write the documents
+    python scripts/encoder_study_v2.py --tasks RepeatPreviousEasy TMaze10 --seeds 0
+    python scripts/encoder_study_v2.py --report-only                        # rebuild docs/results/encoders_v2.*
+
+Tuning results go to docs/results/encoders_v2_tuning.json (commit it with the runs' records): a fresh checkout
+then plans the same tuned jobs and restores the committed records of docs/results/encoders_v2.json.
+"""
+
+from __future__ import annotations
+
+import tyro
+
+from rl_transformers.study.confirm import ConfirmConfig, run_confirm
+from rl_transformers.utils.errors import run_cli
+
+if __name__ == "__main__":
+    run_cli(lambda: run_confirm(tyro.cli(ConfirmConfig, description=__doc__)))
