@@ -1,0 +1,99 @@
+"""Where a PPO update spends its time: ``torch.profiler`` over one rollout and one training pass.
+
+Used by ``scripts/profile_ppo.py`` (issue 26: "where the time goes, with a profile"). After ``warmup`` whole
+updates, one :func:`~rl_transformers.algos.rollout.collect_rollout` and one
+:meth:`~rl_transformers.algos.ppo.PPOTrainer.train_epochs` run under the CPU profiler, each separately. Per
+phase the table lists the operators by self CPU time (time inside the operator itself, children excluded),
+with their share of the phase's total self time, call counts and mean time per call; the rest is summed in
+one row. Shares are ratios within one profile, so they compare across machines better than absolute times;
+the profiler adds its own per-op overhead, which inflates the share of many small ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from rl_transformers.algos.distributed import DistContext, resolve_device
+from rl_transformers.algos.ppo import PPOTrainer
+from rl_transformers.algos.ppo_config import TrainConfig
+from rl_transformers.algos.rollout import collect_rollout
+from rl_transformers.utils import available_cores, set_threads
+
+
+def op_table(run: Callable[[], Any], top: int) -> dict[str, Any]:
+    """Profile ``run()`` once: total self CPU time (s) and the ``top`` operators by self time (share, calls,
+    mean µs), the rest in one "other" row."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    total = sum(e.self_cpu_time_total for e in events)
+    events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
+    rows = [
+        {
+            "op": e.key,
+            "share": e.self_cpu_time_total / total,
+            "calls": int(e.count),
+            "mean_us": e.self_cpu_time_total / max(1, e.count),
+        }
+        for e in events[:top]
+    ]
+    rest = events[top:]
+    if rest:
+        rows.append(
+            {
+                "op": f"other ({len(rest)} ops)",
+                "share": sum(e.self_cpu_time_total for e in rest) / total,
+                "calls": int(sum(e.count for e in rest)),
+                "mean_us": None,
+            }
+        )
+    return {"self_cpu_s": total / 1e6, "ops": rows}
+
+
+def profile_ppo(cfg: TrainConfig, warmup: int = 2, top: int = 12) -> dict[str, Any]:
+    """{"rollout": table, "train": table, "steps": env steps per phase} for ``cfg`` (see the module docstring)."""
+    set_threads(cfg.threads or available_cores())
+    trainer = PPOTrainer(cfg, device=resolve_device(cfg.device, DistContext()))
+    ppo = cfg.ppo
+
+    def rollout() -> None:
+        trainer.loop, _ = collect_rollout(
+            trainer.policy, trainer.envs, trainer.storage, trainer.loop, ppo.gamma, ppo.gae_lambda
+        )
+
+    try:
+        for _ in range(warmup):
+            rollout()
+            trainer.train_epochs()
+        out: dict[str, Any] = {
+            "rollout": op_table(rollout, top),
+            "train": op_table(trainer.train_epochs, top),
+        }
+    finally:
+        trainer.close()
+    out["steps"] = trainer.batch_size
+    out["threads"] = torch.get_num_threads()
+    out["parameters"] = sum(p.numel() for p in trainer.policy.parameters())
+    return out
+
+
+def render(result: dict[str, Any], header: list[str]) -> str:
+    """Markdown: the header lines, then one table per phase."""
+    lines = [*header, ""]
+    for phase in ("rollout", "train"):
+        table = result[phase]
+        lines += [
+            f"## {phase}: {table['self_cpu_s']:.3f} s of self CPU time for {result['steps']:,} env steps",
+            "",
+            "| op | share | calls | mean µs |",
+            "|---|---:|---:|---:|",
+        ]
+        for row in table["ops"]:
+            mean = "" if row["mean_us"] is None else f"{row['mean_us']:.1f}"
+            lines.append(f"| `{row['op']}` | {100 * row['share']:.1f} % | {row['calls']:,} | {mean} |")
+        lines.append("")
+    return "\n".join(lines)
