@@ -240,6 +240,8 @@ def run_confirm(cfg: ConfirmConfig, log=print, rows: list[Encoder] | None = None
     chosen = select(table, cfg.encoders)
     tasks = cp.rungs(cfg.tasks)
     docs = Path(cfg.docs)
+    if not cfg.dry_run:  # local tuning results join the committed file first: its runs' records need them
+        collect_tuning(cfg, table, log)
     tuned = cp.tuning_results(table, cfg.tuning_file, cfg.tune_out)
     if cfg.stage == "tune" and not (cfg.dry_run or cfg.report_only):
         tune_stage(cfg, chosen, tuned, log)
