@@ -88,6 +88,37 @@ def family_aggregates(found: Sequence[dict[str, Any]], reps: int | None = None) 
     return out
 
 
+PLATEAU = 0.05
+"""Issue 27.3: a budget is enough when the last quarter adds less than this to the mean evaluation."""
+
+
+def last_quarter_gain(record: dict[str, Any]) -> float | None:
+    """The last evaluation minus the last one at or before 3/4 of the budget (None without both)."""
+    curve, budget = record.get("curve") or [], cp.rung(record["task"]).budget
+    before = [v for step, v in curve if step <= 0.75 * budget]
+    return float(curve[-1][1]) - float(before[-1]) if curve and before else None
+
+
+def plateau_text(r: cp.Rung, by_cell: dict[tuple[str, str, str], list[dict[str, Any]]]) -> str:
+    """Whether GRU and the best tuned encoder had plateaued: their mean last-quarter gain (issue 27.3)."""
+    tuned = {n: statistics.fmean(final(x) for x in recs) for (t, n, v), recs in by_cell.items()
+             if t == r.name and v == cp.TUNED}  # fmt: skip
+    rows = [(cp.REFERENCE, v) for v in cp.VARIANTS] + (
+        [(max(tuned, key=tuned.__getitem__), cp.TUNED)] if tuned else []
+    )
+    parts = []
+    for name, variant in dict.fromkeys(rows):
+        gains = [
+            g for x in by_cell.get((r.name, name, variant), []) if (g := last_quarter_gain(x)) is not None
+        ]
+        if gains:
+            gain = statistics.fmean(gains)
+            parts.append(
+                f"`{name}` {variant.removeprefix('v2-')} {gain:+.2f}{'' if gain < PLATEAU else ' (still rising)'}"
+            )
+    return f" Last-quarter gain (plateau below +{PLATEAU}): {'; '.join(parts)}." if parts else ""
+
+
 def _cell(values: list[float], seeds: int) -> str:
     if not values:
         return "–"
@@ -135,7 +166,7 @@ def task_lines(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned:
         )
         lines += ["", f"### {r.name}{mark}", "",
                   f"{r.family}, memory {r.memory or '–'} steps; budget {r.budget:,} env steps (cap), evaluations every "
-                  f"{r.eval_every:,}; random {r.low:g}, max {r.high:g}.", "",
+                  f"{r.eval_every:,}; random {r.low:g}, max {r.high:g}.{plateau_text(r, by_cell)}", "",
                   "| encoder | final untuned | final tuned | AUC untuned | AUC tuned |", "|---|---|---|---|---|"]  # fmt: skip
         for e in table:
             row = []

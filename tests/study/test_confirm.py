@@ -288,3 +288,18 @@ def test_the_tune_stage_runs_the_missing_studies_and_commits_their_results(tiny:
         sorted(saved["encoders"]) == ["gru", "mlp"]
         and saved["encoders"]["mlp"]["params"]["learning_rate"] == 5e-4
     )
+
+
+def test_the_plateau_line_names_gru_and_the_best_tuned_encoder() -> None:
+    """Issue 27.3: the last quarter's gain of the mean evaluation, for GRU and the best tuned encoder."""
+    r = cp.rung("RepeatPreviousEasy")
+    b = r.budget
+    found = [
+        record(r.name, "gru", cp.UNTUNED, s, 0.52, [[b // 2, 0.0], [3 * b // 4, 0.5], [b, 0.52]])
+        for s in (0, 1)
+    ]
+    found += [record(r.name, "x", cp.TUNED, 0, 0.6, [[3 * b // 4, 0.2], [b - 2048, 0.3], [b, 0.6]]),
+              record(r.name, "y", cp.TUNED, 0, 0.1, [[3 * b // 4, 0.0], [b, 0.1]])]  # fmt: skip
+    text = confirm_report.plateau_text(r, confirm_report.cells(found))
+    assert "`gru` untuned +0.02;" in text and "`x` tuned +0.40 (still rising)" in text and "`y`" not in text
+    assert confirm_report.last_quarter_gain(record(r.name, "z", cp.TUNED, 0, 0.1, [[b, 0.1]])) is None
