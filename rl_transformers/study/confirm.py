@@ -236,6 +236,11 @@ def run_confirm(cfg: ConfirmConfig, log=print, rows: list[Encoder] | None = None
 
     if cfg.workers < 1:
         raise UserError(f"must be >= 1, got {cfg.workers}", source="--workers")
+    extra = sorted(set(cfg.seeds) - set(cp.SEEDS))
+    if extra:  # the documents cover the protocol's seeds only; others would run and never be reported
+        raise UserError(
+            f"seeds {extra} are not test seeds of the second edition {list(cp.SEEDS)}", source="--seeds"
+        )
     table = rows if rows is not None else cp.encoder_rows()
     chosen = select(table, cfg.encoders)
     tasks = cp.rungs(cfg.tasks)

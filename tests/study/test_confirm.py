@@ -226,6 +226,8 @@ def test_a_tiny_stage_runs_resumes_and_rebuilds_from_its_records(tiny: Path) -> 
         "best.json",
     }  # only the hand-made one
     assert any("in all" in line and "core-hours" in line for line in lines)
+    with pytest.raises(UserError, match=r"seeds \[7\] are not test seeds"):
+        confirm.run_confirm(dataclasses.replace(cfg, seeds=(0, 7)), lines.append, rows=[GRU, MLP])
     assert confirm.run_confirm(cfg, lines.append, rows=[GRU, MLP])["records"] == 2
     published = json.loads((docs / "encoders_v2.json").read_text())
     assert sorted(r["preset"] for r in published) == [cp.TUNED, cp.UNTUNED]
