@@ -265,9 +265,10 @@ def run_confirm(cfg: ConfirmConfig, log=print, rows: list[Encoder] | None = None
                 f"{'would restore' if cfg.dry_run else 'restored'} {len(restored)} finished runs from {committed}"
             )
     todo = [j for j in jobs if j.dir not in restored and launch.status(j) != "done"]
+    later = " (the run stage runs them; this tune stage runs none)" if cfg.stage == "tune" else ""
+    log(f"confirmation: {len(jobs)} runs, {len(jobs) - len(todo)} finished, {len(todo)} to run{later}")
     if cfg.stage == "tune":
         todo = []
-    log(f"confirmation: {len(jobs)} runs, {len(jobs) - len(todo)} finished, {len(todo)} to run")
     if cfg.dry_run:
         chosen_todo = [j for j in jobs if j.dir not in restored and launch.status(j) != "done"]
         hours = dry_run_report(cfg, chosen, tuned, chosen_todo, log)
