@@ -25,7 +25,6 @@ the committed ``docs/results/offline_memory.json`` is restored into a fresh chec
 
 from __future__ import annotations
 
-import math
 import shlex
 import statistics
 from dataclasses import dataclass, replace
@@ -295,22 +294,7 @@ def run_offline_memory(cfg: OfflineMemoryConfig, log=print) -> dict[str, Any]:
 
 
 def command_line(cfg: OfflineMemoryConfig) -> str:
-    """The command that rebuilds the documents (the options that differ from the defaults, then --report-only)."""
-    default = OfflineMemoryConfig()
-    parts = [
-        f"--{k} {shlex.quote(str(getattr(cfg, k)))}"
-        for k in ("out", "docs")
-        if getattr(cfg, k) != getattr(default, k)
-    ]
-    return " ".join(["python scripts/offline_memory.py", *parts, "--report-only"])
-
-
-def mean_ci(values: list[float]) -> tuple[float, float]:
-    """Mean and the half-width of a 95 % Student-t interval (0 for one value)."""
-    from scipy import stats
-
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, 0.0
-    half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
-    return mean, float(half)
+    """The command that rebuilds the documents: --docs when not the default, then --report-only (the run
+    directory does not matter: the committed records are restored into it first)."""
+    docs = [] if cfg.docs == OfflineMemoryConfig().docs else [f"--docs {shlex.quote(str(cfg.docs))}"]
+    return " ".join(["python scripts/offline_memory.py", *docs, "--report-only"])
