@@ -72,6 +72,8 @@ class GpuSuiteConfig:
     rest; the PPO and DT stages need about 30 s together on an H100)."""
     stages: tuple[str, ...] = ("ceilings", "attention", "attention_fp32", "ppo", "dt")
     """Stages to run (the device record always is)."""
+    attention_targets: tuple[str, ...] = ("kernel", "layer")
+    """Targets of the bf16 attention stage (``layer`` alone re-runs the layer rows of an earlier run)."""
     git_commit: str | None = None
     """Commit of the code (default: asked of git; set it where the copy carries no .git, as on a lent GPU)."""
     command: str = ""
@@ -123,7 +125,7 @@ class Suite:
             "device": self.device_record,
             "ceilings": self.ceilings,
             "attention": lambda: self.attention(
-                "bfloat16", self.cfg.lengths, ("kernel", "layer"), self.cfg.attention_share
+                "bfloat16", self.cfg.lengths, self.cfg.attention_targets, self.cfg.attention_share
             ),
             "attention_fp32": lambda: self.attention("float32", self.cfg.fp32_lengths, ("kernel",), 0.75),
             "ppo": self.ppo,
