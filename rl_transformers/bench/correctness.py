@@ -128,7 +128,9 @@ def _reference_by_full_twin(twin: Op, position: str, n_layers: int) -> float:
     layers = n_layers if twin.target == "model" else 1
     torch.manual_seed(0)
     device = next(iter(twin.inputs.values())).device
-    module = build_module(impl, twin.target, twin.shape, twin.causal, position, layers).to(device, torch.float64)
+    module = build_module(impl, twin.target, twin.shape, twin.causal, position, layers).to(
+        device, torch.float64
+    )
     own = twin.module.state_dict()
     ref_state = module.state_dict()
     for name, value in own.items():

@@ -118,6 +118,54 @@ def slower_than_sdpa(results: dict[str, Any]) -> list[str]:
     return out
 
 
+ROW_KEY = ("variant", "target", "mode", "length", "dtype", "causal")
+"""What makes two attention rows the same measurement (for :func:`merge_results`)."""
+
+
+def merge_results(base: dict[str, Any], other: dict[str, Any]) -> int:
+    """Merge a later run's attention rows into ``base`` (a re-run of some targets on the same device, e.g. after
+    a fix): a row of the same key replaces ``base``'s, a row without one is added; returns how many rows came
+    in. Refuses another device: times and ratios are only comparable within one. The "groups not run" note is
+    recounted from ``base``'s plan, and the merge is recorded in ``base["merged"]`` (command, commit, rows)."""
+    devices = [r["stages"].get("device", {}).get("data", {}).get("device_name") for r in (base, other)]
+    if devices[0] != devices[1]:
+        raise ValueError(f"cannot merge runs of different devices: {devices[0]!r} and {devices[1]!r}")
+    merged = 0
+    for name in ("attention", "attention_fp32"):
+        new = other["stages"].get(name, {})
+        old = base["stages"].get(name, {})
+        if new.get("status") != "ok" or old.get("status") != "ok":
+            continue
+        rows = {tuple(r.get(k) for k in ROW_KEY): r for r in old["data"]["rows"]}
+        for row in new["data"]["rows"]:
+            rows[tuple(row.get(k) for k in ROW_KEY)] = row
+            merged += 1
+        old["data"]["rows"] = list(rows.values())
+        old["data"]["notes"] = [n for n in old["data"].get("notes", []) if not n.startswith("time budget")]
+        missing = _groups_not_run(old["data"])
+        if missing:
+            old["data"]["notes"].append(
+                f"time budget reached: {missing} groups (position, target, mode, size) not run"
+            )
+    base.setdefault("merged", []).append(
+        {"command": other.get("command"), "git_commit": other.get("git_commit"), "rows_merged": merged}
+    )
+    return merged
+
+
+def _groups_not_run(data: dict[str, Any]) -> int:
+    """Groups (target, mode, length) of a stage's plan without a row."""
+    cfg = data["config"]
+    planned = {
+        (t, m, s["length"])
+        for t in cfg["targets"]
+        for m in cfg["config"]["modes"]
+        for s in cfg["shapes"]
+        if t != "model" or s["length"] <= cfg["model_max_len"]
+    }
+    return len(planned - {(r["target"], r["mode"], r["length"]) for r in data["rows"]})
+
+
 def render_markdown(results: dict[str, Any]) -> str:
     stages = results["stages"]
     dev = stages.get("device", {}).get("data", {})
@@ -127,6 +175,14 @@ def render_markdown(results: dict[str, Any]) -> str:
     lines += [
         f"Command: `{results.get('command', '')}` · git `{results.get('git_commit')}`",
         "",
+    ]
+    for merged in results.get("merged", []):
+        lines += [
+            f"Rows re-measured on the same device by `{merged['command']}` · git `{merged['git_commit']}` "
+            f"({merged['rows_merged']} rows)",
+            "",
+        ]
+    lines += [
         f"Device: {dev.get('device_name')} · {dev.get('gpu_memory_gib', '—')} GiB · "
         f"{dev.get('multiprocessors', '—')} SMs · driver {dev.get('driver', '—')} · torch "
         f"{dev.get('torch_version')} · CUDA {dev.get('cuda_version')} · cuDNN {dev.get('cudnn_version', '—')} · "

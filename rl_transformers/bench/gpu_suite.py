@@ -80,6 +80,9 @@ class GpuSuiteConfig:
     """The command line, recorded in the results."""
     render_from: Path | None = None
     """Only re-render results.md and attention.png in --out from this results.json (no measurement)."""
+    merge_from: tuple[Path, ...] = ()
+    """With --render-from: results.json files of later runs on the same device whose attention rows replace the
+    rows of the same variant, target, mode, length and dtype (e.g. the layer rows re-run after a fix)."""
 
     def __post_init__(self) -> None:
         valid = ("ceilings", "attention", "attention_fp32", "ppo", "dt")
@@ -91,6 +94,8 @@ class GpuSuiteConfig:
                 f"attention_share in (0, 1] and repeats >= 1 required, got {self.attention_share}, "
                 f"{self.repeats}"
             )
+        if self.merge_from and self.render_from is None:
+            raise ValueError("--merge-from needs --render-from (the run whose rows it replaces)")
         if self.budget_s <= 0:
             raise ValueError(f"budget_s must be > 0, got {self.budget_s}")
 
@@ -343,7 +348,11 @@ def run_suite(cfg: GpuSuiteConfig) -> dict[str, Any]:
 
     if cfg.render_from is not None:
         results = json.loads(Path(cfg.render_from).read_text())
+        for path in cfg.merge_from:
+            gpu_report.merge_results(results, json.loads(Path(path).read_text()))
         cfg.out.mkdir(parents=True, exist_ok=True)
+        if cfg.merge_from:
+            atomic_write_text(cfg.out / "results.json", json.dumps(results, indent=1, sort_keys=True) + "\n")
         atomic_write_text(cfg.out / "results.md", gpu_report.render_markdown(results))
         gpu_report.write_plot(results, cfg.out / "attention.png")
         return results

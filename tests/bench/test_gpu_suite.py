@@ -100,3 +100,56 @@ def test_limit_shares_follow_the_ceilings() -> None:
 def test_config_refuses_unknown_stage() -> None:
     with pytest.raises(ValueError, match="unknown stage"):
         GpuSuiteConfig(stages=("attention", "atention"))
+
+
+def _run(device: str, rows: list[dict], notes: tuple[str, ...] = ()) -> dict:
+    config = {
+        "targets": ["kernel", "layer"],
+        "config": {"modes": ["forward"]},
+        "shapes": [{"batch": 1, "heads": 32, "d_head": 64, "length": n} for n in (1024, 16384)],
+        "model_max_len": 4096,
+        "repeats": 7,
+    }
+    return {
+        "command": f"run on {device}",
+        "git_commit": "abc",
+        "stages": {
+            "device": {"status": "ok", "data": {"device_name": device}},
+            "attention": {"status": "ok", "data": {"rows": rows, "config": config, "notes": list(notes)}},
+        },
+    }
+
+
+def test_merge_replaces_rows_of_the_same_measurement_and_adds_new_ones() -> None:
+    layer_error = {
+        **_row("full", "ours", "forward", None, None, status="error", reason="device"),
+        "target": "layer",
+    }
+    layer_ok = {**_row("full", "ours", "forward", 3.0, 1.1), "target": "layer"}
+    kernel = _row("full", "ours", "forward", 2.0, 1.0)
+    kernel_short = {**kernel, "length": 1024}
+    layer_short = {**layer_ok, "length": 1024, "time_ms": 9.0}
+    note = "time budget reached: 2 groups (position, target, mode, size) not run"
+    base = _run("NVIDIA H200", [kernel, layer_error], notes=(note,))
+    later = _run("NVIDIA H200", [layer_ok, layer_short])
+    assert gpu_report.merge_results(base, later) == 2
+    data = base["stages"]["attention"]["data"]
+    assert data["rows"] == [kernel, layer_ok, layer_short]  # kernel kept, layer replaced, new length added
+    # One group of the plan (kernel, forward, L = 1024) still has no row: the note is recounted, not kept.
+    assert data["notes"] == ["time budget reached: 1 groups (position, target, mode, size) not run"]
+    assert base["merged"] == [{"command": "run on NVIDIA H200", "git_commit": "abc", "rows_merged": 2}]
+    text = gpu_report.render_markdown(base)
+    assert "Rows re-measured on the same device by `run on NVIDIA H200` · git `abc` (2 rows)" in text
+    assert gpu_report.merge_results(base, _run("NVIDIA H200", [kernel_short])) == 1
+    assert data["notes"] == []
+
+
+def test_merge_refuses_another_device() -> None:
+    base = _run("NVIDIA H200", [_row("full", "ours", "forward", 2.0, 1.0)])
+    with pytest.raises(ValueError, match="different devices"):
+        gpu_report.merge_results(base, _run("NVIDIA H100 80GB HBM3", []))
+
+
+def test_merge_from_needs_render_from() -> None:
+    with pytest.raises(ValueError, match="--merge-from needs --render-from"):
+        GpuSuiteConfig(merge_from=(Path("x.json"),))

@@ -225,6 +225,19 @@ def test_gpu_run_uses_bf16_and_cuda_memory() -> None:
     assert results["meta"]["device"].startswith("cuda")
 
 
+@pytest.mark.gpu
+def test_gpu_layer_rows_pass_the_gate() -> None:
+    """The layer target's dense reference twin runs on the op's device (it was built on the CPU once: every
+    layer row of the first H200 run errored with a device mismatch)."""
+    cfg = BenchConfig(
+        **{**TINY, "device": "cuda", "dtype": None, "targets": ("layer",), "attentions": ("full", "local")}
+    )
+    rows = by_variant(run_benchmark(cfg, write=False))
+    for name in ("full", "local"):
+        assert rows[name]["status"] in ("ok", "approx"), rows[name]["reason"]
+        assert rows[name]["ref_err"] is not None and math.isfinite(rows[name]["ref_err"])
+
+
 def test_gate_runs_when_every_timed_length_is_above_check_max_len(broken_variants: list[str]) -> None:
     """Only L = 2048 requested (> the CPU check_max_len 1024): broken entries still fail, checked at 1024."""
     cfg = BenchConfig(
