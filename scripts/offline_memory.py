@@ -1,8 +1,8 @@
-"""The offline memory table: the Decision Transformer on T-Maze corridors of 10 / 25 / 50 / 200, one row per causal
+"""The offline memory table: the Decision Transformer on T-Maze corridors of 10 / 25 / 50, one row per causal
 attention (context covering the corridor), per memory (segments with carried memory) and a floor (method:
 rl_transformers/study/offline_memory.py; issue 28).
 
-    python scripts/make_memory_dataset.py --task tmaze --memory-lengths 10 25 50 200 --random-share 0.2 --root datasets/minari
+    python scripts/make_memory_dataset.py --task tmaze --memory-lengths 10 25 50 --random-share 0.2 --root datasets/minari
     python scripts/offline_memory.py --dry-run                        # run count and estimated core-hours
     python scripts/offline_memory.py --lengths 10 50 --workers 2       # run (resumable), then write the documents
     python scripts/offline_memory.py --encoders full xl floor --lengths 10 --seeds 0

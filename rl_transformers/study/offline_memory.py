@@ -38,19 +38,21 @@ from rl_transformers.study.suite import DATASET_ROOT, Task
 from rl_transformers.utils.errors import UserError
 
 PRESET = "offline_memory"
-LENGTHS = (10, 25, 50, 200)
-"""Corridor lengths L of the table (datasets of :data:`DATASET_COMMAND`)."""
+LENGTHS = (10, 25, 50)
+"""Corridor lengths L of the table (datasets of :data:`DATASET_COMMAND`). Corridor 200 left the table on the
+corridor-50 evidence (docs/offline_memory.md, "Why the table stops at corridor 50"): about 43 core-hours at
+2,000 updates, over the issue's 20, for a column the update budget, not the attention, would decide."""
 SEGMENTS = 3
 """N of the memory rows: K_s = ⌈(L + 1) / N⌉ steps per segment."""
 SEEDS = (0, 1, 2)
 DATASET_NAME = "mixed-e0-r20-v0"
 DATASET_COMMAND = (
-    "python scripts/make_memory_dataset.py --task tmaze --memory-lengths 10 25 50 200 --random-share 0.2 "
+    "python scripts/make_memory_dataset.py --task tmaze --memory-lengths 10 25 50 --random-share 0.2 "
     "--root datasets/minari"
 )
-BUDGET = {10: 400, 25: 600, 50: 800, 200: 2000}
+BUDGET = {10: 400, 25: 600, 50: 800}
 """Gradient updates per corridor length (evaluations at every quarter)."""
-ASSUMED_UPDATES_PER_S = {10: 20.0, 25: 12.0, 50: 7.0, 200: 1.2}
+ASSUMED_UPDATES_PER_S = {10: 20.0, 25: 12.0, 50: 7.0}
 """--dry-run's rate (updates/s, evaluations included, one core) for a cell no finished run has measured: from
 single full-attention runs on the development machine."""
 RECIPE: dict[str, Any] = {

@@ -30,6 +30,15 @@ def success_of(record: dict[str, Any]) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
+def first_found(record: dict[str, Any]) -> float | None:
+    """The first evaluation (in updates) whose success reached :data:`SOLVED`, or None: a memoryless policy
+    cannot reach it (at most the larger cue share, 0.56), so it marks a run that found the cue at some point."""
+    for update, value in record.get("success_curve") or []:
+        if value >= SOLVED:
+            return float(update)
+    return None
+
+
 def cells(found: Sequence[dict[str, Any]]) -> dict[tuple[str, int], list[dict[str, Any]]]:
     """Records by (row name, corridor length)."""
     out: dict[tuple[str, int], list[dict[str, Any]]] = {}
@@ -53,7 +62,11 @@ def table_data(found: Sequence[dict[str, Any]], table: Sequence[om.Row]) -> dict
         for row in table:
             recs = sorted(by_cell.get((row.name, length), []), key=lambda r: r["seed"])
             values = [v for r in recs if (v := success_of(r)) is not None]
-            entry: dict[str, Any] = {"seeds": [r["seed"] for r in recs], "success": values}
+            entry: dict[str, Any] = {
+                "seeds": [r["seed"] for r in recs],
+                "success": values,
+                "first_found": [first_found(r) for r in recs],
+            }
             if values:
                 entry["mean"] = statistics.fmean(values)
                 entry["updates_per_s"] = statistics.median(float(r["updates_per_s"]) for r in recs)
@@ -77,6 +90,31 @@ def cell_text(entry: dict[str, Any]) -> str:
     if "iqm" in entry:
         return f"{entry['iqm']:.2f} [{entry['ci_low']:.2f}, {entry['ci_high']:.2f}] · {solved}"
     return f"{entry['mean']:.2f} · {solved} ({len(entry['success'])} of {len(om.SEEDS)} seeds)"
+
+
+def found_text(entry: dict[str, Any]) -> str:
+    """How many seeds found the cue at some evaluation, the median first update, and how many kept it."""
+    if "mean" not in entry:
+        return "–"
+    firsts = [f for f in entry["first_found"] if f is not None]
+    kept = sum(v >= SOLVED for v in entry["success"])
+    text = f"{len(firsts)}/{len(entry['success'])}"
+    if firsts:
+        text += f" · first at {statistics.median(firsts):,.0f} · kept {kept}/{len(firsts)}"
+    return text
+
+
+def found_table(table: Sequence[om.Row], data: dict[str, Any]) -> list[str]:
+    """Per row and length: seeds that found the cue at some evaluation (see :func:`first_found`)."""
+    lines = [
+        f"| row | {' | '.join(f'L = {n}' for n in om.LENGTHS)} |",
+        "|---|" + "---|" * len(om.LENGTHS),
+    ]
+    for row in table:
+        lines.append(
+            f"| `{row.name}` | " + " | ".join(found_text(data[row.name][str(n)]) for n in om.LENGTHS) + " |"
+        )
+    return lines
 
 
 def memoryless_scores(episodes: int, seed: int = 1_000_000) -> tuple[float, float]:
@@ -141,6 +179,15 @@ def markdown(found: Sequence[dict[str, Any]], table: Sequence[om.Row], data: dic
         "## Success rate",
         "",
         *success_table(table, data),
+        "",
+        "## Found the cue at some evaluation",
+        "",
+        f"Seeds whose success reached {SOLVED} at any of the 4 evaluations (a policy that ignores the cue cannot: "
+        f"at most {max(north, south):.2f}), the median update of the first such evaluation, and how many of them "
+        "still held it at the end (the table above). A row that finds the cue and loses it can carry it; the "
+        "recipe's constant learning rate after warm-up does not keep it there.",
+        "",
+        *found_table(table, data),
     ]
     lines += [
         "",

@@ -178,6 +178,27 @@ def test_memoryless_scores_count_the_evaluation_cues() -> None:
     )
 
 
+def test_found_counts_runs_that_reached_the_cue_at_any_evaluation_and_kept_it() -> None:
+    """A run that hit 1.0 mid-training and fell back to a memoryless 0.44 found the cue but did not keep it; one
+    that never left 0.56 did not find it (a memoryless policy cannot reach 0.9)."""
+    lost = {"seed": 0, "success": 0.44, "success_curve": [[200, 0.44], [400, 1.0], [600, 0.92], [800, 0.44]]}
+    kept = {"seed": 1, "success": 1.0, "success_curve": [[200, 0.56], [400, 0.56], [600, 0.9], [800, 1.0]]}
+    never = {
+        "seed": 2,
+        "success": 0.56,
+        "success_curve": [[200, 0.56], [400, 0.89], [600, 0.56], [800, 0.56]],
+    }
+    assert [offline_memory_report.first_found(r) for r in (lost, kept, never)] == [400.0, 600.0, None]
+    entry = {
+        "mean": 2.0 / 3,
+        "success": [0.44, 1.0, 0.56],
+        "first_found": [offline_memory_report.first_found(r) for r in (lost, kept, never)],
+    }
+    assert offline_memory_report.found_text(entry) == "2/3 · first at 500 · kept 1/2"
+    assert offline_memory_report.found_text({**entry, "first_found": [None] * 3}) == "0/3"
+    assert offline_memory_report.found_text({"success": []}) == "–"
+
+
 def test_estimates_use_measured_runs_then_the_benchmark_scaled_then_the_assumption(tmp_path: Path) -> None:
     """A cell with a finished run uses its rate; one without uses the benchmark's rate times the median ratio of
     the same length's runs to their benchmark rates; a row the benchmark lacks, the length's median; budget /
