@@ -36,6 +36,13 @@ def configs() -> dict[str, BackboneConfig]:
             attention="gaussian_prior", attention_options={"max_cache": 5}
         ),
         "kv_cache_absolute": BackboneConfig(**small, position="sinusoidal", block="pre_ln"),
+        # feature-map attentions: running sums restarted by segment (the state is the sums; with XL memory a
+        # chunk sees more than the stream's window, so that case is checked against packing, test_segment_path)
+        "linear_rope": BackboneConfig(**small, attention="linear", position="rope"),
+        "performer_rope": BackboneConfig(**small, attention="performer", position="rope"),
+        "rfa_normalized": BackboneConfig(
+            **small, attention="rfa", position="rope", attention_options={"normalize": True}
+        ),
     }
 
 
@@ -96,12 +103,13 @@ def test_starts_bite() -> None:
 @pytest.mark.parametrize(
     "kw",
     [
-        dict(attention="linear", position="rope"),
+        dict(attention="lsh", position="rope"),
+        dict(attention="rfa", position="rope", attention_options={"gate": True}),  # a decaying state
         dict(memory="compressive", position="rope"),
         dict(depth="universal", position="rope"),
         dict(attention="gaussian_prior", attention_options={"truncate_sigmas": 6.0}),
     ],
-    ids=["attention_linear", "memory_compressive", "depth_universal", "gaussian_prior_windowed"],
+    ids=["attention_lsh", "rfa_gated", "memory_compressive", "depth_universal", "gaussian_prior_windowed"],
 )
 def test_unsupported_parts_refuse_starts(kw: dict) -> None:
     bb = Backbone(BackboneConfig(d_model=16, n_layers=2, n_heads=2, **kw))

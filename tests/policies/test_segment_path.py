@@ -30,13 +30,24 @@ def run(policy, state, obs, actions, starts, segments: bool, monkeypatch: pytest
 
 
 @pytest.mark.parametrize(
-    ("mem_len", "attention"), [(4, "full"), (32, "full"), (4, "gaussian_prior"), (32, "gaussian_prior")]
+    ("mem_len", "attention", "position"),
+    [
+        (4, "full", "xl_relative"),
+        (32, "full", "xl_relative"),
+        (4, "gaussian_prior", "xl_relative"),
+        (32, "gaussian_prior", "xl_relative"),
+        (4, "linear", "rope"),  # feature-map attentions: running sums restarted by segment
+        (32, "linear", "rope"),
+        (4, "performer", "rope"),
+    ],
 )
 def test_uncut_training_forward_equals_packed(
-    mem_len: int, attention: str, monkeypatch: pytest.MonkeyPatch
+    mem_len: int, attention: str, position: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     torch.manual_seed(0)
-    backbone = gtrxl_backbone(16, 2, 2, mem_len=mem_len).replace(attention=attention, attention_options={})
+    backbone = gtrxl_backbone(16, 2, 2, mem_len=mem_len).replace(
+        attention=attention, attention_options={}, position=position
+    )
     policy = make_policy(PolicyConfig(backbone=backbone), OBS, ACT).double()
     assert policy.core.segments  # the default GTrXL takes the uncut path
     g = torch.Generator().manual_seed(1)

@@ -139,6 +139,24 @@ def causal_linear(q: Tensor, k: Tensor, v: Tensor, s0: Tensor, chunk: int) -> tu
     return causal_linear_chunked(q, k, v, s0, chunk)
 
 
+def segmented_linear(
+    q: Tensor, k: Tensor, v: Tensor, s0: Tensor, seen: Tensor, carried: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Rows restarting inside the chunk (``Backbone.forward(starts=...)``), in the parallel form, O(T² F).
+
+    ``seen`` (B, 1, T, T) bool: new key j is visible to query i (same segment, and j ≤ i when causal);
+    ``carried`` (B, 1, T, 1) bool: query i is in segment 0, the one that continues the carried state S0.
+    out_i = [carried_i] q_i^T S0 + Σ_j [seen_ij] (q_i·k_j) v_j. The returned state is what the last query sees,
+    as a stream would hold it after its last token: S0 unless the row restarted, plus the keys of its last
+    segment.
+    """
+    scores = (q @ k.transpose(-1, -2)).masked_fill(~seen, 0.0)
+    out = torch.where(carried, q @ s0, 0.0) + scores @ v
+    last = seen[..., -1, :].to(k.dtype)  # (B, 1, T): keys of the last query's segment
+    s_end = torch.where(carried[..., -1:, :], s0, 0.0) + (k * last[..., None]).transpose(-1, -2) @ v
+    return out, s_end
+
+
 def noncausal_linear(q: Tensor, k: Tensor, v: Tensor, s0: Tensor) -> tuple[Tensor, Tensor]:
     """Every query sees every key: q (S0 + k^T v) (Katharopoulos eq. 3)."""
     s = s0 + k.transpose(-1, -2) @ v

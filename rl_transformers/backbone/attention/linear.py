@@ -57,6 +57,12 @@ class FeatureMapAttention(Attention):
     """Attention of the form φ(q)^T S / φ(q)^T z. Subclasses define the feature maps (and optionally gates)."""
 
     position_kinds = frozenset({"none", "input", "qk"})
+    segment_masks = True
+
+    @classmethod
+    def masks_segments(cls, options: Any) -> bool:
+        """Plain sums restart by segment (``_linear_ops.segmented_linear``); a decaying (gated) state does not."""
+        return not getattr(options, "gate", False)
 
     # -- what subclasses define -------------------------------------------------------------------------------
     @property
@@ -128,7 +134,16 @@ class FeatureMapAttention(Attention):
         gated = self.gates(ctx, k_valid)
         log_g = None
         chunk = self.options.chunk_size
-        if self.causal:
+        seen = carried = None
+        if ctx.segment is not None:  # rows restart inside the chunk (Backbone.forward(starts=...))
+            seen, carried = self._segment_masks(ctx, t)
+        if seen is not None and carried is not None:
+            if n_prefix:  # carried keys (XL memory) are segment 0: folded into the state that segment sees
+                s0 = ops.fold(fk[..., :n_prefix, :], v1[..., :n_prefix, :], s0, None)
+            out, s_end = ops.segmented_linear(
+                fq, fk[..., n_prefix:, :], v1[..., n_prefix:, :], s0, seen, carried
+            )
+        elif self.causal:
             if gated is not None:
                 log_g, weight = gated
                 fk = fk * weight[..., None]
@@ -150,13 +165,27 @@ class FeatureMapAttention(Attention):
             padded = ~k_valid[:, None, n_prefix:, None]
             out = out + torch.where(padded, own * torch.cat([v, ones], dim=-1)[..., n_prefix:, :], 0.0)
         count = None
-        if self.count_feature:
+        if self.count_feature and seen is not None and carried is not None:
+            new_count = seen.to(wd) @ fk[..., n_prefix:, -1, None]  # keys of the own segment seen so far
+            count = torch.where(carried, s0[..., -1, d, None, None], 0.0) + new_count
+            count = count if padded is None else count + padded.to(wd)
+        elif self.count_feature:
             count = self._key_count(fk[..., n_prefix:, -1], s0[..., -1, d], s_end[..., -1, d], log_g, chunk)
             count = count if padded is None else count + padded.to(wd)
         y = (out[..., :d] / self.safe_denominator(out[..., d:], count)).to(in_dtype)
         if not isinstance(state, LinearState):  # no streaming state (e.g. a memory module supplies context)
             return y, state
         return y, LinearState(s=s_end[..., :d].to(state.s.dtype), z=s_end[..., d].to(state.z.dtype))
+
+    def _segment_masks(self, ctx: ForwardContext, t: int) -> tuple[Tensor, Tensor]:
+        """(seen (B, 1, T, T), carried (B, 1, T, 1)) for rows restarting inside the chunk: a query sees the new
+        keys of its own segment (and only earlier ones when causal), and the carried state only in segment 0."""
+        seg = ctx.segment
+        assert seg is not None
+        seen = seg[:, None, :, None] == seg[:, None, None, :]
+        if self.causal:
+            seen = seen & torch.ones(t, t, dtype=torch.bool, device=seg.device).tril()
+        return seen, (seg == 0)[:, None, :, None]
 
     def _key_count(
         self, new: Tensor, before: Tensor, after: Tensor, log_g: Tensor | None, chunk: int
