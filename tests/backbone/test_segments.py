@@ -40,6 +40,10 @@ def configs() -> dict[str, BackboneConfig]:
         # chunk sees more than the stream's window, so that case is checked against packing, test_segment_path)
         "linear_rope": BackboneConfig(**small, attention="linear", position="rope"),
         "performer_rope": BackboneConfig(**small, attention="performer", position="rope"),
+        # lsh: bucket ranks count only the query's own segment (dense path), its KV cache bounded as in PPO
+        "lsh_kv_cache": BackboneConfig(
+            **small, attention="lsh", position="rope", attention_options={"max_cache": 6, "chunk_size": 2}
+        ),
         "rfa_normalized": BackboneConfig(
             **small, attention="rfa", position="rope", attention_options={"normalize": True}
         ),
@@ -103,13 +107,12 @@ def test_starts_bite() -> None:
 @pytest.mark.parametrize(
     "kw",
     [
-        dict(attention="lsh", position="rope"),
         dict(attention="rfa", position="rope", attention_options={"gate": True}),  # a decaying state
         dict(memory="compressive", position="rope"),
         dict(depth="universal", position="rope"),
         dict(attention="gaussian_prior", attention_options={"truncate_sigmas": 6.0}),
     ],
-    ids=["attention_lsh", "rfa_gated", "memory_compressive", "depth_universal", "gaussian_prior_windowed"],
+    ids=["rfa_gated", "memory_compressive", "depth_universal", "gaussian_prior_windowed"],
 )
 def test_unsupported_parts_refuse_starts(kw: dict) -> None:
     bb = Backbone(BackboneConfig(d_model=16, n_layers=2, n_heads=2, **kw))

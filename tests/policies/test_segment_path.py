@@ -39,6 +39,8 @@ def run(policy, state, obs, actions, starts, segments: bool, monkeypatch: pytest
         (4, "linear", "rope"),  # feature-map attentions: running sums restarted by segment
         (32, "linear", "rope"),
         (4, "performer", "rope"),
+        (4, "lsh", "xl_relative"),
+        (32, "lsh", "xl_relative"),
     ],
 )
 def test_uncut_training_forward_equals_packed(

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rl_transformers.backbone.attention import _lsh_fast as fast
-from rl_transformers.backbone.attention.base import Attention
+from rl_transformers.backbone.attention.base import Attention, key_segments
 from rl_transformers.backbone.context import ForwardContext
 from rl_transformers.backbone.registry import Capabilities, register
 
@@ -199,6 +199,9 @@ class LSHAttention(Attention):
 
     dense_chunks: ClassVar[int] = 4
     """Take the dense path when T <= dense_chunks * chunk_size (streaming steps, short training windows)."""
+    segment_masks = True
+    """Rows restarting inside the chunk take the dense path, whose bucket ranks count only the keys of the
+    query's own segment (what a stream reset at that token holds); the chunked path has no segments."""
 
     def attend(
         self,
@@ -210,7 +213,7 @@ class LSHAttention(Attention):
         k_valid: Tensor,
         ctx: ForwardContext,
     ) -> Tensor:
-        if q.shape[2] <= self.dense_chunks * self.options.chunk_size:
+        if ctx.segment is not None or q.shape[2] <= self.dense_chunks * self.options.chunk_size:
             return self.attend_dense(q, k, v, q_pos, k_pos, k_valid, ctx)
         return self.attend_chunked(q, k, v, q_pos, k_pos, k_valid, ctx)
 
@@ -238,9 +241,14 @@ class LSHAttention(Attention):
         buckets = torch.where(k_valid[:, None, None, :], buckets, torch.full_like(buckets, nb))
         i = torch.arange(t, device=q.device)[:, None] + (s - t)
         j = torch.arange(s, device=q.device)[None, :]
+        segment = None  # (B, 1, T, S): j is in i's segment, when rows restart inside the chunk
+        if ctx.segment is not None:
+            segment = (ctx.segment[:, :, None] == key_segments(ctx, s)[:, None, :])[:, None]
         met: Tensor | None = None  # (B, H, T, S): j lies in i's bucket window in some round
         for b_r in buckets.unbind(2):  # (B, H, S) per round
             same = b_r[..., s - t :].unsqueeze(-1) == b_r.unsqueeze(-2)  # (B, H, T, S) bucket-mates
+            if segment is not None:  # ranks count only the bucket-mates of the query's own segment
+                same = same & segment
             upto = same.cumsum(-1, dtype=torch.int32)  # tokens of i's bucket among keys 0..j
             delta = upto[..., s - t :].diagonal(dim1=-2, dim2=-1).unsqueeze(-1) - upto  # rank_i - rank_j
             near = delta <= opts.chunk_size if self.causal else delta.abs() <= opts.chunk_size
