@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import os
 import shlex
 import sqlite3
@@ -82,11 +83,10 @@ def tune_command(encoder: Encoder, out: Path) -> list[str]:
     s = cp.tuning_settings()
     args = ["python", "scripts/tune.py", "--encoder", encoder.spec, "--env-id", s["env_id"]]
     if s["env_kwargs"]:
-        import json
-
         args += ["--env-kwargs", json.dumps(s["env_kwargs"])]
     args += ["--total-timesteps", str(s["budget"]), "--eval-every", str(s["eval_every"]),
              "--n-trials", str(s["trials"]), "--objective", s["objective"], "--study-name", cp.study_name(encoder),
+             "--pruner-warmup-steps", str(s["pruner_warmup_steps"]),
              "--out", str(out), "--ppo.anneal-horizon", str(cp.ANNEAL_HORIZON), "--threads", "1", "--device",
              "cpu"]  # fmt: skip
     return args
@@ -138,11 +138,23 @@ def tune_stage(
 
 def collect_tuning(cfg: ConfirmConfig, encoders: list[Encoder], log=print) -> None:
     """Copy each finished local tuning result into the committed tuning file (entries are added, never
-    dropped; a committed entry is kept over a local one)."""
+    dropped; a committed entry is kept over a local one). When the tuning settings changed, the file's entries
+    move to its ``previous`` list (kept, never read as results) and the new settings start empty."""
     path = cfg.tuning_file
-    saved = records.read_json(path) if path.exists() else {"settings": cp.tuning_settings(), "encoders": {}}
+    settings = json.loads(json.dumps(cp.tuning_settings()))  # as stored: tuples become lists
+    saved = records.read_json(path) if path.exists() else {"settings": settings, "encoders": {}}
     if not isinstance(saved, dict) or not isinstance(saved.get("encoders"), dict):
         raise UserError("expected a JSON object with an 'encoders' object", source=str(path))
+    if saved.get("settings") != settings:
+        previous = [
+            *saved.get("previous", []),
+            {"settings": saved.get("settings"), "encoders": saved["encoders"]},
+        ]
+        saved = {"settings": settings, "encoders": {}, "previous": previous}
+        atomic_write_json(path, saved, indent=1)
+        log(
+            f"{path}: the tuning settings changed; its {len(previous[-1]['encoders'])} results moved to 'previous'"
+        )
     found = cp.tuning_results(encoders, None, cfg.tune_out)
     added = [n for n, t in found.items() if isinstance(t, cp.Tuned) and n not in saved["encoders"]]
     if added:

@@ -132,10 +132,13 @@ def tuning_lines(table: Sequence[Encoder], tuned: dict[str, Any]) -> list[str]:
         "## Tuning",
         "",
         f"Every encoder: {cp.TRIALS} trials of Optuna's TPE sampler with the median pruner on {s['task']} "
-        f"({s['budget']:,} env steps per trial, evaluations every {s['eval_every']:,}), objective "
+        f"({s['budget']:,} env steps per trial, evaluations every {s['eval_every']:,}, no pruning before "
+        f"{s['pruner_warmup_steps']:,}), objective "
         f"`{s['objective']}` (the mean of a trial's evaluations), tuning seeds disjoint from the test seeds, "
         "search space: learning rate, entropy coefficient, training window `seq_len` and the encoder's context "
-        "knob (`scripts/tune.py` defaults). Commands: `python scripts/encoder_study_v2.py --stage tune`.",
+        "knob (`scripts/tune.py` defaults). Commands: `python scripts/encoder_study_v2.py --stage tune`. "
+        "Results tuned under earlier settings are kept in the tuning file's `previous` list, never used here "
+        '(docs/encoder_study_v2.md, "Why Easy").',
         "",
         "| encoder | status | learning rate | ent_coef | seq_len | knob | trial score |",
         "|---|---|---|---|---|---|---|",

@@ -292,6 +292,29 @@ def test_the_tune_stage_runs_the_missing_studies_and_commits_their_results(tiny:
     )
 
 
+def test_changed_tuning_settings_move_committed_results_aside(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A result tuned under other settings (here: another pruner warm-up) is never read as this one's: the
+    committed file keeps it under 'previous', starts the new settings empty, and the tuner is told the warm-up."""
+    cfg = confirm.ConfirmConfig(stage="tune", out=tiny / "runs", docs=tiny / "docs")
+    write_best(cfg.tune_out, GRU, best(GRU))
+    confirm.collect_tuning(cfg, [GRU])
+    old = json.loads(cfg.tuning_file.read_text())
+    assert sorted(old["encoders"]) == ["gru"] and "previous" not in old
+    args = confirm.tune_command(GRU, cfg.tune_out)
+    assert args[args.index("--pruner-warmup-steps") + 1] == str(cp.TUNING_PRUNER_WARMUP)
+
+    monkeypatch.setattr(cp, "TUNING_PRUNER_WARMUP", cp.TUNING_PRUNER_WARMUP // 2)
+    assert isinstance(cp.tuning_results([GRU], cfg.tuning_file, cfg.tune_out)["gru"], str)  # other settings
+    lines: list[str] = []
+    confirm.collect_tuning(cfg, [GRU], lines.append)
+    new = json.loads(cfg.tuning_file.read_text())
+    assert new["encoders"] == {} and new["settings"]["pruner_warmup_steps"] == cp.TUNING_PRUNER_WARMUP
+    assert new["previous"] == [{"settings": old["settings"], "encoders": old["encoders"]}]
+    assert any("moved to 'previous'" in line for line in lines)
+
+
 def test_the_plateau_line_names_gru_and_the_best_tuned_encoder() -> None:
     """Issue 27.3: the last quarter's gain of the mean evaluation, for GRU and the best tuned encoder."""
     r = cp.rung("RepeatPreviousEasy")
