@@ -148,7 +148,12 @@ class RoutingAttention(Attention):
         return RoutingCache.empty(batch, self.n_heads, self.n_routing, self.d_head, device, dtype)
 
     def assign(self, x: Tensor, centroids: Tensor) -> Tensor:
-        """Nearest-centroid ids (B, Hr, N) of normalised x (B, Hr, N, D)."""
+        """Nearest-centroid ids (B, Hr, N) of x (B, Hr, N, D), normalised here. Half-precision inputs are
+        normalised and compared in float32: rounding the similarities to 8 bits of mantissa flips the argmax of
+        tokens near a cluster boundary, so a bf16 run routed tokens elsewhere than the same run in float32."""
+        if x.dtype in (torch.float16, torch.bfloat16):
+            x = x.float()
+        x = F.normalize(x, dim=-1)
         return torch.einsum("bhnd,hkd->bhnk", x, centroids.to(x.dtype)).argmax(-1)
 
     def assigned(self, mu: Tensor, cluster: Tensor, dtype: torch.dtype) -> Tensor:
@@ -171,7 +176,7 @@ class RoutingAttention(Attention):
         nl, opts = self.n_local, self.options
         mu = self.centroids.clone()  # the update below must not touch what autograd saved
         qn, kn = F.normalize(q[:, nl:], dim=-1), F.normalize(k[:, nl:], dim=-1)
-        cq, ck = self.assign(qn, mu), self.assign(kn, mu)
+        cq, ck = self.assign(q[:, nl:], mu), self.assign(k[:, nl:], mu)
         new_k, new_valid = kn, k_valid
         if isinstance(state, RoutingCache):
             if state.length:  # (an empty cache: no copies of k, v)
