@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rl_transformers.backbone.attention import _lsh_fast as fast
+from rl_transformers.backbone.attention._lsh_hash import draw_rotations, hash_buckets, hash_input
 from rl_transformers.backbone.attention.base import Attention, key_segments
 from rl_transformers.backbone.context import ForwardContext
 from rl_transformers.backbone.registry import Capabilities, register
@@ -153,37 +154,6 @@ class LSHOptions:
             raise ValueError(f"max_cache must be >= 1 or None, got {self.max_cache!r}")
 
 
-def draw_rotations(
-    n_hashes: int, n_heads: int, d_head: int, n_buckets: int, generator: torch.Generator | None = None
-) -> Tensor:
-    """(R, H, D, n_buckets/2) Gaussian rotations; round r's draw does not depend on n_hashes (nested rounds)."""
-    half = n_buckets // 2
-    return torch.stack([torch.randn(n_heads, d_head, half, generator=generator) for _ in range(n_hashes)])
-
-
-def hash_buckets(x: Tensor, rotations: Tensor) -> Tensor:
-    """Angular LSH buckets (B, H, R, S) of x (B, H, S, D): argmax over [xR; -xR] (Kitaev 2020, §2).
-
-    Half-precision keys are hashed in float32: rounding the projections to 8 bits of mantissa flips the argmax of
-    keys near a bucket boundary, so a bf16 run attended other keys than the same run in float32 or float64 (the
-    GPU benchmark's gate measured a 0.9 relative error)."""
-    if rotations.shape[-1] == 0:
-        b, h, s, _ = x.shape
-        return torch.zeros(b, h, rotations.shape[0], s, dtype=torch.long, device=x.device)
-    if x.dtype in (torch.float16, torch.bfloat16):
-        x = x.float()
-    proj = torch.einsum("bhsd,rhdn->bhrsn", x, rotations.to(x.dtype))
-    return torch.cat([proj, -proj], dim=-1).argmax(dim=-1)
-
-
-def _hash_input(k: Tensor, pad: int = 0) -> Tensor:
-    """The unit keys that are hashed: normalised in float32 when ``k`` is half precision (see
-    :func:`hash_buckets`), padded by ``pad`` zero rows like the chunked path's keys."""
-    wide = k.float() if k.dtype in (torch.float16, torch.bfloat16) else k
-    kn = F.normalize(wide, dim=-1)
-    return F.pad(kn, (0, 0, 0, pad)) if pad else kn
-
-
 @register(
     "attention",
     "lsh",
@@ -251,7 +221,7 @@ class LSHAttention(Attention):
         opts = self.options
         kn = F.normalize(k, dim=-1)
         nb = opts.n_buckets
-        buckets = hash_buckets(_hash_input(k), self.current_rotations())  # (B, H, R, S)
+        buckets = hash_buckets(hash_input(k), self.current_rotations())  # (B, H, R, S)
         buckets = torch.where(k_valid[:, None, None, :], buckets, torch.full_like(buckets, nb))
         i = torch.arange(t, device=q.device)[:, None] + (s - t)
         j = torch.arange(s, device=q.device)[None, :]
@@ -317,7 +287,7 @@ class LSHAttention(Attention):
         rounds = self.current_rotations()
         r = rounds.shape[0]
         nb = opts.n_buckets
-        buckets = hash_buckets(_hash_input(k, pad), rounds)  # (B, H, R, Sp)
+        buckets = hash_buckets(hash_input(k, pad), rounds)  # (B, H, R, Sp)
         buckets = torch.where(valid[:, None, None, :], buckets, torch.full_like(buckets, nb))  # padding last
         idx = torch.arange(sp, device=q.device)
         order = torch.argsort(buckets * sp + idx, dim=-1)  # sort by (bucket, index)
