@@ -16,15 +16,19 @@ Sampling, log-probabilities and the heads stay eager: they are a few small ops, 
 random numbers with or without ``--compile``. Each callable falls back to eager for good, with one printed line
 naming the error, when compiling fails (no C compiler, an unsupported construct); an error that eager raises as
 well is the caller's and propagates. The time of the first call of each (mostly compilation) is printed.
-Inductor caches compiled graphs on disk (``TORCHINDUCTOR_CACHE_DIR``, default under /tmp), so later runs of the
-same configuration compile faster.
+Inductor caches compiled graphs on disk, so later runs of the same configuration compile in seconds instead of
+minutes. Its default cache lives under /tmp (gone after a reboot or a /tmp cleaner): unless the user set
+``TORCHINDUCTOR_CACHE_DIR``, :func:`compile_policy` points it at ``$XDG_CACHE_HOME/rl_transformers/inductor``
+(``~/.cache/...``), so the compilation is amortised across runs and restarts.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -76,11 +80,22 @@ class CompiledCall:
         return out
 
 
+def persistent_cache_dir() -> Path:
+    """Inductor's on-disk cache: ``TORCHINDUCTOR_CACHE_DIR`` when the user set it, else set here to
+    ``$XDG_CACHE_HOME/rl_transformers/inductor`` (``~/.cache/rl_transformers/inductor``) so it survives /tmp."""
+    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(base) / "rl_transformers" / "inductor")
+    return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+
+
 def compile_policy(
     policy: ActorCritic, log: Log = _print, training: bool = True, **options: Any
 ) -> ActorCritic:
     """Give ``policy`` a compiled acting step and, with ``training``, a compiled training forward (see the module
-    docstring); ``options`` go to ``torch.compile`` (e.g. ``backend="aot_eager"`` in tests)."""
+    docstring); ``options`` go to ``torch.compile`` (e.g. ``backend="aot_eager"`` in tests). Inductor's cache
+    goes to :func:`persistent_cache_dir`."""
+    persistent_cache_dir()
     policy.compiled_step = CompiledCall("acting step", policy.eager_step, log, **options)
     policy.compiled_core = CompiledCall("training forward", policy.core, log, **options) if training else None
     return policy
@@ -105,4 +120,4 @@ def graph_breaks(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[int
     return explained.graph_count, explained.graph_break_count, reasons
 
 
-__all__ = ["CompiledCall", "compile_policy", "eager_policy", "graph_breaks"]
+__all__ = ["CompiledCall", "compile_policy", "eager_policy", "graph_breaks", "persistent_cache_dir"]

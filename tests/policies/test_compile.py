@@ -12,7 +12,9 @@ carried states and parameter gradients alike: a wrong graph gives errors of orde
 
 from __future__ import annotations
 
+import os
 import warnings
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -204,3 +206,21 @@ def test_an_error_of_the_callers_own_propagates() -> None:
     call = CompiledCall("toy", fn, lambda m: None, backend="aot_eager")
     with pytest.raises(ValueError, match="bad input"):
         call(torch.ones(2))
+
+
+def test_inductor_cache_is_persistent_unless_the_user_chose_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compiled graphs are cached under the user's cache folder (not /tmp), and a chosen cache is kept."""
+    from rl_transformers.policies.compile import persistent_cache_dir
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert persistent_cache_dir() == tmp_path / "xdg" / "rl_transformers" / "inductor"
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "xdg" / "rl_transformers" / "inductor")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert persistent_cache_dir() == tmp_path / "mine"
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert persistent_cache_dir() == tmp_path / "home" / ".cache" / "rl_transformers" / "inductor"
