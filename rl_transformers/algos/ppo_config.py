@@ -139,7 +139,8 @@ class TrainConfig(RunConfig):
     """torch.compile (inductor) the acting step (policies/compile.py): falls back to eager with a one-line
     message when compilation fails, prints the compile time. Equal to eager up to rounding, not bit for bit.
     Measured on an idle 2-core machine (benchmarks/results/ppo_compile): rollout 1.6x eager, whole update
-    ~1.15x; off by default because a cold compile takes about 2 minutes (seconds from inductor's cache)."""
+    ~1.15x; off by default because a cold compile takes about 2 minutes (seconds from inductor's cache, kept in
+    ~/.cache/rl_transformers/inductor unless TORCHINDUCTOR_CACHE_DIR is set)."""
     compile_training: bool = False
     """With --compile, also compile the minibatch forward + backward. Off: on one CPU thread the compiled
     training pass measured 0.90x eager's (measure before turning it on for other shapes or a GPU)."""
