@@ -208,6 +208,32 @@ def test_reset_clears_only_the_row(gate: str) -> None:
     assert store.valid[[0, 2]].all()
 
 
+def test_cheap_reset_equals_zeroing_the_whole_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reset keeps the stored keys / values (only validity, positions and the pointer are cleared): a stream
+    with resets gives the same outputs bit for bit as with every field of the state zeroed."""
+    from rl_transformers.backbone.memory import knn as knn_module
+    from rl_transformers.backbone.state import State
+
+    bb = knn(mem_len=2, store_size=6, top_k=3)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 16, D_MODEL, generator=g, dtype=torch.float64)
+    resets = torch.rand(3, 16, generator=g) < 0.3
+
+    def stream() -> Tensor:
+        state, ys = None, []
+        with torch.no_grad():
+            for t in range(x.shape[1]):
+                out = bb(x[:, t : t + 1], state=state, reset=resets[:, t])
+                ys.append(out.y)
+                state = out.state
+        return torch.cat(ys, dim=1)
+
+    cheap = stream()
+    assert resets[:, 8:].any() and bool(_filled(bb).memory.keys.abs().sum() > 0)
+    monkeypatch.setattr(knn_module.KNNMemoryState, "reset", State.reset)  # zero every field, store included
+    assert torch.equal(stream(), cheap)
+
+
 def test_save_restore_round_trip() -> None:
     bb = knn(mem_len=2, store_size=6, top_k=3)
     x = torch.randn(2, 16, D_MODEL, dtype=torch.float64)

@@ -31,6 +31,7 @@ Shapes: B batch, T new tokens, N store slots, H heads, D head dim; store keys/va
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import partial
@@ -45,7 +46,7 @@ from rl_transformers.backbone.memory.base import Memory
 from rl_transformers.backbone.memory.xl import XLMemory, XLMemoryState, XLOptions
 from rl_transformers.backbone.options import check_choice, check_int
 from rl_transformers.backbone.registry import Capabilities, register
-from rl_transformers.backbone.state import State
+from rl_transformers.backbone.state import State, zero_rows
 
 Gate = Literal["per_head", "spalm"]
 Index = Literal["exact", "faiss"]
@@ -65,6 +66,21 @@ class KNNMemoryState(State):
     valid: Tensor
     pos: Tensor
     ptr: Tensor
+
+    def reset(self, mask: Tensor | None) -> KNNMemoryState:
+        """Rows where ``mask`` is True empty their store and local memory: validity, positions and the write
+        pointer are cleared; the stored keys and values are kept, since an invalid slot is masked out of the top-k
+        scores and of the softmax (weight exactly 0 on a finite value). Saves rewriting the whole store at every
+        acting step (resets are masked arithmetic applied at every step); the outputs are the same bit for bit."""
+        if mask is None:
+            return self
+        return dataclasses.replace(
+            self,
+            local=self.local.reset(mask),
+            valid=zero_rows(self.valid, mask),
+            pos=zero_rows(self.pos, mask),
+            ptr=zero_rows(self.ptr, mask),
+        )
 
 
 @dataclass(frozen=True)
