@@ -10,7 +10,8 @@ the paper's shape (Chen et al. 2021, arXiv 2106.01345): 3 layers, d = 128, 1 hea
   built with the same sizes through its own building blocks.
 
 ``rl_transformers`` is our default model (the fused training forward, ``dt_fast.py``);
-``rl_transformers_generic`` is the same model forced through the generic backbone (``model.fused = False``).
+``rl_transformers_generic`` is the same model forced through the generic backbone (``model.fused = False``);
+``rl_transformers_compiled`` / ``rl_transformers_generic_compiled`` put either forward under ``torch.compile``.
 """
 
 from __future__ import annotations
@@ -85,6 +86,24 @@ def ours(shape: DTShape, device: torch.device, fused: bool = True) -> Candidate:
 
 def ours_generic(shape: DTShape, device: torch.device) -> Candidate:
     return ours(shape, device, fused=False)
+
+
+def ours_compiled(shape: DTShape, device: torch.device, fused: bool = True) -> Candidate:
+    """Our model with its forward under ``torch.compile`` (inductor; the first calls compile, so give the
+    timing enough warm-up): does the PPO side's compile work pay for the DT update (issue 26, point 4)?"""
+    plain = ours(shape, device, fused)
+    model = plain.module
+    compiled = torch.compile(model)
+
+    def loss(batch: dict[str, Tensor]) -> Tensor:
+        out = compiled(**batch)
+        return model.action_loss(out.predictions, batch["actions"], batch["mask"])  # type: ignore[operator]
+
+    return Candidate(model, loss)
+
+
+def ours_generic_compiled(shape: DTShape, device: torch.device) -> Candidate:
+    return ours_compiled(shape, device, fused=False)
 
 
 def huggingface(shape: DTShape, device: torch.device, n_positions: int = 1024) -> Candidate | None:
@@ -163,6 +182,8 @@ def d3rlpy_model(shape: DTShape, device: torch.device) -> Candidate | None:
 BUILDERS: dict[str, Callable[[DTShape, torch.device], Candidate | None]] = {
     "rl_transformers": ours,
     "rl_transformers_generic": ours_generic,
+    "rl_transformers_compiled": ours_compiled,
+    "rl_transformers_generic_compiled": ours_generic_compiled,
     "huggingface": huggingface,
     "huggingface_equal_params": huggingface_equal_params,
     "d3rlpy": d3rlpy_model,
