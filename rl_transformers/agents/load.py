@@ -20,7 +20,7 @@ from rl_transformers.agents.dt_agent import DecisionTransformerAgent, run_dir_of
 from rl_transformers.agents.ppo_agent import PPOAgent
 from rl_transformers.agents.run_listing import missing_run_message
 from rl_transformers.algos.run_config import check_module_names
-from rl_transformers.utils.checkpoint_load import check_finite_weights
+from rl_transformers.utils.checkpoint_load import DT_WHAT, check_finite_weights, check_weights_fit
 from rl_transformers.utils.errors import UserError, choice_hint
 
 Which = Literal["last", "best"]
@@ -118,9 +118,13 @@ def _load_ppo(
     check_file_kwargs(cfg.env_kwargs, "its config's env_kwargs", lambda why: UserError(f"{file}: {why}"))
     env = make_env_thunk(cfg.env_id, cfg.env_kwargs, allow_env_modules=cfg.allow_env_modules)()
     try:
-        policy = make_policy(cfg.policy, env.observation_space, env.action_space).to(device)
+        spaces = (env.observation_space, env.action_space)
     finally:
         env.close()
+    check_weights_fit(
+        lambda: make_policy(cfg.policy, *spaces), ckpt["policy"], file, "policy its config describes"
+    )
+    policy = make_policy(cfg.policy, *spaces).to(device)
     try:
         policy.load_state_dict(ckpt["policy"])
     except RuntimeError as err:
@@ -143,7 +147,12 @@ def _load_dt(
     cfg = _config(DTConfig, ckpt, file, allowed)
     check_finite_weights(ckpt["model"], file, "model weights")
     try:  # any malformed field raises: KeyError, TypeError, ValueError, AttributeError, UserError ...
+        check_weights_fit(
+            lambda: DecisionTransformer.from_kwargs(ckpt["model_kwargs"]), ckpt["model"], file, DT_WHAT
+        )
         model = DecisionTransformer.from_kwargs(ckpt["model_kwargs"])
+    except UserError:
+        raise
     except Exception as err:
         raise UserError(
             f"{file}: its model_kwargs do not build a Decision Transformer ({type(err).__name__}: {err})"

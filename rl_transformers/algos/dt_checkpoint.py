@@ -25,6 +25,7 @@ from rl_transformers.utils import (
     restore_rng_state,
     to_jsonable,
 )
+from rl_transformers.utils.checkpoint_load import DT_WHAT, check_weights_fit
 from rl_transformers.utils.errors import UserError
 
 if TYPE_CHECKING:
@@ -88,6 +89,9 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu") -> Decisio
     if missing or not isinstance(ckpt.get("model_kwargs"), dict):
         raise UserError(f"checkpoint {source} lacks {missing or ['model_kwargs']}: not a DT checkpoint")
     try:
+        check_weights_fit(
+            lambda: DecisionTransformer.from_kwargs(ckpt["model_kwargs"]), ckpt["model"], source, DT_WHAT
+        )
         model = DecisionTransformer.from_kwargs(ckpt["model_kwargs"])
         model.load_state_dict(ckpt["model"])
     except (KeyError, TypeError, ValueError, RuntimeError) as err:

@@ -9,10 +9,11 @@ the ``step_<n>`` / ``last`` / ``best`` manager) lives in :mod:`rl_transformers.u
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,36 @@ def check_finite_weights(state: Any, path: str | Path, what: str = "weights") ->
                 Path(path),
                 f"its {what} hold {bad} NaN or infinite value(s) in {name!r}; use an earlier checkpoint",
             )
+
+
+DT_WHAT = "model its model_kwargs describe"
+"""How :func:`check_weights_fit` names a Decision Transformer checkpoint's model."""
+
+
+def check_weights_fit(build: Callable[[], torch.nn.Module], state: Any, path: str | Path, what: str) -> None:
+    """Refuse (:class:`UserError`) weights whose names or shapes differ from the module that ``build`` makes from
+    the file's own config, *before* anything is allocated: the module is built on the ``meta`` device (shapes,
+    no storage), so a config that describes a model far larger than the weights it ships cannot make the loader
+    allocate it. ``what`` names the module and where it is described ("policy its config describes")."""
+    with torch.device("meta"):
+        module = build()
+    want = {k: tuple(v.shape) for k, v in module.state_dict().items() if isinstance(v, torch.Tensor)}
+    got = (
+        {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
+        if isinstance(state, Mapping)
+        else {}
+    )
+    if want == got:
+        return
+    missing, unexpected = sorted(want.keys() - got.keys()), sorted(got.keys() - want.keys())
+    shapes = [f"{k}: {got[k]} in the file, {want[k]} by the config" for k in sorted(want.keys() & got.keys())
+              if want[k] != got[k]]  # fmt: skip
+    parts = [f"missing {missing[:3]}" if missing else "", f"unexpected {unexpected[:3]}" if unexpected else "",
+             "; ".join(shapes[:3])]  # fmt: skip
+    size = sum(math.prod(s) for s in want.values())
+    raise UserError(
+        f"{path}: its weights do not fit the {what} ({size:,} values): " + "; ".join(p for p in parts if p)
+    )
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device | None = "cpu") -> Any:

@@ -241,6 +241,41 @@ def test_bad_dt_model_kwargs_are_an_error(tmp_path: Path) -> None:
         load_agent(path)
 
 
+def test_model_kwargs_far_larger_than_the_weights_are_refused_before_allocating(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DT checkpoint whose model_kwargs describe a model ~4,000x larger than the weights it ships is refused
+    with an error line naming the mismatch; the large model is only ever built on the meta device (no storage)."""
+    from rl_transformers.policies.decision_transformer import DecisionTransformer, dt_backbone_config
+
+    obs = gym.spaces.Box(-1.0, 1.0, (3,))
+    act = gym.spaces.Box(-1.0, 1.0, (2,))
+    small = DecisionTransformer(obs, act, dt_backbone_config(d_model=16, n_layers=1, n_heads=1), 4, 10)
+    kwargs = small.init_kwargs()
+    kwargs["backbone"] = {**kwargs["backbone"], "d_model": 1024, "n_layers": 8}
+    path = tmp_path / "checkpoints" / "last.pt"
+    path.parent.mkdir()
+    torch.save({"config": to_jsonable(DTConfig(dataset="x/y-v0")), "model": small.state_dict(),
+                "model_kwargs": kwargs}, path)  # fmt: skip
+    built: list[str] = []
+    original = DecisionTransformer.__init__
+
+    def spy(self, *args, **kw):  # type: ignore[no-untyped-def]
+        built.append(str(torch.get_default_device()))
+        original(self, *args, **kw)
+
+    monkeypatch.setattr(DecisionTransformer, "__init__", spy)
+    with pytest.raises(
+        UserError, match=r"its weights do not fit the model its model_kwargs describe \("
+    ) as info:
+        load_agent(path)
+    assert str(path) in str(info.value) and "in the file" in str(info.value)
+    assert built == ["meta"]  # the described model never got real storage
+    torch.save({"config": to_jsonable(DTConfig(dataset="x/y-v0")), "model": small.state_dict(),
+                "model_kwargs": small.init_kwargs()}, path)  # fmt: skip
+    assert load_agent(path) is not None and built[1:] == ["meta", "cpu"]  # a fitting one loads as before
+
+
 def test_huge_sizes_from_flags_are_refused() -> None:
     base = tiny(Path("x"))
     with pytest.raises(UserError, match=f"num_envs .*is larger than the limit {MAX_NUM_ENVS:,}"):
