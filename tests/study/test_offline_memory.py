@@ -107,6 +107,7 @@ def test_a_tiny_table_runs_resumes_and_rebuilds_from_its_records(tiny_table: Pat
     assert not list((tiny_table / "runs").rglob("stdout.log"))  # restored, not run
     section = "\n".join(offline_memory_report.study_section(docs))  # encoders.md's offline part
     assert "| `xl` | memory |" in section and "### Control tasks" in section
+    assert "found the cue at some evaluation" in section and "| row | L = 3 |" in section  # the found table
 
 
 def test_a_record_that_contradicts_its_job_is_refused(tiny_table: Path) -> None:
