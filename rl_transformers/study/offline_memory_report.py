@@ -11,7 +11,7 @@ mean of the seeds that did, marked with their count.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,15 +106,7 @@ def found_text(entry: dict[str, Any]) -> str:
 
 def found_table(table: Sequence[om.Row], data: dict[str, Any]) -> list[str]:
     """Per row and length: seeds that found the cue at some evaluation (see :func:`first_found`)."""
-    lines = [
-        f"| row | {' | '.join(f'L = {n}' for n in om.LENGTHS)} |",
-        "|---|" + "---|" * len(om.LENGTHS),
-    ]
-    for row in table:
-        lines.append(
-            f"| `{row.name}` | " + " | ".join(found_text(data[row.name][str(n)]) for n in om.LENGTHS) + " |"
-        )
-    return lines
+    return length_table(table, data, found_text, family=False)
 
 
 def memoryless_scores(episodes: int, seed: int = 1_000_000) -> tuple[float, float]:
@@ -132,13 +124,21 @@ def memoryless_scores(episodes: int, seed: int = 1_000_000) -> tuple[float, floa
 
 def success_table(table: Sequence[om.Row], data: dict[str, Any]) -> list[str]:
     """The success table's lines: one row per table row, one column per corridor length."""
+    return length_table(table, data, cell_text, family=True)
+
+
+def length_table(
+    table: Sequence[om.Row], data: dict[str, Any], cell: Callable[[dict[str, Any]], str], family: bool
+) -> list[str]:
+    """A Markdown table with one row per table row (and its family) and ``cell`` of each corridor length."""
+    head = "| row | family |" if family else "| row |"
     lines = [
-        f"| row | family | {' | '.join(f'L = {n}' for n in om.LENGTHS)} |",
-        "|---|---|" + "---|" * len(om.LENGTHS),
+        f"{head} {' | '.join(f'L = {n}' for n in om.LENGTHS)} |",
+        "|---|" + "---|" * (len(om.LENGTHS) + family),
     ]
     for row in table:
-        cells_ = " | ".join(cell_text(data[row.name][str(n)]) for n in om.LENGTHS)
-        lines.append(f"| `{row.name}` | {row.family} | {cells_} |")
+        first = f"| `{row.name}` | {row.family} |" if family else f"| `{row.name}` |"
+        lines.append(f"{first} " + " | ".join(cell(data[row.name][str(n)]) for n in om.LENGTHS) + " |")
     return lines
 
 

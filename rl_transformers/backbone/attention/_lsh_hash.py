@@ -1,13 +1,12 @@
 """Angular LSH for :mod:`lsh` (Kitaev et al. 2020, arXiv 2001.04451, §2): the stored random rotations, the bucket
-of each unit key, and the keys that are hashed (half precision is hashed in float32)."""
+of each unit key (half precision is hashed in float32)."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["draw_rotations", "hash_buckets", "hash_input"]
+__all__ = ["draw_rotations", "hash_buckets"]
 
 
 def draw_rotations(
@@ -31,11 +30,3 @@ def hash_buckets(x: Tensor, rotations: Tensor) -> Tensor:
         x = x.float()
     proj = torch.einsum("bhsd,rhdn->bhrsn", x, rotations.to(x.dtype))
     return torch.cat([proj, -proj], dim=-1).argmax(dim=-1)
-
-
-def hash_input(k: Tensor, pad: int = 0) -> Tensor:
-    """The unit keys that are hashed: normalised in float32 when ``k`` is half precision (see
-    :func:`hash_buckets`), padded by ``pad`` zero rows like the chunked path's keys."""
-    wide = k.float() if k.dtype in (torch.float16, torch.bfloat16) else k
-    kn = F.normalize(wide, dim=-1)
-    return F.pad(kn, (0, 0, 0, pad)) if pad else kn

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rl_transformers.backbone.attention import _linear_ops as ops
-from rl_transformers.backbone.attention.base import Attention
+from rl_transformers.backbone.attention.base import Attention, same_segment
 from rl_transformers.backbone.context import ForwardContext
 from rl_transformers.backbone.registry import Capabilities, register
 from rl_transformers.backbone.state import State
@@ -180,12 +180,11 @@ class FeatureMapAttention(Attention):
     def _segment_masks(self, ctx: ForwardContext, t: int) -> tuple[Tensor, Tensor]:
         """(seen (B, 1, T, T), carried (B, 1, T, 1)) for rows restarting inside the chunk: a query sees the new
         keys of its own segment (and only earlier ones when causal), and the carried state only in segment 0."""
-        seg = ctx.segment
-        assert seg is not None
-        seen = seg[:, None, :, None] == seg[:, None, None, :]
+        seen = same_segment(ctx, t)
+        assert seen is not None and ctx.segment is not None
         if self.causal:
-            seen = seen & torch.ones(t, t, dtype=torch.bool, device=seg.device).tril()
-        return seen, (seg == 0)[:, None, :, None]
+            seen = seen & torch.ones(t, t, dtype=torch.bool, device=seen.device).tril()
+        return seen, (ctx.segment == 0)[:, None, :, None]
 
     def _key_count(
         self, new: Tensor, before: Tensor, after: Tensor, log_g: Tensor | None, chunk: int

@@ -40,8 +40,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rl_transformers.backbone.attention import _lsh_fast as fast
-from rl_transformers.backbone.attention._lsh_hash import draw_rotations, hash_buckets, hash_input
-from rl_transformers.backbone.attention.base import Attention, key_segments
+from rl_transformers.backbone.attention._lsh_hash import draw_rotations, hash_buckets
+from rl_transformers.backbone.attention.base import Attention, assignment_input, same_segment
 from rl_transformers.backbone.context import ForwardContext
 from rl_transformers.backbone.registry import Capabilities, register
 
@@ -221,13 +221,11 @@ class LSHAttention(Attention):
         opts = self.options
         kn = F.normalize(k, dim=-1)
         nb = opts.n_buckets
-        buckets = hash_buckets(hash_input(k), self.current_rotations())  # (B, H, R, S)
+        buckets = hash_buckets(assignment_input(k, kn), self.current_rotations())  # (B, H, R, S)
         buckets = torch.where(k_valid[:, None, None, :], buckets, torch.full_like(buckets, nb))
         i = torch.arange(t, device=q.device)[:, None] + (s - t)
         j = torch.arange(s, device=q.device)[None, :]
-        segment = None  # (B, 1, T, S): j is in i's segment, when rows restart inside the chunk
-        if ctx.segment is not None:
-            segment = (ctx.segment[:, :, None] == key_segments(ctx, s)[:, None, :])[:, None]
+        segment = same_segment(ctx, s)  # (B, 1, T, S) when rows restart inside the chunk, else None
         met: Tensor | None = None  # (B, H, T, S): j lies in i's bucket window in some round
         for b_r in buckets.unbind(2):  # (B, H, S) per round
             same = b_r[..., s - t :].unsqueeze(-1) == b_r.unsqueeze(-2)  # (B, H, T, S) bucket-mates
@@ -275,6 +273,7 @@ class LSHAttention(Attention):
         # rank windows are then plain chunk neighbourhoods. Only the last T outputs are returned.
         qa = torch.cat([k[:, :, : s - t], q], dim=2) if s > t else q
         kn = F.normalize(k, dim=-1)
+        hashed = assignment_input(k, kn)
         m = w if w < s else s
         n = math.ceil(s / m)
         sp = n * m
@@ -282,12 +281,13 @@ class LSHAttention(Attention):
         valid, pos = k_valid, k_pos
         if pad:
             qa, kn, v = (F.pad(x, (0, 0, 0, pad)) for x in (qa, kn, v))
+            hashed = F.pad(hashed, (0, 0, 0, pad)) if hashed is not kn else kn
             valid = F.pad(valid, (0, pad), value=False)
             pos = F.pad(pos, (0, pad))
         rounds = self.current_rotations()
         r = rounds.shape[0]
         nb = opts.n_buckets
-        buckets = hash_buckets(hash_input(k, pad), rounds)  # (B, H, R, Sp)
+        buckets = hash_buckets(hashed, rounds)  # (B, H, R, Sp)
         buckets = torch.where(valid[:, None, None, :], buckets, torch.full_like(buckets, nb))  # padding last
         idx = torch.arange(sp, device=q.device)
         order = torch.argsort(buckets * sp + idx, dim=-1)  # sort by (bucket, index)

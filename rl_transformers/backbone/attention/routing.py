@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rl_transformers.backbone.attention._routing_kernels import band_attention, cluster_attention
-from rl_transformers.backbone.attention.base import Attention
+from rl_transformers.backbone.attention.base import Attention, assignment_input
 from rl_transformers.backbone.context import ForwardContext
 from rl_transformers.backbone.options import check_number
 from rl_transformers.backbone.registry import Capabilities, register
@@ -148,12 +148,8 @@ class RoutingAttention(Attention):
         return RoutingCache.empty(batch, self.n_heads, self.n_routing, self.d_head, device, dtype)
 
     def assign(self, x: Tensor, centroids: Tensor) -> Tensor:
-        """Nearest-centroid ids (B, Hr, N) of x (B, Hr, N, D), normalised here. Half-precision inputs are
-        normalised and compared in float32: rounding the similarities to 8 bits of mantissa flips the argmax of
-        tokens near a cluster boundary, so a bf16 run routed tokens elsewhere than the same run in float32."""
-        if x.dtype in (torch.float16, torch.bfloat16):
-            x = x.float()
-        x = F.normalize(x, dim=-1)
+        """Nearest-centroid ids (B, Hr, N) of normalised x (B, Hr, N, D) (float32 from half-precision inputs:
+        :func:`~rl_transformers.backbone.attention.base.assignment_input`)."""
         return torch.einsum("bhnd,hkd->bhnk", x, centroids.to(x.dtype)).argmax(-1)
 
     def assigned(self, mu: Tensor, cluster: Tensor, dtype: torch.dtype) -> Tensor:
@@ -176,7 +172,10 @@ class RoutingAttention(Attention):
         nl, opts = self.n_local, self.options
         mu = self.centroids.clone()  # the update below must not touch what autograd saved
         qn, kn = F.normalize(q[:, nl:], dim=-1), F.normalize(k[:, nl:], dim=-1)
-        cq, ck = self.assign(q[:, nl:], mu), self.assign(k[:, nl:], mu)
+        cq, ck = (
+            self.assign(assignment_input(q[:, nl:], qn), mu),
+            self.assign(assignment_input(k[:, nl:], kn), mu),
+        )
         new_k, new_valid = kn, k_valid
         if isinstance(state, RoutingCache):
             if state.length:  # (an empty cache: no copies of k, v)
