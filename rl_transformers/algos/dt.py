@@ -368,6 +368,7 @@ class DTTrainer:
         for env in self.eval_envs:
             env.close()
         self.eval_envs = []
+        self.net = self.model  # drop the DDP wrapper (and its process group) before the group is destroyed
 
 
 def train(

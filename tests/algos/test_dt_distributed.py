@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
 
 from tests.algos.test_dt import cartpole_dataset, tiny_config
 
@@ -29,6 +31,7 @@ def _worker(rank: int, world: int, port: int, dataset: str, out: str, segments: 
         LOCAL_RANK=str(rank),
     )
     torch.set_num_threads(1)
+    gc.disable()  # as if the cyclic collector did not run before exit: shutdown() must free the group itself
     from rl_transformers.algos.dt import train
     from rl_transformers.policies.decision_transformer import dt_backbone_config
 
@@ -47,7 +50,11 @@ def _worker(rank: int, world: int, port: int, dataset: str, out: str, segments: 
     )
     try:
         result = train(config, run_dir=Path(out) / "run")
-        torch.save({k: v.clone() for k, v in result.model.state_dict().items()}, Path(out) / f"rank{rank}.pt")
+        # no DDP wrapper (holding the gloo group) outlives train(): one left in a reference cycle dies at
+        # interpreter exit, where gloo's threads abort the process
+        wrappers = sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects())
+        state = {k: v.clone() for k, v in result.model.state_dict().items()}
+        torch.save({"state": state, "ddp_alive": wrappers}, Path(out) / f"rank{rank}.pt")
     finally:  # train() destroys its process group; this catches a failure before it made one
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
@@ -74,8 +81,10 @@ def test_two_gloo_ranks_keep_identical_parameters(tmp_path: Path, segments: int)
         for process in context.processes:
             if process.is_alive():
                 process.kill()
-    s0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
-    s1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
+    r0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
+    r1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
+    assert r0["ddp_alive"] == 0 and r1["ddp_alive"] == 0
+    s0, s1 = r0["state"], r1["state"]
     for name in s0:
         assert torch.equal(s0[name], s1[name]), name
     # training happened, and the checkpoint (written by rank 0) holds both ranks' RNG states
