@@ -72,8 +72,8 @@ def test_whole_store_retrieval_equals_dense_attention_over_store() -> None:
     tau = bb.memory.log_temperature.exp()[None, :, None, None]
     ref = reference_attention(
         q,
-        store.keys.transpose(1, 2),
-        store.values.transpose(1, 2),
+        store.keys,
+        store.values,
         mask=store.valid[:, None, None, :],
         scale=1.0,
         bias=None,
@@ -97,13 +97,13 @@ def test_top_k_equals_attention_over_the_k_best_keys() -> None:
     for b in range(2):  # the 3 valid slots with the highest cosine similarity, found by sorting
         for h in range(HEADS):
             for t in range(4):
-                sims = [(float(q[b, h, t] @ store.keys[b, s, h]), s) for s in range(16) if store.valid[b, s]]
+                sims = [(float(q[b, h, t] @ store.keys[b, h, s]), s) for s in range(16) if store.valid[b, s]]
                 for _, s in sorted(sims, reverse=True)[:3]:
                     mask[b, h, t, s] = True
     a_mem = reference_attention(
         q,
-        store.keys.transpose(1, 2),
-        store.values.transpose(1, 2),
+        store.keys,
+        store.values,
         mask=mask,
         scale=1.0,
         weight=tau[None, :, None, None].expand(2, HEADS, 4, 16),
@@ -146,8 +146,8 @@ def test_store_holds_the_tokens_that_left_the_local_memory() -> None:
     x = torch.randn(2, 20, D_MODEL, dtype=torch.float64)
     with torch.no_grad():
         h = bb.depth.blocks[0].norm1(x)
-        keys = F.normalize(split(att.k_proj(h)), dim=-1).transpose(1, 2)  # (B, T, H, D)
-        values = split(att.v_proj(h)).transpose(1, 2)
+        keys = F.normalize(split(att.k_proj(h)), dim=-1)  # (B, H, T, D)
+        values = split(att.v_proj(h))
         state = bb.init_state(2)
         seen = 0
         for size in (4, 1, 6, 2, 7):
@@ -159,8 +159,8 @@ def test_store_holds_the_tokens_that_left_the_local_memory() -> None:
             assert sorted(store.pos[0][store.valid[0]].tolist()) == expected
             assert store.ptr.tolist() == [left % 5] * 2
             for p in expected:  # FIFO ring: position p sits in slot p mod N, verified by its key and value
-                torch.testing.assert_close(store.keys[:, p % 5], keys[:, p], atol=1e-12, rtol=0)
-                torch.testing.assert_close(store.values[:, p % 5], values[:, p], atol=1e-12, rtol=0)
+                torch.testing.assert_close(store.keys[:, :, p % 5], keys[:, :, p], atol=1e-12, rtol=0)
+                torch.testing.assert_close(store.values[:, :, p % 5], values[:, :, p], atol=1e-12, rtol=0)
             local = store.local.pos[0][store.local.valid[0]].tolist()
             assert local == list(range(left, seen))  # local and store never overlap; both in the past
             assert not set(local) & set(expected)
@@ -287,3 +287,46 @@ def test_faiss_index_equals_exact_top_k() -> None:
             torch.testing.assert_close(
                 inv.run_chunks(fast, x, sizes)[0], inv.run_chunks(exact, x, sizes)[0], atol=1e-12, rtol=0
             )
+
+
+def test_one_entry_write_equals_the_chunk_write() -> None:
+    """The acting step's write (one entry per row: a masked select) equals the chunk write (a scatter) bit for
+    bit, through wrap-around, padding and a reset; the chunk write gets the same entry plus a padding one."""
+    memory = knn(mem_len=2, store_size=4, n_layers=1, layer=0).memory
+    one = two = memory.init_state(3, None, torch.float64)
+    g = torch.Generator().manual_seed(0)
+    written = torch.zeros(3, dtype=torch.long)  # valid writes per row since its reset
+    pad = torch.zeros(3, 1, dtype=torch.bool)
+    for step in range(11):
+        keys, values = torch.randn(2, 3, HEADS, 1, 8, generator=g, dtype=torch.float64)
+        valid = torch.rand(3, 1, generator=g) < 0.7
+        pos = torch.full((3, 1), step)
+        if step == 6:
+            reset = torch.tensor([True, False, False])
+            one, two, written = one.reset(reset), two.reset(reset), written.masked_fill(reset, 0)
+        written += valid.squeeze(1).long()
+        one = type(one)(one.local, *memory.store_append(one, keys, values, pos, valid))
+        chunk = [
+            torch.cat(pair, dim)
+            for pair, dim in (((keys, -keys), 2), ((values, -values), 2), ((pos, pos), 1))
+        ]
+        two = type(two)(two.local, *memory.store_append(two, *chunk, torch.cat([valid, pad], 1)))
+        for name in ("keys", "values", "valid", "pos", "ptr"):
+            assert torch.equal(getattr(one, name), getattr(two, name)), (step, name)
+    assert int(written.max()) > 4 and len(set(one.ptr.tolist())) > 1  # wrapped around; rows written unevenly
+
+
+def test_pickled_state_round_trips_and_an_old_layout_is_converted() -> None:
+    """Resumed runs unpickle the loop state: the head-major store round-trips; one pickled before the store
+    became head-major ((B, N, H, D), no marker) comes back transposed, equal to today's layout."""
+    import copy
+
+    state = _filled(knn(mem_len=2, store_size=16, top_k=3, n_layers=1, layer=0)).memory
+    again = copy.deepcopy(state)  # through __getstate__ / __setstate__, as pickle
+    assert torch.equal(again.keys, state.keys) and torch.equal(again.values, state.values)
+    data = {**state.__dict__, "keys": state.keys.transpose(1, 2), "values": state.values.transpose(1, 2)}
+    # what an old pickle holds: the fields, keys / values (B, N, H, D), no "head_major" marker
+    converted = type(state).__new__(type(state))
+    converted.__setstate__(data)
+    assert torch.equal(converted.keys, state.keys) and torch.equal(converted.values, state.values)
+    assert torch.equal(converted.valid, state.valid)

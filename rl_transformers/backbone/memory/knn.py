@@ -26,7 +26,7 @@ whole store (exact when top_k >= store_size).
 ``index="faiss"`` searches a faiss-cpu inner-product index built from the store (optional dependency, CPU round
 trip); both gather the selected keys back in torch so gradients reach the queries, τ and the gate.
 
-Shapes: B batch, T new tokens, N store slots, H heads, D head dim; store keys/values (B, N, H, D).
+Shapes: B batch, T new tokens, N store slots, H heads, D head dim; store keys/values (B, H, N, D).
 """
 
 from __future__ import annotations
@@ -57,8 +57,9 @@ _ATTENTION = "knn/attention"  # ctx.extras slot: the kNN layer's attention modul
 
 @dataclass
 class KNNMemoryState(State):
-    """local: the XL memory of every layer; keys (B, N, H, D) normalised, values (B, N, H, D); valid (B, N);
-    pos (B, N) position of the stored token; ptr (B,) next slot to write (the oldest entry once full)."""
+    """local: the XL memory of every layer; keys (B, H, N, D) normalised, values (B, H, N, D) (head-major, so
+    that retrieval's matrix products read them in place); valid (B, N); pos (B, N) position of the stored token;
+    ptr (B,) next slot to write (the oldest entry once full)."""
 
     local: XLMemoryState
     keys: Tensor
@@ -66,6 +67,16 @@ class KNNMemoryState(State):
     valid: Tensor
     pos: Tensor
     ptr: Tensor
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "head_major": True}
+
+    def __setstate__(self, data: dict[str, Any]) -> None:
+        """Unpickle (a resumed run's loop state); a state saved before the store became head-major (its keys
+        and values (B, N, H, D)) is transposed, so old checkpoints resume."""
+        if not data.pop("head_major", False):
+            data = {**data, "keys": data["keys"].transpose(1, 2), "values": data["values"].transpose(1, 2)}
+        self.__dict__.update(data)
 
     def reset(self, mask: Tensor | None) -> KNNMemoryState:
         """Rows where ``mask`` is True empty their store and local memory: validity, positions and the write
@@ -119,7 +130,7 @@ def resolve_layer(layer: int | None, n_layers: int) -> int:
 def faiss_top_k(q: Tensor, keys: Tensor, valid: Tensor, k: int) -> Tensor:
     """Indices (B, H, T, k) of the k largest q·key per query with faiss (-1 pads missing entries).
 
-    q (B, H, T, D), keys (B, N, H, D), valid (B, N). One exact inner-product index per row and head.
+    q (B, H, T, D), keys (B, H, N, D), valid (B, N). One exact inner-product index per row and head.
     """
     import faiss  # optional dependency
 
@@ -134,7 +145,7 @@ def faiss_top_k(q: Tensor, keys: Tensor, valid: Tensor, k: int) -> Tensor:
             continue
         for head in range(h):
             index = faiss.IndexFlatIP(q.shape[-1])
-            index.add(keys_np[row, slots.numpy(), head].copy())
+            index.add(keys_np[row, head, slots.numpy()].copy())
             _, found = index.search(q_np[row, head].copy(), min(k, slots.numel()))
             found_t = torch.from_numpy(found)
             out[row, head, :, : found_t.shape[1]] = torch.where(found_t >= 0, slots[found_t.clamp_min(0)], -1)
@@ -172,8 +183,8 @@ class KNNMemory(Memory):
         n, h, dh = self.options.store_size, self.cfg.n_heads, self.cfg.d_head
         return KNNMemoryState(
             local=self.local.init_state(batch, device, dtype),
-            keys=torch.zeros(batch, n, h, dh, device=device, dtype=dtype),
-            values=torch.zeros(batch, n, h, dh, device=device, dtype=dtype),
+            keys=torch.zeros(batch, h, n, dh, device=device, dtype=dtype),
+            values=torch.zeros(batch, h, n, dh, device=device, dtype=dtype),
             valid=torch.zeros(batch, n, dtype=torch.bool, device=device),
             pos=torch.zeros(batch, n, dtype=torch.long, device=device),
             ptr=torch.zeros(batch, dtype=torch.long, device=device),
@@ -188,29 +199,32 @@ class KNNMemory(Memory):
         return contexts
 
     def retrieve(self, state: KNNMemoryState, q: Tensor) -> tuple[Tensor, Tensor]:
-        """kNN attention of raw queries q (B, H, T, D) over the store: (A_mem (B, H, T, D), found (B, H, T))."""
+        """kNN attention of raw queries q (B, H, T, D) over the store: (A_mem (B, H, T, D), found (B, H, T)).
+
+        One matrix product gives every q̂·k̂ (the store is head-major: read in place); the top-k indices are
+        taken from it without gradient; the softmax runs over the k picked scores; the weights are spread back
+        over the N slots (0 elsewhere) and a second product with the values gives A_mem. The same sum as
+        gathering the k selected keys and values (tested against it in float64), without copying k keys and
+        values per query. faiss pads missing entries with -1: they point at slot 0 with weight 0."""
         qn = F.normalize(q, dim=-1)
         keys = state.keys.to(q.dtype)
         values = state.values.to(q.dtype)
-        k = min(self.options.top_k, keys.shape[1])
+        n = keys.shape[2]
+        k = min(self.options.top_k, n)
+        cosine = torch.matmul(qn, keys.transpose(-1, -2))  # (B, H, T, N)
+        valid = state.valid[:, None, None, :].expand_as(cosine)
         if self.options.index == "faiss":
             idx = faiss_top_k(qn, keys, state.valid, k)
         else:
             with torch.no_grad():
-                scores = torch.einsum("bhtd,bnhd->bhtn", qn, keys)
-                scores = scores.masked_fill(~state.valid[:, None, None, :], float("-inf"))
-                idx = scores.topk(k, dim=-1).indices
-        b, h, t, _ = idx.shape
-        picked_valid = state.valid[:, None, None, :].expand(b, h, t, -1).gather(3, idx.clamp_min(0))
-        picked_valid = picked_valid & (idx >= 0)
-        flat = idx.clamp_min(0).reshape(b, h, t * k, 1).expand(-1, -1, -1, keys.shape[-1])
-        k_sel = keys.transpose(1, 2).gather(2, flat).view(b, h, t, k, -1)  # (B, H, T, k, D)
-        v_sel = values.transpose(1, 2).gather(2, flat).view(b, h, t, k, -1)
+                idx = cosine.detach().masked_fill(~valid, float("-inf")).topk(k, dim=-1).indices
+        picked = valid.gather(-1, idx.clamp_min(0)) & (idx >= 0)  # (B, H, T, k): a valid slot was retrieved
+        idx = idx.clamp_min(0)
         tau = self.log_temperature.exp().to(q.dtype)[None, :, None, None]
-        logits = tau * torch.einsum("bhtd,bhtkd->bhtk", qn, k_sel)
-        weights = torch.softmax(logits.masked_fill(~picked_valid, float("-inf")), dim=-1)
+        weights = torch.softmax((tau * cosine.gather(-1, idx)).masked_fill(~picked, float("-inf")), dim=-1)
         weights = torch.nan_to_num(weights, nan=0.0)  # nothing retrieved
-        return torch.einsum("bhtk,bhtkd->bhtd", weights, v_sel), picked_valid.any(-1)
+        spread = torch.zeros_like(cosine).scatter_add(-1, idx, weights)  # (B, H, T, N), 0 off the top k
+        return torch.matmul(spread, values), picked.any(-1)
 
     def gate(self, x: Tensor) -> Tensor:
         """g (B or 1, H, T or 1) in (0, 1): weight of the retrieved memories."""
@@ -255,8 +269,8 @@ class KNNMemory(Memory):
                 values = attention.split_heads(w_v(h_out.to(w_v.weight.dtype)))
                 store = self.store_append(
                     state,
-                    keys.transpose(1, 2).to(state.keys.dtype),
-                    values.transpose(1, 2).to(state.values.dtype),
+                    keys.to(state.keys.dtype),
+                    values.to(state.values.dtype),
                     pos_all[:, :n_out],
                     valid_all[:, :n_out],
                 )
@@ -266,25 +280,41 @@ class KNNMemory(Memory):
     def store_append(
         self, state: KNNMemoryState, keys: Tensor, values: Tensor, pos: Tensor, valid: Tensor
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """Write the valid entries (keys/values (B, n, H, D), pos/valid (B, n), oldest first) into the ring
-        buffers, overwriting the oldest entries; returns (keys, values, valid, pos, ptr)."""
-        size = state.keys.shape[1]
+        """Write the valid entries (keys/values (B, H, n, D), pos/valid (B, n), oldest first) into the ring
+        buffers, overwriting the oldest entries; returns (keys, values, valid, pos, ptr).
+
+        One entry per row (every acting step) is one masked select over the buffers; several (a chunk) are a
+        scatter into the buffers padded with one dump slot for the entries that are not kept. Both write the
+        same values (tested against each other); the first reads and writes each buffer once."""
+        size = state.valid.shape[1]
         written = valid.long().cumsum(1)  # 1-based order of each valid entry
         count = written[:, -1:]
         keep = valid & (count - written < size)  # if more than N arrive, only the newest N survive
+        ptr = (state.ptr + count.squeeze(1)) % size
+        if valid.shape[1] == 1:
+            hit = keep & (torch.arange(size, device=valid.device) == state.ptr[:, None])  # (B, N)
+            return (
+                torch.where(hit[:, None, :, None], keys, state.keys),
+                torch.where(hit[:, None, :, None], values, state.values),
+                state.valid | hit,
+                torch.where(hit, pos, state.pos),
+                ptr,
+            )
         slot = torch.where(keep, (state.ptr[:, None] + written - 1) % size, size)  # slot ``size`` is dropped
 
-        def put(buffer: Tensor, new: Tensor) -> Tensor:
-            padded = torch.cat([buffer, buffer[:, :1]], dim=1)  # one dump slot
-            index = slot.view(slot.shape + (1,) * (new.dim() - 2)).expand_as(new)
-            return padded.scatter(1, index, new)[:, :size]
+        def put(buffer: Tensor, new: Tensor, dim: int) -> Tensor:
+            padded = torch.cat([buffer, buffer.narrow(dim, 0, 1)], dim=dim)  # one dump slot
+            index = slot.view(
+                slot.shape[:1] + (1,) * (dim - 1) + slot.shape[1:] + (1,) * (new.dim() - dim - 1)
+            )
+            return padded.scatter(dim, index.expand_as(new), new).narrow(dim, 0, size)
 
         return (
-            put(state.keys, keys),
-            put(state.values, values),
-            put(state.valid, keep),
-            put(state.pos, pos),
-            (state.ptr + count.squeeze(1)) % size,
+            put(state.keys, keys, 2),
+            put(state.values, values, 2),
+            put(state.valid, keep, 1),
+            put(state.pos, pos, 1),
+            ptr,
         )
 
     @classmethod
