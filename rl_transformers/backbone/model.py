@@ -12,6 +12,9 @@ the chunk: a token with ``starts`` True and the tokens after it see neither the 
 and their positions count from 0 there, as if the chunk had been cut at the start and the rest run from a reset
 state (``starts[:, 0]`` acts as ``reset``). Only backbones whose parts support it take it
 (:attr:`Backbone.segments_unsupported`); PPO re-runs stored sequences this way instead of packing their pieces.
+``return_state=False`` tells the backbone the caller drops the new state (a training pass over stored
+sequences): the memory's write is skipped unless it also makes losses (``compressive``'s) or diagnostics are
+collected (``collect_info``: the memory's fill), and ``state`` is None. The outputs and losses are those of ``return_state=True``.
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ from rl_transformers.backbone.state import BackboneState
 class BackboneOutput:
     y: Tensor
     """(B, T, d) output hidden states."""
-    state: BackboneState
-    """State to pass to the next chunk."""
+    state: BackboneState | None
+    """State to pass to the next chunk (None when the forward was called with ``return_state=False``)."""
     aux_losses: dict[str, Tensor] = field(default_factory=dict)
     """Named auxiliary losses (unweighted; the trainer weights them)."""
     info: dict[str, Any] = field(default_factory=dict)
@@ -136,6 +139,7 @@ class Backbone(nn.Module):
         reset: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
         starts: Tensor | None = None,
+        return_state: bool = True,
     ) -> BackboneOutput:
         if x.dim() != 3 or x.shape[-1] != self.cfg.d_model:
             raise ValueError(f"expected x of shape (B, T, {self.cfg.d_model}), got {tuple(x.shape)}")
@@ -175,7 +179,11 @@ class Backbone(nn.Module):
         ctx.extras["memory_state"] = state.memory
         h, layers, depth_state = self.depth(x, ctx, state.layers, state.depth)
         y = self.final_norm(h)
-        memory = self.memory.write(state.memory, ctx) if self.memory is not None else None
+        memory = None
+        if self.memory is not None and (return_state or self.memory.aux_losses or ctx.collect_info):
+            memory = self.memory.write(state.memory, ctx)
+        if not return_state:
+            return BackboneOutput(y=y, state=None, aux_losses=ctx.aux, info=ctx.info or {})
         new_pos = state.pos + t if starts is None else pos[:, -1] + 1
         new_state = BackboneState(pos=new_pos, layers=layers, memory=memory, depth=depth_state)
         return BackboneOutput(y=y, state=new_state, aux_losses=ctx.aux, info=ctx.info or {})

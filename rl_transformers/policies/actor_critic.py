@@ -162,15 +162,16 @@ class ActorCritic(nn.Module):
         b, t = x.shape[:2]
         starts = episode_starts.to(device=x.device, dtype=torch.bool)
         core = self.compiled_core if self.compiled_core is not None else self.core
+        drop = {"return_state": False}  # the training pass drops the new state: the memory is not written
         if not self.core.stateful or t == 1:
-            return core(x, state, reset=starts[:, 0])
+            return core(x, state, reset=starts[:, 0], **drop)
         if self.core.segments and SEGMENT_PATH:  # restarts masked inside the core: no cut, no host sync
-            return core(x, state, starts=starts)
+            return core(x, state, starts=starts, **drop)
         if not bool(starts[:, 1:].any()):
-            return core(x, state, reset=starts[:, 0])
+            return core(x, state, reset=starts[:, 0], **drop)
         packing = Packing.from_starts(starts)  # data-dependent cut: eager, before the (compiled) core
         piece_state = state.index_select(packing.row)
-        out = core(packing.pack(x), piece_state, reset=packing.reset, valid=packing.valid())
+        out = core(packing.pack(x), piece_state, reset=packing.reset, valid=packing.valid(), **drop)
         return CoreOutput(packing.unpack(out.y, b, t), None, out.aux_losses, out.info)
 
     def evaluate_sequence(

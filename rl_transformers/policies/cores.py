@@ -59,8 +59,16 @@ class Core(nn.Module):
         raise NotImplementedError
 
     def forward(
-        self, x: Tensor, state: Any, reset: Tensor | None = None, valid: Tensor | None = None
+        self,
+        x: Tensor,
+        state: Any,
+        reset: Tensor | None = None,
+        valid: Tensor | None = None,
+        *,
+        return_state: bool = True,
     ) -> CoreOutput:
+        """``return_state=False``: the caller drops the new state (a training pass), so a core may skip work
+        that only the state needs and return None as the state."""
         raise NotImplementedError
 
     def segment_start(self, state: Any) -> Any:
@@ -143,8 +151,12 @@ class TransformerCore(Core):
         reset: Tensor | None = None,
         valid: Tensor | None = None,
         starts: Tensor | None = None,
+        *,
+        return_state: bool = True,
     ) -> CoreOutput:
-        out = self.backbone(x, state=state, reset=reset, key_padding_mask=valid, starts=starts)
+        out = self.backbone(
+            x, state=state, reset=reset, key_padding_mask=valid, starts=starts, return_state=return_state
+        )
         return CoreOutput(out.y, out.state, out.aux_losses, out.info)
 
     @property
@@ -190,6 +202,8 @@ class ContextCore(TransformerCore):
         reset: Tensor | None = None,
         valid: Tensor | None = None,
         starts: Tensor | None = None,
+        *,
+        return_state: bool = True,
     ) -> CoreOutput:
         if starts is not None:
             raise ValueError("ContextCore does not restart rows inside a chunk (segments=False): cut them")

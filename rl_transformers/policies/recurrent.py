@@ -57,7 +57,13 @@ class RecurrentCore(Core):
         return RecurrentState(h=h, c=h.clone() if self.kind == "lstm" else None)
 
     def forward(
-        self, x: Tensor, state: Any, reset: Tensor | None = None, valid: Tensor | None = None
+        self,
+        x: Tensor,
+        state: Any,
+        reset: Tensor | None = None,
+        valid: Tensor | None = None,
+        *,
+        return_state: bool = True,
     ) -> CoreOutput:
         # Padding (valid=False) only ever follows the real steps of a row, so it cannot change their outputs.
         if reset is not None:
@@ -87,6 +93,12 @@ class MLPCore(Core):
         return NoState()
 
     def forward(
-        self, x: Tensor, state: Any, reset: Tensor | None = None, valid: Tensor | None = None
+        self,
+        x: Tensor,
+        state: Any,
+        reset: Tensor | None = None,
+        valid: Tensor | None = None,
+        *,
+        return_state: bool = True,
     ) -> CoreOutput:
         return CoreOutput(self.net(x), state)

@@ -20,6 +20,9 @@ from rl_transformers.backbone.context import ForwardContext, MemoryContext
 class Memory(nn.Module):
     Options: ClassVar[type]
     registry_name: ClassVar[str]
+    aux_losses: ClassVar[tuple[str, ...]] = ()
+    """Names the memory adds to ``BackboneOutput.aux_losses``, at :meth:`write` (so a memory with losses is
+    written even when the caller drops the state)."""
     aligned_positions: ClassVar[bool] = False
     """True when the memory's columns are time-aligned with positions counted since reset, so key positions
     follow the column distance wherever keys are valid (``ForwardContext.aligned``)."""
