@@ -117,7 +117,7 @@ class Backbone(nn.Module):
     @property
     def segments_unsupported(self) -> str | None:
         """Why ``forward(starts=...)`` is refused (None: supported): the attention must mask by segment
-        (``Attention.masks_segments``), the memory be none or ``xl``, the depth ``fixed``, the block not
+        (``Attention.masks_segments``), the memory be none, ``xl`` or ``knn``, the depth ``fixed``, the block not
         ``reversible``. Decided once, at construction (no work inside a traced forward)."""
         return self._segments_unsupported
 
@@ -125,7 +125,7 @@ class Backbone(nn.Module):
         cfg = self.cfg
         if not registry.get("attention", cfg.attention).cls.masks_segments(cfg.options("attention")):
             return f"attention {cfg.attention!r} (with these options) does not mask by segment"
-        if cfg.memory not in (None, "xl"):
+        if cfg.memory not in (None, "xl", "knn"):
             return f"memory {cfg.memory!r} is not segment-aware"
         if cfg.depth != "fixed" or cfg.block == "reversible":
             return f"depth {cfg.depth!r} / block {cfg.block!r} is not segment-aware"

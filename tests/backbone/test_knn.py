@@ -330,3 +330,30 @@ def test_pickled_state_round_trips_and_an_old_layout_is_converted() -> None:
     converted.__setstate__(data)
     assert torch.equal(converted.keys, state.keys) and torch.equal(converted.values, state.values)
     assert torch.equal(converted.valid, state.valid)
+
+
+def test_chunk_with_starts_leaves_the_state_of_its_last_segment() -> None:
+    """``starts`` (PPO's uncut training rows): a row restarted inside the chunk ends with the store and local
+    memory of its last segment run alone from a reset; a row without restarts as if no starts were given."""
+    bb = knn(mem_len=2, store_size=8, top_k=2, n_layers=1, layer=0)
+    state = _filled(bb)
+    x = torch.randn(2, 12, D_MODEL, dtype=torch.float64)
+    starts = torch.zeros(2, 12, dtype=torch.bool)
+    starts[0, [3, 5]] = True
+    with torch.no_grad():
+        got = bb(x, state=state, starts=starts).state.memory
+        row0 = bb(
+            x[:1, 5:], state=state.index_select(torch.tensor([0])), reset=torch.tensor([True])
+        ).state.memory
+        row1 = bb(x[1:], state=state.index_select(torch.tensor([1]))).state.memory
+    for row, want in ((0, row0), (1, row1)):
+        assert torch.equal(got.valid[row], want.valid[0]) and torch.equal(got.ptr[row], want.ptr[0])
+        slots = want.valid[0]
+        assert torch.equal(got.pos[row][slots], want.pos[0][slots])
+        torch.testing.assert_close(got.keys[row][:, slots], want.keys[0][:, slots], atol=1e-12, rtol=0)
+        torch.testing.assert_close(got.values[row][:, slots], want.values[0][:, slots], atol=1e-12, rtol=0)
+        local = got.local.valid[row]
+        assert torch.equal(local, want.local.valid[0]) and torch.equal(
+            got.local.pos[row][local], want.local.pos[0][local]
+        )
+    assert int(got.valid[0].sum()) == 5 and int(got.valid[1].sum()) == 8  # 7 - 2 tokens stored; a full store

@@ -150,7 +150,9 @@ def test_acting_step_and_training_forward_have_no_graph_break(name: str) -> None
     torch._dynamo.reset()
     assert breaks <= MAX_BREAKS and graphs == 1, reasons
     if policy.core.segments:  # the uncut training forward (rows restarted inside the core) is what PPO runs
-        graphs, breaks, reasons = graph_breaks(policy.core, x, stored, starts=seq_starts)
+        # on minibatch states gathered from the storage (normal tensors, not the rollout's inference tensors)
+        minibatch = stored.index_select(torch.arange(B))
+        graphs, breaks, reasons = graph_breaks(policy.core, x, minibatch, starts=seq_starts)
         torch._dynamo.reset()
         assert breaks <= MAX_BREAKS and graphs == 1, reasons
 

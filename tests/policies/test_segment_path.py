@@ -30,26 +30,32 @@ def run(policy, state, obs, actions, starts, segments: bool, monkeypatch: pytest
 
 
 @pytest.mark.parametrize(
-    ("mem_len", "attention", "position"),
+    ("mem_len", "attention", "position", "memory"),
     [
-        (4, "full", "xl_relative"),
-        (32, "full", "xl_relative"),
-        (4, "gaussian_prior", "xl_relative"),
-        (32, "gaussian_prior", "xl_relative"),
-        (4, "linear", "rope"),  # feature-map attentions: running sums restarted by segment
-        (32, "linear", "rope"),
-        (4, "performer", "rope"),
-        (4, "lsh", "xl_relative"),
-        (32, "lsh", "xl_relative"),
+        (4, "full", "xl_relative", "xl"),
+        (32, "full", "xl_relative", "xl"),
+        (4, "gaussian_prior", "xl_relative", "xl"),
+        (32, "gaussian_prior", "xl_relative", "xl"),
+        (4, "linear", "rope", "xl"),  # feature-map attentions: running sums restarted by segment
+        (32, "linear", "rope", "xl"),
+        (4, "performer", "rope", "xl"),
+        (4, "lsh", "xl_relative", "xl"),
+        (32, "lsh", "xl_relative", "xl"),
+        (2, "full", "xl_relative", "knn"),  # the store: a query after a restart retrieves nothing
+        (1, "full", "xl_relative", "knn"),
     ],
 )
 def test_uncut_training_forward_equals_packed(
-    mem_len: int, attention: str, position: str, monkeypatch: pytest.MonkeyPatch
+    mem_len: int, attention: str, position: str, memory: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     torch.manual_seed(0)
     backbone = gtrxl_backbone(16, 2, 2, mem_len=mem_len).replace(
         attention=attention, attention_options={}, position=position
     )
+    if memory == "knn":  # a small store that a few acting steps fill, top-k below its size
+        backbone = backbone.replace(
+            memory="knn", memory_options={"mem_len": mem_len, "store_size": 6, "top_k": 3}
+        )
     policy = make_policy(PolicyConfig(backbone=backbone), OBS, ACT).double()
     assert policy.core.segments  # the default GTrXL takes the uncut path
     g = torch.Generator().manual_seed(1)

@@ -198,8 +198,11 @@ class KNNMemory(Memory):
         contexts[self.layer] = MemoryContext(mem.h, mem.pos, mem.valid, hook=partial(self._augment, state))
         return contexts
 
-    def retrieve(self, state: KNNMemoryState, q: Tensor) -> tuple[Tensor, Tensor]:
+    def retrieve(
+        self, state: KNNMemoryState, q: Tensor, may_retrieve: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """kNN attention of raw queries q (B, H, T, D) over the store: (A_mem (B, H, T, D), found (B, H, T)).
+        ``may_retrieve`` (B, T) bool: False for queries that see an empty store (restarted inside the chunk).
 
         One matrix product gives every q̂·k̂ (the store is head-major: read in place); the top-k indices are
         taken from it without gradient; the softmax runs over the k picked scores; the weights are spread back
@@ -212,7 +215,10 @@ class KNNMemory(Memory):
         n = keys.shape[2]
         k = min(self.options.top_k, n)
         cosine = torch.matmul(qn, keys.transpose(-1, -2))  # (B, H, T, N)
-        valid = state.valid[:, None, None, :].expand_as(cosine)
+        valid = state.valid[:, None, None, :]
+        if may_retrieve is not None:
+            valid = valid & may_retrieve[:, None, :, None]
+        valid = valid.expand_as(cosine)
         if self.options.index == "faiss":
             idx = faiss_top_k(qn, keys, state.valid, k)
         else:
@@ -238,7 +244,8 @@ class KNNMemory(Memory):
         """The hook at the kNN layer: out = g·A_mem + (1 - g)·A_local (g = 0 where nothing was retrieved)."""
         ctx.extras[_ATTENTION] = attention
         q = attention.split_heads(attention.q_proj(x))
-        a_mem, found = self.retrieve(state, q)
+        # a query restarted inside the chunk (segment > 0) belongs to an episode that has stored nothing yet
+        a_mem, found = self.retrieve(state, q, None if ctx.segment is None else ctx.segment == 0)
         g = self.gate(x) * found.to(x.dtype)
         if ctx.collect_info:
             ctx.add_info(f"backbone/knn_gate/layer{self.layer}", g.mean().detach())
@@ -252,6 +259,13 @@ class KNNMemory(Memory):
             [local.h[:, self.layer], ctx.attention_inputs[self.layer].detach().to(local.h.dtype)], 1
         )
         n_out = max(0, h_all.shape[1] - self.options.mem_len)  # oldest columns leave the local window
+        old_valid, new_valid = local.valid, ctx.valid
+        if (
+            ctx.segment is not None
+        ):  # rows restarted inside the chunk: an empty store, their last segment only
+            last = ctx.segment[:, -1:]
+            state = state.reset(last[:, 0] > 0)
+            old_valid, new_valid = old_valid & (last == 0), new_valid & (ctx.segment == last)
         store = (state.keys, state.values, state.valid, state.pos, state.ptr)
         if n_out:
             attention = ctx.extras.get(_ATTENTION)
@@ -261,7 +275,7 @@ class KNNMemory(Memory):
                     "memory hook (an attention that overrides Attention.forward must call it)"
                 )
             pos_all = torch.cat([local.pos, ctx.pos], dim=1)
-            valid_all = torch.cat([local.valid, ctx.valid], dim=1)
+            valid_all = torch.cat([old_valid, new_valid], dim=1)
             with torch.no_grad():
                 h_out = h_all[:, :n_out]
                 w_k, w_v = attention.k_proj, attention.v_proj
