@@ -297,19 +297,26 @@ class KNNMemory(Memory):
         """Write the valid entries (keys/values (B, H, n, D), pos/valid (B, n), oldest first) into the ring
         buffers, overwriting the oldest entries; returns (keys, values, valid, pos, ptr).
 
-        One entry per row (every acting step) is one masked select over the buffers; several (a chunk) are a
-        scatter into the buffers padded with one dump slot for the entries that are not kept. Both write the
-        same values (tested against each other); the first reads and writes each buffer once."""
+        One entry per row (every acting step) is a scatter into the slot under the pointer (of the entry, or of
+        the slot's own content when the entry is not kept); several (a chunk) are a scatter into the buffers
+        padded with one dump slot for the entries that are not kept. Both write the same values (tested against
+        each other); the first copies each buffer once, without the padding or a pass of elementwise selects."""
         size = state.valid.shape[1]
         written = valid.long().cumsum(1)  # 1-based order of each valid entry
         count = written[:, -1:]
         keep = valid & (count - written < size)  # if more than N arrive, only the newest N survive
         ptr = (state.ptr + count.squeeze(1)) % size
-        if valid.shape[1] == 1:
+        if valid.shape[1] == 1:  # the slot under the pointer takes the entry, or keeps its own
+            index = state.ptr.view(-1, 1, 1, 1).expand_as(keys)
+            kept = keep.view(-1, 1, 1, 1)
+
+            def put_one(buffer: Tensor, new: Tensor) -> Tensor:
+                return buffer.scatter(2, index, torch.where(kept, new, buffer.gather(2, index)))
+
             hit = keep & (torch.arange(size, device=valid.device) == state.ptr[:, None])  # (B, N)
             return (
-                torch.where(hit[:, None, :, None], keys, state.keys),
-                torch.where(hit[:, None, :, None], values, state.values),
+                put_one(state.keys, keys),
+                put_one(state.values, values),
                 state.valid | hit,
                 torch.where(hit, pos, state.pos),
                 ptr,
