@@ -24,6 +24,9 @@ class MemoryContext:
     acting with fixed weights (``Backbone.project_memory``), or None: the attention projects ``h`` itself."""
     v: Tensor | None = None
     """(B, M, d) the value projection of ``h``, cached with ``k``."""
+    kf: Tensor | None = None
+    """(B, H, M, F) the key features of a feature-map attention (``Attention.memory_key_features``: position
+    transform and feature map of ``k``), cached with ``k`` where the attention has them, else None."""
     hook: Callable[[Any, Tensor, Tensor, ForwardContext], Tensor] | None = None
     """Optional callback ``hook(attention, x, out, ctx) -> out`` run by the attention of this application after
     its kernel: x (B, T, d) is the attention input, out (B, H, T, D) the per-head output before the output

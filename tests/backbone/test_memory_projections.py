@@ -8,6 +8,7 @@ batch size), and the carried cache equals a fresh projection of the carried hidd
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from rl_transformers.backbone import Backbone
@@ -63,3 +64,43 @@ def test_forward_with_gradients_ignores_a_stale_cache() -> None:
     assert torch.equal(bb(x, state=cached).y, bb(x, state=state).y)  # grad enabled: h is projected
     with torch.no_grad():  # the stale cache is used without gradients: it bites (why rollouts refresh it)
         assert (bb(x, state=cached).y - bb(x, state=state).y).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    "attention, options",
+    [("performer", {}), ("rfa", {}), ("rfa", {"normalize": False, "gate": True}), ("linear", {})],
+    ids=["performer", "rfa", "rfa_gated_unnormalized", "linear"],
+)
+def test_feature_map_attentions_also_cache_their_key_features(attention: str, options: dict) -> None:
+    """Feature-map attentions (rope) cache φ of the memory's keys too: a step computes its new tokens'
+    features only. The same stream without any cache is the reference (float64, resets at random rows and
+    steps), and the carried features equal φ of a fresh projection of the carried hidden states."""
+    torch.manual_seed(0)
+    cfg = gtrxl_backbone(D, 2, 2, mem_len=5).replace(
+        attention=attention, attention_options=options, position="rope"
+    )
+    bb = Backbone(cfg).double()
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(STEPS, B, 1, D, generator=g, dtype=torch.float64)
+    resets = torch.rand(STEPS, B, generator=g) < 0.2
+    with torch.inference_mode():
+        plain = bb.init_state(B)
+        cached = bb.project_memory(plain)
+        assert cached.memory.kf is not None
+        for t in range(STEPS):
+            a = bb(x[t], state=plain, reset=resets[t])
+            b = bb(x[t], state=cached, reset=resets[t])
+            assert (a.y - b.y).abs().max() < TOL
+            plain, cached = a.state, b.state
+            k, _ = fresh_projections(bb, cached.memory.h)
+            atts = [bb.depth.attention_for(i) for i in range(k.shape[1])]
+            kf = torch.stack(
+                [a.memory_key_features(k[:, i], cached.memory.pos) for i, a in enumerate(atts)], 1
+            )
+            valid = cached.memory.valid[:, None, None, :, None]  # invalid columns are never read
+            assert ((cached.memory.kf - kf).abs() * valid).max() < TOL
+        assert bb.unproject_memory(cached).memory.kf is None
+
+
+def test_softmax_attention_caches_no_key_features() -> None:
+    assert backbone().project_memory(backbone().init_state(B)).memory.kf is None

@@ -224,19 +224,34 @@ class Attention(nn.Module):
             # while acting), so only the new tokens are projected; the memory keeps theirs (XL ``write``).
             k_pos, k_valid = memory_keys(ctx, mem)
             k_new, v_new = self.k_proj(x), self.v_proj(x)
-            ctx.extras.setdefault("memory_projections", {})[application] = (k_new, v_new)
+            kf_new = None
+            if mem.kf is not None:  # and their key features (feature-map attentions): the new tokens' only
+                kf_new = self.memory_key_features(k_new, pos)
+                assert kf_new is not None
+                cached = torch.cat([mem.kf.to(kf_new.dtype), kf_new], dim=2)
+                ctx.extras.setdefault("memory_key_features", {})[application] = cached
+            ctx.extras.setdefault("memory_projections", {})[application] = (k_new, v_new, kf_new)
             k_lin = torch.cat([mem.k.to(x.dtype), k_new], dim=1)
             v_lin = torch.cat([mem.v.to(x.dtype), v_new], dim=1)
         else:  # Transformer-XL style: hidden states prepended on the key/value side
             k_pos, k_valid = memory_keys(ctx, mem)
             kv_in = torch.cat([mem.h.to(x.dtype), x], dim=1)
             k_lin, v_lin = self.k_proj(kv_in), self.v_proj(kv_in)
-        k = self.position.transform_k(self.split_heads(k_lin), k_pos, self.layer)
+        k = self.split_heads(k_lin)
+        if application not in ctx.extras.get("memory_key_features", {}):
+            k = self.position.transform_k(k, k_pos, self.layer)
+        # else the kernel reads the cached key features (position transform included) and only k's shape
         v = self.split_heads(v_lin)
         out, state = self.core(q, k, v, pos, k_pos, k_valid, ctx, state)
         if mem is not None and mem.hook is not None:  # the memory reads this layer / mixes in retrieval (knn)
             out = mem.hook(self, x, out, ctx)
         return self.o_proj(self.merge_heads(out)), state
+
+    def memory_key_features(self, k_lin: Tensor, k_pos: Tensor) -> Tensor | None:
+        """What acting may cache per memory column beyond its key projection ``k_lin`` (B, M, d) at positions
+        ``k_pos`` (B, M): a feature-map attention's key features (B, H, M, F); None (the default) caches
+        nothing more. Must depend on each key alone and on weights fixed while acting."""
+        return None
 
     def core(
         self,

@@ -99,6 +99,12 @@ class FeatureMapAttention(Attention):
             z=torch.zeros(batch, h, f, device=device, dtype=dtype),
         )
 
+    def memory_key_features(self, k_lin: Tensor, k_pos: Tensor) -> Tensor:
+        """φ of the memory's keys (position transform, then the feature map), cached while acting: each key's
+        features depend on that key and on fixed weights / random features only (redraws happen in training)."""
+        k = self.position.transform_k(self.split_heads(k_lin), k_pos, self.layer)
+        return self.key_features(k.to(work_dtype(k.dtype)))
+
     def core(
         self,
         q: Tensor,
@@ -115,7 +121,8 @@ class FeatureMapAttention(Attention):
         in_dtype, wd = q.dtype, work_dtype(q.dtype)
         q, k, v = q.to(wd), k.to(wd), v.to(wd)
         fq = self.query_features(q)
-        fk_raw = self.key_features(k)
+        cached = ctx.extras.get("memory_key_features", {}).get(len(ctx.attention_inputs) - 1)
+        fk_raw = self.key_features(k) if cached is None else cached.to(wd)  # acting: the memory's were cached
         # The masked form is exact without padding too (x·1, + 0): a compiled forward takes it rather than
         # branch on the data (``k_valid.all()`` is a host sync and a graph break).
         no_padding = (ctx.all_valid and n_prefix == 0) or (

@@ -30,7 +30,8 @@ class XLMemoryState(State):
 
     k, v: (B, L, M, d) each layer's key / value projections of h, or None. Cached for acting only
     (``Backbone.project_memory``: valid while the weights do not change, e.g. one rollout); a forward with
-    gradients ignores them and projects h.
+    gradients ignores them and projects h. kf: (B, L, H, M, F) each layer's key features, cached with them
+    when every layer's attention is a feature-map attention (``Attention.memory_key_features``), else None.
     """
 
     h: Tensor
@@ -38,6 +39,7 @@ class XLMemoryState(State):
     valid: Tensor
     k: Tensor | None = None
     v: Tensor | None = None
+    kf: Tensor | None = None
 
     def reset(self, mask: Tensor | None) -> XLMemoryState:
         """Rows where ``mask`` is True lose their memory: validity and positions are cleared, the hidden states
@@ -90,7 +92,7 @@ class XLMemory(Memory):
         )
 
     def read(self, state: XLMemoryState) -> list[MemoryContext | None]:
-        k, v = state.k, state.v
+        k, v, kf = state.k, state.v, state.kf
         return [
             MemoryContext(
                 state.h[:, i],
@@ -98,6 +100,7 @@ class XLMemory(Memory):
                 state.valid,
                 k=None if k is None else k[:, i],
                 v=None if v is None else v[:, i],
+                kf=None if kf is None else kf[:, i],
             )
             for i in range(state.h.shape[1])
         ]
@@ -115,7 +118,7 @@ class XLMemory(Memory):
         cut = int(any_valid.to(torch.uint8).argmax()) if bool(any_valid.any()) else m
         if cut == 0:
             return self.read(state)
-        k, v = state.k, state.v
+        k, v, kf = state.k, state.v, state.kf
         return self.read(
             XLMemoryState(
                 h=state.h[:, :, cut:],
@@ -123,6 +126,7 @@ class XLMemory(Memory):
                 valid=state.valid[:, cut:],
                 k=None if k is None else k[:, :, cut:],
                 v=None if v is None else v[:, :, cut:],
+                kf=None if kf is None else kf[:, :, :, cut:],
             )
         )
 
@@ -145,6 +149,9 @@ class XLMemory(Memory):
             new_v = torch.stack([projections[i][1] for i in range(n)], dim=1).to(state.v.dtype)
             out.k = append_window(state.k, new_k, 2, m)
             out.v = append_window(state.v, new_v, 2, m)
+            if state.kf is not None:
+                new_kf = torch.stack([projections[i][2] for i in range(n)], dim=1).to(state.kf.dtype)
+                out.kf = append_window(state.kf, new_kf, 3, m)
         if ctx.collect_info:
             ctx.add_info("backbone/memory_fill", out.valid.float().mean(1).mean().detach())
         return out
@@ -156,10 +163,12 @@ class XLMemory(Memory):
             return state
         k = torch.stack([att.k_proj(state.h[:, i]) for i, att in enumerate(attentions)], dim=1)
         v = torch.stack([att.v_proj(state.h[:, i]) for i, att in enumerate(attentions)], dim=1)
-        return dataclasses.replace(state, k=k, v=v)
+        features = [att.memory_key_features(k[:, i], state.pos) for i, att in enumerate(attentions)]
+        kf = None if any(f is None for f in features) else torch.stack(features, dim=1)  # type: ignore[misc]
+        return dataclasses.replace(state, k=k, v=v, kf=kf)
 
     def without_projections(self, state: XLMemoryState) -> XLMemoryState:
-        return dataclasses.replace(state, k=None, v=None)
+        return dataclasses.replace(state, k=None, v=None, kf=None)
 
     @property
     def window(self) -> int:
