@@ -30,26 +30,32 @@ def fresh_projections(bb: Backbone, h: torch.Tensor) -> tuple[torch.Tensor, torc
     return k, v
 
 
-def test_cached_projections_equal_projecting_every_step() -> None:
-    bb = backbone()
-    g = torch.Generator().manual_seed(1)
+def streams(bb: Backbone, seed: int):  # type: ignore[no-untyped-def]
+    """Step the same random stream (resets at random rows and steps) without and with the cache, checking the
+    outputs agree at every step; yields the two states after each step."""
+    g = torch.Generator().manual_seed(seed)
     x = torch.randn(STEPS, B, 1, D, generator=g, dtype=torch.float64)
     resets = torch.rand(STEPS, B, generator=g) < 0.2
     with torch.inference_mode():
         plain = bb.init_state(B)
         cached = bb.project_memory(plain)
-        assert cached.memory.k is not None and cached.memory.v is not None
         for t in range(STEPS):
             a = bb(x[t], state=plain, reset=resets[t])
             b = bb(x[t], state=cached, reset=resets[t])
             assert (a.y - b.y).abs().max() < TOL
             plain, cached = a.state, b.state
-            assert plain.memory.k is None and cached.memory.k is not None  # the cache is carried, not made
-            assert torch.equal(plain.memory.valid, cached.memory.valid)
-            assert (plain.memory.h - cached.memory.h).abs().max() < TOL
-            k, v = fresh_projections(bb, cached.memory.h)
-            assert (cached.memory.k - k).abs().max() < TOL and (cached.memory.v - v).abs().max() < TOL
-        assert bb.unproject_memory(cached).memory.k is None
+            yield plain, cached
+
+
+def test_cached_projections_equal_projecting_every_step() -> None:
+    bb = backbone()
+    for plain, cached in streams(bb, 1):
+        assert plain.memory.k is None and cached.memory.k is not None  # the cache is carried, not made
+        assert torch.equal(plain.memory.valid, cached.memory.valid)
+        assert (plain.memory.h - cached.memory.h).abs().max() < TOL
+        k, v = fresh_projections(bb, cached.memory.h)
+        assert (cached.memory.k - k).abs().max() < TOL and (cached.memory.v - v).abs().max() < TOL
+    assert bb.unproject_memory(cached).memory.k is None
 
 
 def test_forward_with_gradients_ignores_a_stale_cache() -> None:
@@ -80,26 +86,17 @@ def test_feature_map_attentions_also_cache_their_key_features(attention: str, op
         attention=attention, attention_options=options, position="rope"
     )
     bb = Backbone(cfg).double()
-    g = torch.Generator().manual_seed(3)
-    x = torch.randn(STEPS, B, 1, D, generator=g, dtype=torch.float64)
-    resets = torch.rand(STEPS, B, generator=g) < 0.2
-    with torch.inference_mode():
-        plain = bb.init_state(B)
-        cached = bb.project_memory(plain)
+    atts = [bb.depth.attention_for(i) for i in range(bb.depth.n_applications)]
+    for _, cached in streams(bb, 3):
         assert cached.memory.kf is not None
-        for t in range(STEPS):
-            a = bb(x[t], state=plain, reset=resets[t])
-            b = bb(x[t], state=cached, reset=resets[t])
-            assert (a.y - b.y).abs().max() < TOL
-            plain, cached = a.state, b.state
-            k, _ = fresh_projections(bb, cached.memory.h)
-            atts = [bb.depth.attention_for(i) for i in range(k.shape[1])]
+        k, _ = fresh_projections(bb, cached.memory.h)
+        with torch.inference_mode():
             kf = torch.stack(
                 [a.memory_key_features(k[:, i], cached.memory.pos) for i, a in enumerate(atts)], 1
             )
-            valid = cached.memory.valid[:, None, None, :, None]  # invalid columns are never read
-            assert ((cached.memory.kf - kf).abs() * valid).max() < TOL
-        assert bb.unproject_memory(cached).memory.kf is None
+        valid = cached.memory.valid[:, None, None, :, None]  # invalid columns are never read
+        assert ((cached.memory.kf - kf).abs() * valid).max() < TOL
+    assert bb.unproject_memory(cached).memory.kf is None
 
 
 def test_softmax_attention_caches_no_key_features() -> None:
