@@ -2,7 +2,8 @@
 ``common/evaluation.py`` role).
 
 :func:`evaluate_policy` plays a memory policy (PPO's actor-critic) in a vector env and returns the undiscounted
-returns and lengths of a fixed number of episodes (each env runs its share); :func:`evaluate_dt` rolls out a
+returns and lengths of a fixed number of episodes (each env runs its share); :func:`evaluate_episodes` also
+returns their success flags where the env reports one (SB3's ``is_success``, or ``success``); :func:`evaluate_dt` rolls out a
 Decision Transformer for each target return with deterministic actions, episode i reset with ``seed + i``.
 Envs come from :mod:`rl_transformers.algos.env_util`.
 """
@@ -24,7 +25,34 @@ from rl_transformers.policies.actor_critic import ActorCritic
 from rl_transformers.policies.decision_transformer import DecisionTransformer, DTAgent
 from rl_transformers.policies.encoders import obs_to_tensor
 
-__all__ = ["EvalResult", "evaluate_dt", "evaluate_policy"]
+__all__ = ["EpisodeStats", "EvalResult", "evaluate_dt", "evaluate_episodes", "evaluate_policy"]
+
+
+@dataclass
+class EpisodeStats:
+    """Per evaluated episode: undiscounted return, length, and success (1.0 / 0.0; NaN where the env reported
+    none); ``successes`` is None when no episode reported one."""
+
+    returns: np.ndarray
+    lengths: np.ndarray
+    successes: np.ndarray | None
+
+    @property
+    def success_rate(self) -> float | None:
+        """Fraction of successful episodes (an episode without a report counts as a failure, like the DT's)."""
+        return None if self.successes is None else float(np.nan_to_num(self.successes, nan=0.0).mean())
+
+
+def final_success(infos: dict[str, Any], i: int) -> float:
+    """:func:`success_flag` of env ``i``'s finished episode in a ``SAME_STEP`` vector env's step infos (its
+    ``final_info``); NaN when that env reported none."""
+    final = infos.get("final_info")
+    if not isinstance(final, dict):
+        return float("nan")
+    for key in ("is_success", "success"):
+        if key in final and bool(final.get(f"_{key}", np.ones(i + 1, dtype=bool))[i]):
+            return float(bool(final[key][i]))
+    return float("nan")
 
 
 def evaluate_policy(
@@ -40,8 +68,30 @@ def evaluate_policy(
     video_dir: str | None = None,
     allow_env_modules: Sequence[str] = (),
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Undiscounted returns and lengths of ``n_episodes`` episodes (each env runs its share, so short episodes
-    are not over-represented). ``seq_len``: the training window (context cores are trimmed on that grid).
+    """Undiscounted returns and lengths of ``n_episodes`` episodes (:func:`evaluate_episodes`, whose
+    arguments these are)."""
+    stats = evaluate_episodes(
+        policy, env_id, env_kwargs, n_episodes, seed, seq_len, deterministic, device, num_envs, video_dir,
+        allow_env_modules,
+    )  # fmt: skip
+    return stats.returns, stats.lengths
+
+
+def evaluate_episodes(
+    policy: ActorCritic,
+    env_id: str,
+    env_kwargs: dict[str, Any] | None,
+    n_episodes: int,
+    seed: int,
+    seq_len: int,
+    deterministic: bool = True,
+    device: torch.device | str = "cpu",
+    num_envs: int | None = None,
+    video_dir: str | None = None,
+    allow_env_modules: Sequence[str] = (),
+) -> EpisodeStats:
+    """Undiscounted returns, lengths and success flags of ``n_episodes`` episodes (each env runs its share, so
+    short episodes are not over-represented). ``seq_len``: the training window (context cores are trimmed on that grid).
     ``video_dir``: record every episode with ``gymnasium.wrappers.RecordVideo`` (one env; see
     :func:`video_unavailable`). The env id is resolved by :func:`envs.resolve.resolve_env`
     (``allow_env_modules``: the ``--allow-env-modules`` flag)."""
@@ -68,6 +118,7 @@ def evaluate_policy(
     counts = np.zeros(n, dtype=np.int64)
     returns: list[float] = []
     lengths: list[int] = []
+    successes: list[float] = []
     was_training = policy.training
     policy.eval()
     try:
@@ -82,7 +133,7 @@ def evaluate_policy(
                 if step % seq_len == 0:
                     state = policy.segment_start(state)
                 out = policy.act(obs, state, starts, deterministic=deterministic)
-            next_obs, reward, terminated, truncated, _ = envs.step(policy.to_env(out.action))
+            next_obs, reward, terminated, truncated, infos = envs.step(policy.to_env(out.action))
             done = terminated | truncated
             ep_return += reward
             ep_length += 1
@@ -90,6 +141,7 @@ def evaluate_policy(
                 if counts[i] < targets[i]:
                     returns.append(float(ep_return[i]))
                     lengths.append(int(ep_length[i]))
+                    successes.append(final_success(infos, int(i)))
                     counts[i] += 1
             ep_return[done] = 0.0
             ep_length[done] = 0
@@ -100,7 +152,8 @@ def evaluate_policy(
     finally:
         envs.close()
         policy.train(was_training)
-    return np.asarray(returns), np.asarray(lengths)
+    flags = np.asarray(successes, dtype=np.float64)
+    return EpisodeStats(np.asarray(returns), np.asarray(lengths), None if np.isnan(flags).all() else flags)
 
 
 # -- Decision Transformer --------------------------------------------------------------------------------

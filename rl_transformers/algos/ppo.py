@@ -57,7 +57,7 @@ from rl_transformers.algos.distributed import (
     resolve_device,
 )
 from rl_transformers.algos.env_util import check_same_step, make_vec_env
-from rl_transformers.algos.evaluation import evaluate_policy
+from rl_transformers.algos.evaluation import EpisodeStats, evaluate_episodes
 from rl_transformers.algos.lifecycle import Resumed, RunOutcome, RunSpec, load_resume, train_run
 from rl_transformers.algos.ppo_checkpoint import checkpoint_state, restore_checkpoint
 from rl_transformers.algos.ppo_config import TrainConfig, resume_config
@@ -231,14 +231,19 @@ class PPOTrainer:
         """Returns and lengths of ``n_episodes`` fresh episodes (seeded from the run seed and the step).
 
         The global RNG states are restored afterwards, so evaluating never changes the training stream."""
+        stats = self.evaluate_episodes(n_episodes, deterministic)
+        return stats.returns, stats.lengths
+
+    def evaluate_episodes(self, n_episodes: int, deterministic: bool = True) -> EpisodeStats:
+        """:meth:`evaluate` with the episodes' success flags where the env reports them."""
         rng = capture_rng_state()
         try:
             return self._evaluate(n_episodes, deterministic)
         finally:
             restore_rng_state(rng)
 
-    def _evaluate(self, n_episodes: int, deterministic: bool) -> tuple[np.ndarray, np.ndarray]:
-        return evaluate_policy(
+    def _evaluate(self, n_episodes: int, deterministic: bool) -> EpisodeStats:
+        return evaluate_episodes(
             self.policy,
             self.cfg.env_id,
             self.cfg.env_kwargs,
@@ -346,9 +351,14 @@ class PPOTrainer:
 
     def _evaluation(self) -> tuple[dict[str, float], float]:
         """Greedy evaluation: logged scalars and the value that ranks best.pt."""
-        rets, lens = self.evaluate(self.cfg.eval_episodes)
-        mean = float(rets.mean())
-        return {T.EVAL_MEAN_REWARD: mean, T.EVAL_MEAN_EP_LENGTH: float(lens.mean())}, mean
+        stats = self.evaluate_episodes(self.cfg.eval_episodes)
+        mean = float(stats.returns.mean())
+        values = {T.EVAL_MEAN_REWARD: mean, T.EVAL_MEAN_EP_LENGTH: float(stats.lengths.mean())}
+        if (
+            stats.success_rate is not None
+        ):  # envs that report success (T-Maze, MiniGrid Memory), as SB3 logs it
+            values[T.EVAL_SUCCESS_RATE] = stats.success_rate
+        return values, mean
 
     def _update_obs_norm(self) -> None:
         update_obs_norm(self.policy, self.storage, self.dist)

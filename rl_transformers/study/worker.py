@@ -97,6 +97,15 @@ def parse_deadline(text: str) -> float | None:
     return value if value < MAX_DEADLINE_S else None
 
 
+def success_fields(run: Path) -> dict[str, Any]:
+    """``success`` (the last evaluation's success rate) and ``success_curve`` of a run whose env reports
+    success (the T-Maze: PPO and DT log ``eval/success_rate``); empty otherwise."""
+    success = read_series(run / "progress.jsonl", "eval/success_rate")
+    if not success:
+        return {}
+    return {"success": success[-1][1], "success_curve": [list(p) for p in success]}
+
+
 def read_series(progress: Path, key: str) -> list[tuple[float, float]]:
     """(step, value) of every finite ``key`` entry in a progress.jsonl."""
     out: list[tuple[float, float]] = []
@@ -140,7 +149,8 @@ def _ppo(job: dict[str, Any], run: Path) -> dict[str, Any]:
     obs_space, act_space = _spaces(job["env_id"]) if not job.get("env_kwargs") else _env_spaces(job)
     policy = make_policy(cfg.policy, obs_space, act_space)
     curve = read_series(run / "progress.jsonl", "eval/mean_reward")
-    return make_record(job, curve, result.global_step, wall, sum(p.numel() for p in policy.parameters()))
+    record = make_record(job, curve, result.global_step, wall, sum(p.numel() for p in policy.parameters()))
+    return {**record, **success_fields(run)}
 
 
 def _env_spaces(job: dict[str, Any]) -> tuple[Any, Any]:
@@ -197,11 +207,7 @@ def _dt(job: dict[str, Any], run: Path) -> dict[str, Any]:
     record["updates"] = result.step
     record["steps_per_s"] = None
     record["updates_per_s"] = result.step / wall if wall > 0 else None
-    success = read_series(run / "progress.jsonl", "eval/success_rate")
-    if success:  # envs that report success (the T-Maze of the offline memory table)
-        record["success"] = success[-1][1]
-        record["success_curve"] = [list(p) for p in success]
-    return record
+    return {**record, **success_fields(run)}
 
 
 def make_record(
