@@ -14,7 +14,8 @@ state (``starts[:, 0]`` acts as ``reset``). Only backbones whose parts support i
 (:attr:`Backbone.segments_unsupported`); PPO re-runs stored sequences this way instead of packing their pieces.
 ``return_state=False`` tells the backbone the caller drops the new state (a training pass over stored
 sequences): the memory's write is skipped unless it also makes losses (``compressive``'s) or diagnostics are
-collected (``collect_info``: the memory's fill), and ``state`` is None. The outputs and losses are those of ``return_state=True``.
+collected (``collect_info``: the memory's fill), and ``state`` is None. The outputs and losses are those of
+``return_state=True``.
 """
 
 from __future__ import annotations

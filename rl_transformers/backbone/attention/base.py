@@ -216,6 +216,7 @@ class Attention(nn.Module):
         application = len(ctx.attention_inputs)  # = layer index, or step index under universal depth
         ctx.attention_inputs.append(x)
         mem = ctx.memory_for(application)
+        key_features = kf_new = None
         if mem is None:
             k_pos, k_valid = pos, valid
             k_lin, v_lin = self.k_proj(x), self.v_proj(x)
@@ -224,12 +225,11 @@ class Attention(nn.Module):
             # while acting), so only the new tokens are projected; the memory keeps theirs (XL ``write``).
             k_pos, k_valid = memory_keys(ctx, mem)
             k_new, v_new = self.k_proj(x), self.v_proj(x)
-            kf_new = None
             if mem.kf is not None:  # and their key features (feature-map attentions): the new tokens' only
                 kf_new = self.memory_key_features(k_new, pos)
                 assert kf_new is not None
-                cached = torch.cat([mem.kf.to(kf_new.dtype), kf_new], dim=2)
-                ctx.extras.setdefault("memory_key_features", {})[application] = cached
+                key_features = torch.cat([mem.kf.to(kf_new.dtype), kf_new], dim=2)
+                ctx.extras.setdefault("memory_key_features", {})[application] = key_features
             ctx.extras.setdefault("memory_projections", {})[application] = (k_new, v_new, kf_new)
             k_lin = torch.cat([mem.k.to(x.dtype), k_new], dim=1)
             v_lin = torch.cat([mem.v.to(x.dtype), v_new], dim=1)
@@ -238,9 +238,9 @@ class Attention(nn.Module):
             kv_in = torch.cat([mem.h.to(x.dtype), x], dim=1)
             k_lin, v_lin = self.k_proj(kv_in), self.v_proj(kv_in)
         k = self.split_heads(k_lin)
-        if application not in ctx.extras.get("memory_key_features", {}):
+        # with cached key features (position transform included) the kernel reads only k's shape
+        if key_features is None:
             k = self.position.transform_k(k, k_pos, self.layer)
-        # else the kernel reads the cached key features (position transform included) and only k's shape
         v = self.split_heads(v_lin)
         out, state = self.core(q, k, v, pos, k_pos, k_valid, ctx, state)
         if mem is not None and mem.hook is not None:  # the memory reads this layer / mixes in retrieval (knn)

@@ -260,9 +260,8 @@ class KNNMemory(Memory):
         )
         n_out = max(0, h_all.shape[1] - self.options.mem_len)  # oldest columns leave the local window
         old_valid, new_valid = local.valid, ctx.valid
-        if (
-            ctx.segment is not None
-        ):  # rows restarted inside the chunk: an empty store, their last segment only
+        # rows restarted inside the chunk: an empty store, their last segment only
+        if ctx.segment is not None:
             last = ctx.segment[:, -1:]
             state = state.reset(last[:, 0] > 0)
             old_valid, new_valid = old_valid & (last == 0), new_valid & (ctx.segment == last)
