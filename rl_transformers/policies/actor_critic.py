@@ -129,11 +129,14 @@ class ActorCritic(nn.Module):
         return self.core.plain_state(state)
 
     # -- acting -------------------------------------------------------------------------------------------
-    def eager_step(self, obs: Obs, state: Any, episode_start: Tensor | None) -> tuple[Tensor, Any]:
-        """Core features (B, d) of one step and the new state (encoder + core, no heads)."""
+    def eager_step(
+        self, obs: Obs, state: Any, episode_start: Tensor | None, *, return_state: bool = True
+    ) -> tuple[Tensor, Any]:
+        """Core features (B, d) of one step and the new state (encoder + core, no heads; the state is None
+        with ``return_state=False``)."""
         x = self.encode(obs).unsqueeze(1)
         reset = None if episode_start is None else episode_start.to(device=x.device, dtype=torch.bool)
-        out = self.core(x, state, reset=reset)
+        out = self.core(x, state, reset=reset, return_state=return_state)
         return out.y[:, 0], out.state
 
     def act(
@@ -147,8 +150,9 @@ class ActorCritic(nn.Module):
         return ActOutput(action, self.critic(h).squeeze(-1), dist.log_prob(action), new_state)
 
     def value(self, obs: Obs, state: Any, episode_start: Tensor | None = None) -> Tensor:
-        """(B,) critic values of ``obs`` given the state (used to bootstrap truncated episodes)."""
-        h, _ = self.eager_step(obs, state, episode_start)  # batch sizes vary (bootstraps): eager
+        """(B,) critic values of ``obs`` given the state (used to bootstrap truncated episodes). Eager (batch
+        sizes vary) and without a memory write: ``state`` stays valid, even a rollout's owned ``knn`` store."""
+        h, _ = self.eager_step(obs, state, episode_start, return_state=False)
         return self.critic(h).squeeze(-1)
 
     def to_env(self, action: Tensor) -> np.ndarray:

@@ -84,7 +84,7 @@ def act_all(policy: GTrXLPolicy, step: Any, obs: torch.Tensor, starts: torch.Ten
         for t in range(STEPS):
             h, state = step(obs[t], state, starts[t])
             features.append(h)
-            states.append(state)
+            states.append(state.map(torch.clone))  # a snapshot: the next step writes an owned knn store
     return features, states
 
 

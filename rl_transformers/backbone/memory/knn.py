@@ -67,6 +67,12 @@ class KNNMemoryState(State):
     valid: Tensor
     pos: Tensor
     ptr: Tensor
+    owned: bool = False
+    """True for the private copy a rollout acts with (:meth:`KNNMemory.with_projections`): an acting step
+    (no gradients) writes its one entry into this store in place instead of copying the whole store, so the
+    state it was given, and every state sharing its buffers, is spent after that step. False (every other
+    state, including what :meth:`KNNMemory.without_projections` returns for storing): writes return a new
+    store and the given state stays valid, as for every other state."""
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "head_major": True}
@@ -195,7 +201,7 @@ class KNNMemory(Memory):
         contexts = self.local.read(state.local)
         mem = contexts[self.layer]
         assert mem is not None
-        contexts[self.layer] = MemoryContext(mem.h, mem.pos, mem.valid, hook=partial(self._augment, state))
+        contexts[self.layer] = dataclasses.replace(mem, hook=partial(self._augment, state))
         return contexts
 
     def retrieve(
@@ -275,6 +281,7 @@ class KNNMemory(Memory):
                 )
             pos_all = torch.cat([local.pos, ctx.pos], dim=1)
             valid_all = torch.cat([old_valid, new_valid], dim=1)
+            in_place = state.owned and not torch.is_grad_enabled()  # an owned store, written while acting
             with torch.no_grad():
                 h_out = h_all[:, :n_out]
                 w_k, w_v = attention.k_proj, attention.v_proj
@@ -286,12 +293,43 @@ class KNNMemory(Memory):
                     values.to(state.values.dtype),
                     pos_all[:, :n_out],
                     valid_all[:, :n_out],
+                    in_place=in_place,
                 )
         keys, values, valid, pos, ptr = store
-        return KNNMemoryState(self.local.write(local, ctx), keys, values, valid, pos, ptr)
+        return KNNMemoryState(self.local.write(local, ctx), keys, values, valid, pos, ptr, state.owned)
+
+    # -- acting: the local memory's projections cached, the store owned ----------------------------------------
+    def with_projections(self, state: KNNMemoryState, attentions: list[Any]) -> KNNMemoryState:
+        """For a rollout (fixed weights): the local memory's key / value projections cached (``xl``'s), and a
+        private copy of the store that the acting steps then write in place (``owned``): one copy of the store
+        per rollout instead of one per step. The given state is not changed."""
+        return dataclasses.replace(
+            state,
+            local=self.local.with_projections(state.local, attentions),
+            keys=state.keys.clone(),
+            values=state.values.clone(),
+            owned=True,
+        )
+
+    def without_projections(self, state: KNNMemoryState) -> KNNMemoryState:
+        """What a rollout stores: no cached projections, and a store of its own (a copy when ``owned``, since
+        the next acting step writes the owned one in place)."""
+        local = self.local.without_projections(state.local)
+        if not state.owned:
+            return dataclasses.replace(state, local=local)
+        return dataclasses.replace(
+            state, local=local, keys=state.keys.clone(), values=state.values.clone(), owned=False
+        )
 
     def store_append(
-        self, state: KNNMemoryState, keys: Tensor, values: Tensor, pos: Tensor, valid: Tensor
+        self,
+        state: KNNMemoryState,
+        keys: Tensor,
+        values: Tensor,
+        pos: Tensor,
+        valid: Tensor,
+        *,
+        in_place: bool = False,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """Write the valid entries (keys/values (B, H, n, D), pos/valid (B, n), oldest first) into the ring
         buffers, overwriting the oldest entries; returns (keys, values, valid, pos, ptr).
@@ -299,7 +337,8 @@ class KNNMemory(Memory):
         One entry per row (every acting step) is a scatter into the slot under the pointer (of the entry, or of
         the slot's own content when the entry is not kept); several (a chunk) are a scatter into the buffers
         padded with one dump slot for the entries that are not kept. Both write the same values (tested against
-        each other); the first copies each buffer once, without the padding or a pass of elementwise selects."""
+        each other); the first copies each buffer once, without the padding or a pass of elementwise selects,
+        and not at all with ``in_place`` (an ``owned`` store while acting: ``state``'s buffers are written)."""
         size = state.valid.shape[1]
         written = valid.long().cumsum(1)  # 1-based order of each valid entry
         count = written[:, -1:]
@@ -310,7 +349,8 @@ class KNNMemory(Memory):
             kept = keep.view(-1, 1, 1, 1)
 
             def put_one(buffer: Tensor, new: Tensor) -> Tensor:
-                return buffer.scatter(2, index, torch.where(kept, new, buffer.gather(2, index)))
+                entry = torch.where(kept, new, buffer.gather(2, index))
+                return buffer.scatter_(2, index, entry) if in_place else buffer.scatter(2, index, entry)
 
             hit = keep & (torch.arange(size, device=valid.device) == state.ptr[:, None])  # (B, N)
             return (
