@@ -4,6 +4,7 @@ rl_transformers/bench/ppo_profile.py). Run it on an idle machine.
     python scripts/profile_ppo.py                                     # the default GTrXL on T-Maze, 1 thread
     python scripts/profile_ppo.py --out benchmarks/results/ppo_fast/profile
     python scripts/profile_ppo.py --backbone.attention gaussian_prior --top 20
+    python scripts/profile_ppo.py --shapes-of aten::copy_ aten::cat    # which tensors the copies move
 
 Takes every training flag of train_gtrxl.py. Writes <out>/profile.json and profile.md (with the command, git
 commit and machine) when --out is given; prints the tables.
@@ -39,6 +40,8 @@ class Args:
     """Operators listed per phase (the rest summed in one row)."""
     out: Path | None = None
     """Directory for profile.json and profile.md (default: print only)."""
+    shapes_of: tuple[str, ...] = ()
+    """Operators whose time is also split by input shape (e.g. aten::copy_ aten::cat): which tensors they move."""
 
     def __post_init__(self) -> None:
         check_int("warmup (--warmup)", self.warmup, 1)
@@ -48,7 +51,7 @@ class Args:
 def main(args: Args) -> None:
     cfg = args.config
     machine = machine_info("cpu", cfg.threads or 1)
-    result = profile_ppo(cfg, args.warmup, args.top)
+    result = profile_ppo(cfg, args.warmup, args.top, args.shapes_of)
     command = shlex.join(["python", "scripts/profile_ppo.py", *sys.argv[1:]])
     info = finish_machine_info(machine)
     header = [

@@ -6,7 +6,8 @@ updates, one :func:`~rl_transformers.algos.rollout.collect_rollout` and one
 phase the table lists the operators by self CPU time (time inside the operator itself, children excluded),
 with their share of the phase's total self time, call counts and mean time per call; the rest is summed in
 one row. Shares are ratios within one profile, so they compare across machines better than absolute times;
-the profiler adds its own per-op overhead, which inflates the share of many small ops.
+the profiler adds its own per-op overhead, which inflates the share of many small ops. ``shapes_of`` names
+operators (e.g. ``aten::copy_``) whose time is also split by input shape, to tell which tensors they move.
 """
 
 from __future__ import annotations
@@ -24,13 +25,27 @@ from rl_transformers.algos.rollout import collect_rollout
 from rl_transformers.utils import available_cores, set_threads
 
 
-def op_table(run: Callable[[], Any], top: int) -> dict[str, Any]:
+def op_table(run: Callable[[], Any], top: int, shapes_of: tuple[str, ...] = ()) -> dict[str, Any]:
     """Profile ``run()`` once: total self CPU time (s) and the ``top`` operators by self time (share, calls,
-    mean µs), the rest in one "other" row."""
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    mean µs), the rest in one "other" row; with ``shapes_of``, also each named operator's ``top`` input shapes
+    by self time (``by_shape``: op, shapes, share of the phase, calls)."""
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=bool(shapes_of)) as prof:
         run()
     events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
     total = sum(e.self_cpu_time_total for e in events)
+    by_shape: list[dict[str, Any]] = []
+    for op in shapes_of:
+        shaped = [e for e in prof.key_averages(group_by_input_shape=True) if e.key == op]
+        shaped.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
+        by_shape += [
+            {
+                "op": op,
+                "shapes": str(e.input_shapes),
+                "share": e.self_cpu_time_total / total,
+                "calls": int(e.count),
+            }
+            for e in shaped[:top]
+        ]
     events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
     rows = [
         {
@@ -51,10 +66,15 @@ def op_table(run: Callable[[], Any], top: int) -> dict[str, Any]:
                 "mean_us": None,
             }
         )
-    return {"self_cpu_s": total / 1e6, "ops": rows}
+    out: dict[str, Any] = {"self_cpu_s": total / 1e6, "ops": rows}
+    if shapes_of:
+        out["by_shape"] = by_shape
+    return out
 
 
-def profile_ppo(cfg: TrainConfig, warmup: int = 2, top: int = 12) -> dict[str, Any]:
+def profile_ppo(
+    cfg: TrainConfig, warmup: int = 2, top: int = 12, shapes_of: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """{"rollout": table, "train": table, "steps": env steps per phase} for ``cfg`` (see the module docstring)."""
     set_threads(cfg.threads or available_cores())
     trainer = PPOTrainer(cfg, device=resolve_device(cfg.device, DistContext()))
@@ -70,8 +90,8 @@ def profile_ppo(cfg: TrainConfig, warmup: int = 2, top: int = 12) -> dict[str, A
             rollout()
             trainer.train_epochs()
         out: dict[str, Any] = {
-            "rollout": op_table(rollout, top),
-            "train": op_table(trainer.train_epochs, top),
+            "rollout": op_table(rollout, top, shapes_of),
+            "train": op_table(trainer.train_epochs, top, shapes_of),
         }
     finally:
         trainer.close()
@@ -96,4 +116,9 @@ def render(result: dict[str, Any], header: list[str]) -> str:
             mean = "" if row["mean_us"] is None else f"{row['mean_us']:.1f}"
             lines.append(f"| `{row['op']}` | {100 * row['share']:.1f} % | {row['calls']:,} | {mean} |")
         lines.append("")
+        if table.get("by_shape"):
+            lines += [f"### {phase}: by input shape", "", "| op | input shapes | share | calls |", "|---|---|---:|---:|"]
+            for row in table["by_shape"]:
+                lines.append(f"| `{row['op']}` | `{row['shapes']}` | {100 * row['share']:.2f} % | {row['calls']:,} |")
+            lines.append("")
     return "\n".join(lines)

@@ -62,3 +62,18 @@ def test_script_writes_json_and_markdown(tmp_path: Path) -> None:
         and "Traceback" not in bad.stderr
         and "top (--top) must be an int >= 1" in bad.stderr
     )
+
+
+def test_shapes_of_splits_an_operator_by_input_shape() -> None:
+    """The by-shape rows of an operator add up to at most its own share, name real shapes and are sorted."""
+    result = profile_ppo(tiny(), warmup=1, top=50, shapes_of=("aten::mm",))
+    for phase in ("rollout", "train"):
+        table = result[phase]
+        rows = table["by_shape"]
+        assert rows and all(row["op"] == "aten::mm" and row["shapes"].startswith("[[") for row in rows)
+        shares = [row["share"] for row in rows]
+        assert shares == sorted(shares, reverse=True)
+        own = next(row["share"] for row in table["ops"] if row["op"] == "aten::mm")
+        assert abs(sum(shares) - own) < 1e-9  # top=50 lists every shape: they add up to the op's share
+    assert "### train: by input shape" in render(result, ["# t"])
+    assert "by_shape" not in profile_ppo(tiny(), warmup=1, top=3)["train"]
