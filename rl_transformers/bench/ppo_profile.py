@@ -117,8 +117,15 @@ def render(result: dict[str, Any], header: list[str]) -> str:
             lines.append(f"| `{row['op']}` | {100 * row['share']:.1f} % | {row['calls']:,} | {mean} |")
         lines.append("")
         if table.get("by_shape"):
-            lines += [f"### {phase}: by input shape", "", "| op | input shapes | share | calls |", "|---|---|---:|---:|"]
+            lines += [
+                f"### {phase}: by input shape",
+                "",
+                "| op | input shapes | share | calls |",
+                "|---|---|---:|---:|",
+            ]
             for row in table["by_shape"]:
-                lines.append(f"| `{row['op']}` | `{row['shapes']}` | {100 * row['share']:.2f} % | {row['calls']:,} |")
+                lines.append(
+                    f"| `{row['op']}` | `{row['shapes']}` | {100 * row['share']:.2f} % | {row['calls']:,} |"
+                )
             lines.append("")
     return "\n".join(lines)

@@ -93,7 +93,8 @@ def test_a_forward_with_gradients_does_not_write_an_owned_store_in_place() -> No
     assert isinstance(out.state.memory, KNNMemoryState)
 
 
-@pytest.mark.filterwarnings("ignore:training sequences will not replay")  # knn replays inexactly: not tested here
+# knn replays inexactly (a warning at construction): not what is tested here
+@pytest.mark.filterwarnings("ignore:training sequences will not replay")
 def test_policy_value_leaves_an_owned_state_valid() -> None:
     """The rollout bootstraps from its current (owned) state before acting on it: ``value`` must not write."""
     import gymnasium as gym
