@@ -101,7 +101,9 @@ class Backbone(nn.Module):
     def project_memory(self, state: BackboneState) -> BackboneState:
         """``state`` with its memory's key / value projections cached (XL memory), for acting while the
         weights stay fixed (a rollout): each step then projects only its new tokens. Forwards with gradients
-        ignore the cache; call again after the weights change, :meth:`unproject_memory` before storing."""
+        ignore the cache; call again after the weights change, :meth:`unproject_memory` before storing. The
+        ``knn`` memory also takes a private copy of its store that acting steps write in place
+        (``KNNMemoryState.owned``): a state passed to such a step is spent; ``state`` itself is not changed."""
         if self.memory is None or state.memory is None:
             return state
         attentions = [self.depth.attention_for(i) for i in range(self.depth.n_applications)]

@@ -121,7 +121,9 @@ class ActorCritic(nn.Module):
 
     def acting_state(self, state: Any) -> Any:
         """``state`` prepared for acting with the current weights (the XL memory's key / value projections
-        cached, so each step projects its new tokens only); call at the start of every rollout."""
+        cached, so each step projects its new tokens only; a ``knn`` store copied once and then written in
+        place, so keep only the latest state: :meth:`plain_state` for one to store); call at the start of
+        every rollout."""
         return self.core.acting_state(state)
 
     def plain_state(self, state: Any) -> Any:
