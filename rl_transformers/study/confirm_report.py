@@ -143,6 +143,8 @@ def tuning_lines(table: Sequence[Encoder], tuned: dict[str, Any]) -> list[str]:
         "| encoder | status | learning rate | ent_coef | seq_len | knob | trial score |",
         "|---|---|---|---|---|---|---|",
     ]
+    low = cp.rung(s["task"]).low
+    silent: list[str] = []
     for e in table:
         t = tuned.get(e.name, "not tuned yet")
         if not isinstance(t, cp.Tuned):
@@ -151,9 +153,24 @@ def tuning_lines(table: Sequence[Encoder], tuned: dict[str, Any]) -> list[str]:
         knob = ", ".join(f"{k} {v}" for k, v in t.params.items() if k not in t.ppo) or "–"
         value = t.entry.get("value")
         score = f"{value:.3f}" if isinstance(value, int | float) else "–"
-        lines.append(f"| `{e.name}` | tuned ({t.entry.get('finished_trials')} trials) | {t.ppo['learning_rate']:.2e} "
+        status = f"tuned ({t.entry.get('finished_trials')} trials)"
+        if no_tuning_signal(value, low):
+            status += ", **no signal**"
+            silent.append(f"`{e.name}`")
+        lines.append(f"| `{e.name}` | {status} | {t.ppo['learning_rate']:.2e} "
                      f"| {t.ppo['ent_coef']:.2e} | {t.ppo['seq_len']} | {knob} | {score} |")  # fmt: skip
+    if silent:
+        lines += ["", f"**No signal**: the best of the trials of {', '.join(silent)} scored within {SEPARATION} of "
+                  f"the random score {low:g} on {s['task']}, so every trial stayed at chance and their \"best\" "
+                  "parameters are one draw of the search space, not a tuned recipe. Read those rows' tuned columns "
+                  "as \"tuning found nothing on the tuning task\", not as the encoder's tuned performance."]  # fmt: skip
     return lines
+
+
+def no_tuning_signal(value: Any, low: float) -> bool:
+    """Whether a tuning study's best trial score ``value`` is within :data:`SEPARATION` of the tuning task's
+    random score ``low`` (the same rule as a task that did not separate): nothing was learned in any trial."""
+    return isinstance(value, int | float) and abs(float(value) - low) <= SEPARATION
 
 
 def task_lines(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned: dict[str, Any]) -> list[str]:

@@ -328,3 +328,32 @@ def test_the_plateau_line_names_gru_and_the_best_tuned_encoder() -> None:
     text = confirm_report.plateau_text(r, confirm_report.cells(found))
     assert "`gru` untuned +0.02;" in text and "`x` tuned +0.40 (still rising)" in text and "`y`" not in text
     assert confirm_report.last_quarter_gain(record(r.name, "z", cp.TUNED, 0, 0.1, [[b, 0.1]])) is None
+
+
+def test_a_tuning_study_whose_best_trial_stayed_at_chance_is_marked_no_signal() -> None:
+    """The tuning table flags an encoder whose best trial scored within SEPARATION of the tuning task's random
+    score (nothing learned in any trial: its "tuned" parameters are a draw), and only that one."""
+    low = cp.rung(cp.tuning_settings()["task"]).low
+    tuned = {
+        "gru": cp.tuned_config(GRU, {**best(GRU), "value": low + 0.3}, "gru.json"),
+        "mlp": cp.tuned_config(
+            MLP,
+            {
+                **best(MLP),
+                "params": {"learning_rate": 1e-3, "ent_coef": 0.02, "seq_len": 4},
+                "value": low + 0.04,
+            },
+            "mlp.json",
+        ),
+    }
+    lines = confirm_report.tuning_lines([GRU, MLP], tuned)
+    rows = {line.split("|")[1].strip(): line for line in lines if line.startswith("| `")}
+    assert "no signal" in rows["`mlp`"] and "no signal" not in rows["`gru`"]
+    note = [line for line in lines if line.startswith("**No signal**")]
+    assert len(note) == 1 and "`mlp`" in note[0] and "`gru`" not in note[0]
+    assert not confirm_report.no_tuning_signal(low + 0.06, low) and confirm_report.no_tuning_signal(
+        low - 0.04, low
+    )
+    assert not confirm_report.no_tuning_signal(None, low)  # no score: nothing to judge
+    lines = confirm_report.tuning_lines([GRU], {"gru": tuned["gru"]})
+    assert not any(line.startswith("**No signal**") for line in lines)
