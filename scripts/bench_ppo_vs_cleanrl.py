@@ -6,6 +6,7 @@ memory-gym, einops, tyro, tensorboard, torch; e.g. a venv made with its cleanrl/
 
     python scripts/bench_ppo_vs_cleanrl.py --cleanrl-dir ~/cleanrl/cleanrl/ppo_trxl \\
         --cleanrl-python ~/cleanrl-venv/bin/python --rounds 3
+    python scripts/bench_ppo_vs_cleanrl.py ... --compile --warmup 3     # ours also with --compile
 
 Writes <out>/results.json and results.md (rates, parameter counts, speed-ups, command, git SHA, machine).
 """
@@ -40,6 +41,9 @@ class Args:
     """Alternating rounds (medians reported)."""
     out: Path = Path("benchmarks/results/ppo_vs_cleanrl")
     """Directory of results.json / results.md."""
+    compile: bool = False
+    """Also measure our models with the acting step compiled (``--compile``; use --warmup 3 so that the
+    compilation stays out of the timing)."""
 
 
 def cleanrl_text(source: dict | None) -> str:
@@ -48,6 +52,13 @@ def cleanrl_text(source: dict | None) -> str:
         return "code not recorded"
     hashes = ", ".join(f"{name} sha256 {digest[:12]}" for name, digest in source["sha256"].items())
     return f"commit {source['git_commit'] or 'unknown (not a git checkout)'}; {hashes}"
+
+
+def phases(row: dict) -> str:
+    """Our rollout and training rates (an iteration's time split); cleanrl's script prints one rate only."""
+    if "rollout_steps_per_s" not in row:
+        return "–"
+    return f"{row['rollout_steps_per_s']:,.0f} / {row['train_steps_per_s']:,.0f}"
 
 
 def render(report: dict) -> str:
@@ -64,18 +75,19 @@ def render(report: dict) -> str:
         f"git {meta['git_sha']} · {load_text(meta)}",
         f"- cleanrl: {cleanrl_text(report.get('cleanrl'))}",
         "",
-        "| model | parameters (vs cleanrl) | env steps/s | rounds | speed-up vs cleanrl |",
-        "|---|---:|---:|---|---:|",
+        "| model | parameters (vs cleanrl) | env steps/s | rounds | speed-up vs cleanrl | rollout / training steps/s |",
+        "|---|---:|---:|---|---:|---|",
     ]
     for row in report["rows"]:
         if row["status"] != "ok":
             lines.append(
-                f"| {row['model']} | {row['parameters']} | error: {row.get('reason', '')[:200]} | | |"
+                f"| {row['model']} | {row['parameters']} | error: {row.get('reason', '')[:200]} | | | |"
             )
             continue
         lines.append(
             f"| {row['model']} | {row['parameters']:,} ({row.get('parameters_vs_cleanrl', 1.0):.3f}) | "
-            f"{row['steps_per_s']:,.0f} | {row['steps_per_s_rounds']} | {row.get('speedup_vs_cleanrl', 1.0):.2f} |"
+            f"{row['steps_per_s']:,.0f} | {row['steps_per_s_rounds']} | {row.get('speedup_vs_cleanrl', 1.0):.2f} | "
+            f"{phases(row)} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -83,7 +95,7 @@ def render(report: dict) -> str:
 def main(args: Args) -> None:
     machine = machine_info("cpu", 1)  # load and time at the start of the measurement
     result = ppo_reference.compare(
-        args.cleanrl_dir, args.cleanrl_python, args.updates, args.warmup, args.rounds
+        args.cleanrl_dir, args.cleanrl_python, args.updates, args.warmup, args.rounds, compile=args.compile
     )
     report = {
         "command": shlex.join(["python", "scripts/bench_ppo_vs_cleanrl.py", *sys.argv[1:]]),

@@ -54,8 +54,9 @@ OUR_MODELS: dict[str, dict[str, Any]] = {
 """Our models compared (BackboneConfig fields; memory xl of 16 steps, attention full, position none)."""
 
 
-def our_config(model: dict[str, Any], threads: int = 1) -> Any:
-    """The TrainConfig of one of :data:`OUR_MODELS` with cleanrl's rollout / update shape."""
+def our_config(model: dict[str, Any], threads: int = 1, compile: bool = False) -> Any:
+    """The TrainConfig of one of :data:`OUR_MODELS` with cleanrl's rollout / update shape (``compile``: the
+    acting step compiled, ``--compile``)."""
     from rl_transformers.algos.ppo import TrainConfig
     from rl_transformers.algos.ppo_config import PPOConfig
     from rl_transformers.backbone import BackboneConfig
@@ -74,6 +75,7 @@ def our_config(model: dict[str, Any], threads: int = 1) -> Any:
         threads=threads,
         progress=False,
         device="cpu",
+        compile=compile,
     )
 
 
@@ -159,10 +161,22 @@ def cleanrl_source(cleanrl_dir: Path) -> dict[str, Any]:
     return {"git_commit": commit, "sha256": files}
 
 
+COMPILED = " --compile"
+"""Suffix of our rows measured with the acting step compiled."""
+
+
 def compare(
-    cleanrl_dir: Path, cleanrl_python: str, updates: int, warmup: int, rounds: int, log: Any = print
+    cleanrl_dir: Path,
+    cleanrl_python: str,
+    updates: int,
+    warmup: int,
+    rounds: int,
+    log: Any = print,
+    compile: bool = False,
 ) -> dict[str, Any]:
-    """Side-by-side rounds of cleanrl and each of :data:`OUR_MODELS`; rows with medians and speed-ups."""
+    """Side-by-side rounds of cleanrl and each of :data:`OUR_MODELS` (with ``compile``, also each compiled:
+    rows named with :data:`COMPILED`); rows with medians, speed-ups and, for ours, the rollout and training
+    rates (where an iteration's time goes)."""
     cleanrl_dir = cleanrl_dir.resolve()
     if not all((cleanrl_dir / name).is_file() for name in CLEANRL_FILES):
         raise UserError(
@@ -173,7 +187,7 @@ def compare(
     params = {"cleanrl ppo_trxl": cleanrl_parameters(cleanrl_dir, cleanrl_python)}
     if str(cleanrl_dir) not in sys.path:
         sys.path.insert(0, str(cleanrl_dir))  # pom_env for our envs (spawned workers inherit sys.path)
-    names = ["cleanrl ppo_trxl", *OUR_MODELS]
+    names = ["cleanrl ppo_trxl", *OUR_MODELS, *([m + COMPILED for m in OUR_MODELS] if compile else [])]
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for r in range(rounds):
         k = r % len(names)
@@ -181,7 +195,8 @@ def compare(
             if name == "cleanrl ppo_trxl":
                 result = run_cleanrl(cleanrl_dir, cleanrl_python, updates, warmup, timeout_s=1800)
             else:
-                cfg = our_config(OUR_MODELS[name])
+                model = OUR_MODELS[name.removesuffix(COMPILED)]
+                cfg = our_config(model, compile=name.endswith(COMPILED))
                 result = measure_one(cfg, None, updates, warmup, 1800, env_modules=("pom_env",))
             runs[name].append(result)
             log(f"[round {r + 1}/{rounds}] {name}: {result.get('steps_per_s', result)}")
@@ -194,10 +209,13 @@ def compare(
         else:
             row["steps_per_s"] = round(statistics.median(x["steps_per_s"] for x in ok), 1)
             row["steps_per_s_rounds"] = [round(x["steps_per_s"], 1) for x in ok]
+            for phase in ("rollout_steps_per_s", "train_steps_per_s"):  # ours only: cleanrl prints one rate
+                if phase in ok[0]:
+                    row[phase] = round(statistics.median(x[phase] for x in ok), 1)
             if "parameters" in ok[0]:
                 params[name] = int(ok[0]["parameters"])
         row["parameters"] = params.get(name)
-        row["config"] = OUR_MODELS.get(name, {"flags": " ".join(CLEANRL_POM_FLAGS)})
+        row["config"] = OUR_MODELS.get(name.removesuffix(COMPILED), {"flags": " ".join(CLEANRL_POM_FLAGS)})
         rows.append(row)
     base = rows[0].get("steps_per_s")
     for row in rows:

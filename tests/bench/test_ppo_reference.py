@@ -133,3 +133,52 @@ def test_an_interpreter_without_cleanrls_dependencies_is_one_error_line_before_a
     assert out.stderr.startswith("error:") and "Traceback" not in out.stderr
     assert "cleanrl_dependency_that_is_missing" in out.stderr and "--cleanrl-python" in out.stderr
     assert "[round" not in out.stdout and not (tmp_path / "out").exists()
+
+
+def test_compare_adds_compiled_rows_and_our_phase_rates(tmp_path, monkeypatch) -> None:
+    """With ``compile``, each of our models is also measured with ``--compile`` (its config says so); our rows
+    carry the median rollout and training rates, cleanrl's row only its one rate; the table shows both."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from rl_transformers.bench import ppo_reference as ref
+
+    for name in ref.CLEANRL_FILES:
+        (tmp_path / name).write_text("# stand-in\n")
+    seen: list[bool] = []
+
+    def fake_measure(cfg, attention, updates, warmup, timeout_s, env_modules=()):  # type: ignore[no-untyped-def]
+        seen.append(cfg.compile)
+        fast = 2.0 if cfg.compile else 1.0
+        return {"status": "ok", "steps_per_s": 1000.0 * fast, "rollout_steps_per_s": 3000.0 * fast,
+                "train_steps_per_s": 1500.0 + len(seen), "parameters": 89_000}  # fmt: skip
+
+    monkeypatch.setattr(ref, "measure_one", fake_measure)
+    monkeypatch.setattr(ref, "run_cleanrl", lambda *a, **k: {"status": "ok", "steps_per_s": 500.0})
+    monkeypatch.setattr(ref, "cleanrl_parameters", lambda *a: 88_579)
+    monkeypatch.setattr(ref, "cleanrl_source", lambda d: {"git_commit": None, "sha256": {}})
+    result = ref.compare(tmp_path, "python", updates=1, warmup=1, rounds=3, log=lambda *_: None, compile=True)
+    rows = {row["model"]: row for row in result["rows"]}
+    assert set(rows) == {"cleanrl ppo_trxl", *OUR_MODELS, *(m + ref.COMPILED for m in OUR_MODELS)}
+    assert seen.count(True) == seen.count(False) == 3 * len(OUR_MODELS)
+    for name in OUR_MODELS:
+        plain, compiled = rows[name], rows[name + ref.COMPILED]
+        assert plain["speedup_vs_cleanrl"] == 2.0 and compiled["speedup_vs_cleanrl"] == 4.0
+        assert compiled["rollout_steps_per_s"] == 6000.0 and compiled["config"] == OUR_MODELS[name]
+        assert plain["train_steps_per_s"] > 1500.0
+    assert "rollout_steps_per_s" not in rows["cleanrl ppo_trxl"]
+    plain_only = ref.compare(tmp_path, "python", updates=1, warmup=1, rounds=1, log=lambda *_: None)
+    assert len(plain_only["rows"]) == 1 + len(OUR_MODELS)
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_script", Path(__file__).resolve().parents[2] / "scripts" / "bench_ppo_vs_cleanrl.py"
+    )
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_script", script)  # its dataclasses look their module up
+    spec.loader.exec_module(script)
+    machine = {"device_name": "cpu", "cores": 2, "torch_version": "x", "git_sha": "abc"}
+    report = {"command": "c", "machine": machine, "updates": 1, "warmup": 1, "rounds": 3, **result}
+    text = script.render(report)
+    assert "| 6,000 / " in text and "| cleanrl ppo_trxl | 88,579 (1.000) | 500 |" in text
