@@ -120,16 +120,23 @@ class Backbone(nn.Module):
     @property
     def segments_unsupported(self) -> str | None:
         """Why ``forward(starts=...)`` is refused (None: supported): the attention must mask by segment
-        (``Attention.masks_segments``), the memory be none, ``xl`` or ``knn``, the depth ``fixed``, the block not
-        ``reversible``. Decided once, at construction (no work inside a traced forward)."""
+        (``Attention.masks_segments``), the memory segment-aware (``Memory.segments_unsupported``: ``xl``,
+        ``knn``, ``compressive`` except ``most_used``), the depth ``fixed``, the block not ``reversible``. Decided
+        once, at construction (no work inside a traced forward)."""
         return self._segments_unsupported
+
+    @property
+    def segment_chunk_limit(self) -> int | None:
+        """Longest chunk ``forward(starts=...)`` takes (None: any): ``compressive`` handles restarts in chunks
+        of at most ``mem_len`` tokens (``Memory.segment_chunk_limit``); trainers cut longer ones."""
+        return None if self.memory is None else self.memory.segment_chunk_limit(self.memory.options)
 
     def _segments_reason(self) -> str | None:
         cfg = self.cfg
         if not registry.get("attention", cfg.attention).cls.masks_segments(cfg.options("attention")):
             return f"attention {cfg.attention!r} (with these options) does not mask by segment"
-        if cfg.memory not in (None, "xl", "knn"):
-            return f"memory {cfg.memory!r} is not segment-aware"
+        if self.memory is not None and (why := self.memory.segments_unsupported(self.memory.options)):
+            return f"memory {cfg.memory!r}: {why}"
         if cfg.depth != "fixed" or cfg.block == "reversible":
             return f"depth {cfg.depth!r} / block {cfg.block!r} is not segment-aware"
         return None
@@ -153,6 +160,11 @@ class Backbone(nn.Module):
         if starts is not None:
             if (reason := self.segments_unsupported) is not None:
                 raise ValueError(f"starts (restarts inside a chunk) is not supported here: {reason}")
+            if (limit := self.segment_chunk_limit) is not None and t > limit:
+                raise ValueError(
+                    f"starts (restarts inside a chunk) with memory {self.cfg.memory!r} takes chunks of at most "
+                    f"{limit} tokens, got {t}: cut the chunk"
+                )
             starts = starts.to(torch.bool)
             reset = starts[:, 0] if reset is None else reset.to(torch.bool) | starts[:, 0]
             segment = starts.long().cumsum(1)

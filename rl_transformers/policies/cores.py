@@ -54,6 +54,8 @@ class Core(nn.Module):
     segments: bool = False
     """True when ``forward`` takes ``starts`` (B, T) bool and restarts rows inside the chunk itself
     (``Backbone.forward(starts=...)``), so stored sequences need no cutting into pieces."""
+    segment_chunk_limit: int | None = None
+    """With ``segments``: the longest chunk ``starts`` may come with (None: any); longer ones are cut."""
 
     def initial_state(self, batch: int, device: torch.device | str, dtype: torch.dtype) -> State:
         raise NotImplementedError
@@ -134,6 +136,7 @@ class TransformerCore(Core):
         self.backbone = Backbone(cfg)
         self.d_in = self.d_out = cfg.d_model
         self.segments = type(self) is TransformerCore and self.backbone.segments_unsupported is None
+        self.segment_chunk_limit = self.backbone.segment_chunk_limit
 
     def initial_state(self, batch: int, device: torch.device | str, dtype: torch.dtype) -> State:
         return self.backbone.init_state(batch, device, dtype)

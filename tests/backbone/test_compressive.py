@@ -321,3 +321,36 @@ def test_most_used_keeps_the_memory_with_most_attention() -> None:
         pick = usage[:, 3 * g : 3 * g + 3].argmax(1) + 3 * g
         torch.testing.assert_close(state.ch[:, 0, g - 3], h[torch.arange(2), pick], atol=1e-12, rtol=0)
     assert math.isclose(float(usage.sum()), 2 * 2 * 11, rel_tol=1e-12)  # every query row sums to one
+
+
+def test_chunk_with_starts_leaves_the_state_of_its_last_segment() -> None:
+    """``starts`` (PPO's uncut training rows, chunks of at most mem_len tokens): a row restarted inside the chunk
+    ends with the state of its last segment run alone from a reset (no compressed memory, its tokens live); a
+    row without restarts as if no starts were given. The next chunk then reads the same memory."""
+    bb = compressive(mem_len=6, cmem_len=3, rate=2)
+    x0 = torch.randn(2, 14, D_MODEL, dtype=torch.float64)
+    with torch.no_grad():
+        state = inv.run_chunks(bb, x0, [7, 7])[1]
+    assert bool(state.memory.cfill.any())  # something was compressed before the chunk
+    x = torch.randn(2, 6, D_MODEL, dtype=torch.float64)
+    starts = torch.zeros(2, 6, dtype=torch.bool)
+    starts[0, [2, 4]] = True
+    with torch.no_grad():
+        got = bb(x, state=state, starts=starts).state
+        row0 = bb(x[:1, 4:], state=state.index_select(torch.tensor([0])), reset=torch.tensor([True])).state
+        row1 = bb(x[1:], state=state.index_select(torch.tensor([1]))).state
+        after = bb(x, state=got).y  # the next chunk, from the uncut state and from the rows' own states
+        want_after = torch.cat([bb(x[:1], state=row0).y, bb(x[1:], state=row1).y])
+    for row, want in ((0, row0.memory), (1, row1.memory)):
+        mem = got.memory
+        for name in ("valid", "live", "cfill", "cvalid"):
+            assert torch.equal(getattr(mem, name)[row], getattr(want, name)[0]), (row, name)
+        seen = mem.valid[row] & mem.live[row]
+        assert torch.equal(mem.pos[row][seen], want.pos[0][seen])
+        torch.testing.assert_close(mem.h[row][:, seen], want.h[0][:, seen], atol=1e-12, rtol=0)
+        kept = mem.cvalid[row]
+        torch.testing.assert_close(mem.ch[row][:, kept], want.ch[0][:, kept], atol=1e-12, rtol=0)
+        assert int(got.pos[row]) == int((row0 if row == 0 else row1).pos[0])
+    assert int((got.memory.valid[0] & got.memory.live[0]).sum()) == 2 and not bool(got.memory.cfill[0].any())
+    assert bool(got.memory.cfill[1].any())
+    torch.testing.assert_close(after, want_after, atol=1e-12, rtol=0)

@@ -108,11 +108,11 @@ def test_starts_bite() -> None:
     "kw",
     [
         dict(attention="rfa", position="rope", attention_options={"gate": True}),  # a decaying state
-        dict(memory="compressive", position="rope"),
+        dict(memory="compressive", position="rope", memory_options={"compression": "most_used"}),
         dict(depth="universal", position="rope"),
         dict(attention="gaussian_prior", attention_options={"truncate_sigmas": 6.0}),
     ],
-    ids=["rfa_gated", "memory_compressive", "depth_universal", "gaussian_prior_windowed"],
+    ids=["rfa_gated", "memory_compressive_most_used", "depth_universal", "gaussian_prior_windowed"],
 )
 def test_unsupported_parts_refuse_starts(kw: dict) -> None:
     bb = Backbone(BackboneConfig(d_model=16, n_layers=2, n_heads=2, **kw))

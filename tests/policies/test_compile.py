@@ -42,7 +42,8 @@ CONFIGS: dict[str, BackboneConfig] = {
     "linear": BASE.replace(attention="linear", position="rope"),
     "block_local_2d": BASE.replace(attention="block_local_2d", attention_options={"image_shape": (4, 4)}),
     "compressive": BASE.replace(
-        memory="compressive", memory_options={"mem_len": 4, "cmem_len": 3, "rate": 2}
+        memory="compressive",
+        memory_options={"mem_len": 6, "cmem_len": 3, "rate": 2},  # mem_len >= W: uncut
     ),
     "knn": BASE.replace(memory="knn", memory_options={"mem_len": 4, "store_size": 8, "top_k": 3}),
 }
@@ -149,7 +150,8 @@ def test_acting_step_and_training_forward_have_no_graph_break(name: str) -> None
     )
     torch._dynamo.reset()
     assert breaks <= MAX_BREAKS and graphs == 1, reasons
-    if policy.core.segments:  # the uncut training forward (rows restarted inside the core) is what PPO runs
+    limit = policy.core.segment_chunk_limit
+    if policy.core.segments and (limit is None or W <= limit):  # the uncut training forward: what PPO runs
         # on minibatch states gathered from the storage (normal tensors, not the rollout's inference tensors)
         minibatch = stored.index_select(torch.arange(B))
         graphs, breaks, reasons = graph_breaks(policy.core, x, minibatch, starts=seq_starts)

@@ -23,6 +23,10 @@ class Memory(nn.Module):
     aux_losses: ClassVar[tuple[str, ...]] = ()
     """Names the memory adds to ``BackboneOutput.aux_losses``, at :meth:`write` (so a memory with losses is
     written even when the caller drops the state)."""
+    segment_aware: ClassVar[bool] = False
+    """Whether :meth:`write` handles ``ctx.segment`` (rows restarted inside the chunk, ``Backbone.forward(
+    starts=...)``): each restarted row's returned state holds its last segment only, and losses made at the
+    write equal those of the row's pieces run apart. :meth:`segments_unsupported` may refuse some options."""
     aligned_positions: ClassVar[bool] = False
     """True when the memory's columns are time-aligned with positions counted since reset, so key positions
     follow the column distance wherever keys are valid (``ForwardContext.aligned``)."""
@@ -40,6 +44,16 @@ class Memory(nn.Module):
 
     def write(self, state: Any, ctx: ForwardContext) -> Any:
         raise NotImplementedError
+
+    @classmethod
+    def segments_unsupported(cls, options: Any) -> str | None:
+        """Why chunks with restarts are refused with these options (None: supported)."""
+        return None if cls.segment_aware else "it is not segment-aware"
+
+    @classmethod
+    def segment_chunk_limit(cls, options: Any) -> int | None:
+        """Longest chunk with restarts :meth:`write` handles (None: any); longer ones are cut and packed."""
+        return None
 
     def with_projections(self, state: Any, attentions: list[Any]) -> Any:
         """``state`` with the key / value projections of its memory cached for acting (default: unchanged)."""

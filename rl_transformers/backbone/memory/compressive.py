@@ -34,7 +34,6 @@ Shapes: B batch, L layers, T new tokens, W <= m_m + c - 1 uncompressed slots, C 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, get_args
@@ -45,6 +44,13 @@ from torch import Tensor, nn
 
 from rl_transformers.backbone.attention.base import visible_mask
 from rl_transformers.backbone.context import ForwardContext, MemoryContext
+from rl_transformers.backbone.memory._compressive_ops import (
+    content_attention,
+    gather_columns,
+    keep_last_filled,
+    longest_piece,
+    scatter_columns,
+)
 from rl_transformers.backbone.memory.base import Memory
 from rl_transformers.backbone.options import check_choice, check_int
 from rl_transformers.backbone.registry import Capabilities, register
@@ -168,44 +174,6 @@ class Compressor(nn.Module):
         return self.decoder(z.transpose(1, 2)).transpose(1, 2)
 
 
-# -- column bookkeeping (per-row gathers / compaction without host syncs) -------------------------------------
-def _expand_index(index: Tensor, like: Tensor, dim: int) -> Tensor:
-    """(B, n) index shaped to gather / scatter ``like`` along ``dim`` (all other dims broadcast)."""
-    shape = [index.shape[0]] + [1] * (like.dim() - 1)
-    shape[dim] = index.shape[1]
-    sizes = list(like.shape)
-    sizes[dim] = index.shape[1]
-    return index.view(shape).expand(sizes)
-
-
-def gather_columns(x: Tensor, index: Tensor, dim: int) -> Tensor:
-    """Per row b, the columns ``index[b]`` of x along ``dim``."""
-    return x.gather(dim, _expand_index(index, x, dim))
-
-
-def keep_last_filled(fill: Tensor, width: int) -> Tensor:
-    """Target slot of every column: each row's last ``width`` filled columns go, in order, right-aligned to slots
-    0..width-1; all other columns go to the dump slot ``width``."""
-    rank = fill.long().flip(1).cumsum(1).flip(1)  # filled columns at or after this one (1 = the newest)
-    keep = fill & (rank <= width)
-    return torch.where(keep, width - rank, torch.full_like(rank, width))
-
-
-def scatter_columns(x: Tensor, target: Tensor, width: int, dim: int) -> Tensor:
-    """Place column j of x at slot target[b, j] (slot ``width`` is dropped) of a zero tensor of ``width`` slots."""
-    sizes = list(x.shape)
-    sizes[dim] = width + 1
-    out = x.new_zeros(sizes)
-    return out.scatter(dim, _expand_index(target, x, dim), x).narrow(dim, 0, width)
-
-
-def content_attention(q: Tensor, k: Tensor, v: Tensor, valid: Tensor) -> Tensor:
-    """softmax(q k^T / sqrt(D)) v over valid keys only; q (B, H, T, D), k/v (B, H, S, D), valid (B, S)."""
-    logits = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    logits = logits.masked_fill(~valid[:, None, None, :], float("-inf"))
-    return torch.matmul(torch.nan_to_num(torch.softmax(logits, -1), nan=0.0), v)
-
-
 @register(
     "memory",
     "compressive",
@@ -214,6 +182,19 @@ def content_attention(q: Tensor, k: Tensor, v: Tensor, valid: Tensor) -> Tensor:
 )
 class CompressiveMemory(Memory):
     aux_losses = ("compressive_autoencoding", "compressive_attention_reconstruction")  # to aux_losses
+    segment_aware = True
+
+    @classmethod
+    def segments_unsupported(cls, options: CompressiveOptions) -> str | None:
+        if options.compression == "most_used":
+            return "most_used compression credits attention weights without segment masks"
+        return None
+
+    @classmethod
+    def segment_chunk_limit(cls, options: CompressiveOptions) -> int | None:
+        """A chunk with restarts of at most m_m tokens: no token of a later segment leaves the FIFO, so only the
+        first segment (continuing the state) compresses (see :meth:`write`)."""
+        return options.mem_len
 
     def __init__(self, cfg: Any, options: CompressiveOptions) -> None:
         super().__init__(cfg, options)
@@ -295,15 +276,21 @@ class CompressiveMemory(Memory):
         h = torch.cat([state.h, new_h], dim=2)
         pos = torch.cat([state.pos, ctx.pos], dim=1)
         valid = torch.cat([state.valid, ctx.valid], dim=1)
-        live = torch.cat([state.live, torch.ones_like(ctx.valid)], dim=1)
+        seg = ctx.segment  # rows restarted inside the chunk (t <= m_m: ``segment_chunk_limit``)
+        first = torch.ones_like(ctx.valid) if seg is None else seg == 0  # tokens that continue the state
+        live = torch.cat([state.live, first], dim=1)
         usage = self._usage(state, ctx, t) if state.usage is not None else None
         total = h.shape[2]
 
         # A live column is compressed once the last member of its group (position ≡ c-1 mod c, which sits
         # c-1-p%c columns later: positions are contiguous since reset) has left the FIFO (last m columns).
+        # With restarts, each row's first segment is pushed through the FIFO as cutting and packing would push
+        # it: by the longest piece of the chunk (packing's padded width); later segments start from an empty
+        # memory and, with t <= m_m, compress nothing (their tokens are not live for compression).
         col = torch.arange(total, device=pos.device)
         last_member = col + (c - 1 - pos % c)
-        compress = live & (last_member < total - m)
+        pushed = total if seg is None else state.h.shape[2] + longest_piece(seg)
+        compress = live & (last_member < pushed - m)
         n_cols = (max(0, total - m) // c) * c  # static bound on compressed columns per row (no host sync)
         n_rows = compress.sum(1)
         start = compress.int().argmax(1)  # first compressed column (complete groups, contiguous)
@@ -325,7 +312,7 @@ class CompressiveMemory(Memory):
                 old[:, i], old_valid, old_usage[:, i] if old_usage is not None else None
             )
             new_ch[:, i] = z.detach()
-            ae, ar = self._losses(i, old[:, i], old_valid, z, groups_valid, ctx)
+            ae, ar = self._losses(i, old[:, i], old_valid, z, groups_valid, ctx, first)
             ae_loss, attn_loss = ae_loss + ae, attn_loss + ar
         ctx.add_aux("compressive_autoencoding", ae_loss)
         ctx.add_aux("compressive_attention_reconstruction", attn_loss)
@@ -345,6 +332,14 @@ class CompressiveMemory(Memory):
         # Uncompressed: the FIFO plus the (< c) evicted memories whose group is not complete yet.
         keep = min(total, m + c - 1)
         live = live & ~compress
+        if seg is not None:  # a restarted row keeps its last segment only, as if run alone from a reset
+            last = seg[:, -1:]
+            restarted = last > 0  # (B, 1)
+            mine = torch.cat([~restarted.expand(-1, state.h.shape[2]), seg == last], dim=1)
+            live = torch.where(restarted, mine, live)
+            valid = valid & mine
+            cvalid, cfill = cvalid & ~restarted, cfill & ~restarted
+            cpos = cpos.masked_fill(restarted, 0)
         out = CompressiveMemoryState(
             h=h[:, :, total - keep :],
             pos=pos[:, total - keep :],
@@ -376,9 +371,18 @@ class CompressiveMemory(Memory):
         return torch.cat([state.usage, inc.new_zeros(inc.shape[0], n_layers, t)], dim=2) + inc
 
     def _losses(
-        self, layer: int, old: Tensor, old_valid: Tensor, z: Tensor, z_valid: Tensor, ctx: ForwardContext
+        self,
+        layer: int,
+        old: Tensor,
+        old_valid: Tensor,
+        z: Tensor,
+        z_valid: Tensor,
+        ctx: ForwardContext,
+        queries: Tensor,
     ) -> tuple[Tensor, Tensor]:
-        """Auto-encoding and attention-reconstruction losses of one layer (gradients reach f_c and g only)."""
+        """Auto-encoding and attention-reconstruction losses of one layer (gradients reach f_c and g only);
+        ``queries`` (B, T): the tokens whose attention is reconstructed (a row's first segment: the piece that
+        compressed)."""
         compressor: Compressor = self.compressors[layer]  # type: ignore[assignment]
         rec = compressor.decode(z)
         weight = old_valid.to(rec.dtype)
@@ -398,7 +402,7 @@ class CompressiveMemory(Memory):
             q, project(attention.k_proj, old), project(attention.v_proj, old), old_valid
         )
         a_new = content_attention(q, project(attention.k_proj, z), project(attention.v_proj, z), z_valid)
-        rows = ctx.valid & z_valid.any(1, keepdim=True)  # real queries of rows that compressed something
+        rows = ctx.valid & queries & z_valid.any(1, keepdim=True)  # real queries of rows that compressed
         err = (a_old - a_new).pow(2).mean(-1).mean(1)  # (B, T)
         weight = rows.to(err.dtype)
         return ae, (err * weight).sum() / weight.sum().clamp_min(1)

@@ -166,6 +166,7 @@ def faiss_top_k(q: Tensor, keys: Tensor, valid: Tensor, k: int) -> Tensor:
 )
 class KNNMemory(Memory):
     aligned_positions = True  # the local memory is XL's; retrieval uses no positions
+    segment_aware = True  # a query after a restart retrieves nothing; the store keeps the last segment
 
     def __init__(self, cfg: Any, options: KNNOptions) -> None:
         super().__init__(cfg, options)

@@ -80,6 +80,7 @@ def append_window(old: Tensor, new: Tensor, dim: int, keep: int) -> Tensor:
 )
 class XLMemory(Memory):
     aligned_positions = True
+    segment_aware = True
 
     def init_state(self, batch: int, device: torch.device | None, dtype: torch.dtype) -> XLMemoryState:
         """M invalid columns: the state has one shape for the whole stream (a compiled step never sees a new
