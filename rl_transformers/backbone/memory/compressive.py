@@ -28,6 +28,9 @@ compressed memory takes the position of the last memory of its group, for every 
 with memory m_m + m_cm exactly). Groups made only of padding keep their slot but are never attended. Streaming is "window":
 the carried state is bounded (m_m + c - 1 + m_cm slots per layer) and memories are stop-gradient; the training
 window (how far gradients flow) is the chunk length the trainer uses, a separate knob from the memory length.
+Chunks with restarts (``Backbone.forward(starts=...)``, PPO's uncut training rows) of at most m_m tokens: only a
+row's first segment compresses, exactly as cutting the chunk into per-episode pieces and packing them would (see
+:meth:`CompressiveMemory.write`), and a restarted row returns the state of its last segment.
 
 Shapes: B batch, L layers, T new tokens, W <= m_m + c - 1 uncompressed slots, C <= m_cm compressed slots, d width.
 """
