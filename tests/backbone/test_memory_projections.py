@@ -101,27 +101,3 @@ def test_feature_map_attentions_also_cache_their_key_features(attention: str, op
 
 def test_softmax_attention_caches_no_key_features() -> None:
     assert backbone().project_memory(backbone().init_state(B)).memory.kf is None
-
-
-@pytest.mark.parametrize("compression", ["conv", "max_pool"])
-def test_compressive_caches_its_fifo_and_compressed_projections(compression: str) -> None:
-    """``compressive`` acting with the cache (its FIFO and compressed memories projected once, the new
-    compressed groups projected when they are made) equals projecting both memories at every step (float64,
-    resets at random rows and steps), and the carried caches equal fresh projections of the carried memories
-    wherever a column can be read."""
-    torch.manual_seed(0)
-    options = {"mem_len": 3, "cmem_len": 2, "rate": 2, "compression": compression}
-    bb = Backbone(gtrxl_backbone(D, 2, 2).replace(memory="compressive", memory_options=options)).double()
-    filled = False
-    for plain, cached in streams(bb, 4):
-        mem = cached.memory
-        assert plain.memory.k is None and mem.k is not None and mem.ck is not None
-        k, v = fresh_projections(bb, mem.h)
-        ck, cv = fresh_projections(bb, mem.ch)
-        seen = (mem.valid & mem.live)[:, None, :, None]
-        assert ((mem.k - k).abs() * seen).max() < TOL and ((mem.v - v).abs() * seen).max() < TOL
-        kept = mem.cvalid[:, None, :, None]
-        assert ((mem.ck - ck).abs() * kept).max() < TOL and ((mem.cv - cv).abs() * kept).max() < TOL
-        filled = filled or bool(mem.cvalid.any())
-    assert filled  # groups were compressed and their cached projections checked
-    assert bb.unproject_memory(cached).memory.ck is None

@@ -37,7 +37,6 @@ Shapes: B batch, L layers, T new tokens, W <= m_m + c - 1 uncompressed slots, C 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, get_args
@@ -55,7 +54,6 @@ from rl_transformers.backbone.memory._compressive_ops import (
     longest_piece,
     scatter_columns,
 )
-from rl_transformers.backbone.memory._compressor import Compressor
 from rl_transformers.backbone.memory.base import Memory
 from rl_transformers.backbone.options import check_choice, check_int
 from rl_transformers.backbone.registry import Capabilities, register
@@ -74,9 +72,7 @@ class CompressiveMemoryState(State):
     h: (B, L, W, d) uncompressed memories, time-aligned columns like ``xl``; pos, valid: (B, W); live: (B, W) not yet
     compressed (False once compressed and after a reset); ch: (B, L, C, d) compressed memories, right-aligned per
     row; cpos, cvalid: (B, C) their positions and whether they may be attended; cfill: (B, C) slot in use;
-    usage: (B, L, W) attention received so far (``most_used`` only, else None). k, v (B, L, W, d) / ck, cv
-    (B, L, C, d): each layer's key / value projections of h / ch, cached for acting with fixed weights
-    (``Backbone.project_memory``: a step then projects only its new tokens and new compressed groups), else None.
+    usage: (B, L, W) attention received so far (``most_used`` only, else None).
     """
 
     h: Tensor
@@ -88,10 +84,6 @@ class CompressiveMemoryState(State):
     cvalid: Tensor
     cfill: Tensor
     usage: Tensor | None = None
-    k: Tensor | None = None
-    v: Tensor | None = None
-    ck: Tensor | None = None
-    cv: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +101,80 @@ class CompressiveOptions:
         for name in ("mem_len", "cmem_len", "rate"):
             check_int(f"compressive {name}", getattr(self, name), 1)
         check_choice("compression", self.compression, Compression)
+
+
+def _set(conv: nn.Conv1d | nn.ConvTranspose1d, weight: Tensor) -> None:
+    """Initialise a convolution to ``weight`` and a zero bias."""
+    with torch.no_grad():
+        conv.weight.copy_(weight)
+        if conv.bias is not None:
+            conv.bias.zero_()
+
+
+class Compressor(nn.Module):
+    """One layer's compression f_c: (B, n, d) -> (B, n/c, d), and the decoder g: (B, n/c, d) -> (B, n, d)."""
+
+    def __init__(self, kind: str, d: int, rate: int) -> None:
+        super().__init__()
+        self.kind = kind
+        self.rate = rate
+        eye = torch.eye(d)
+        if kind == "conv":
+            self.conv = nn.Conv1d(d, d, rate, stride=rate)
+            _set(self.conv, eye[:, :, None].expand(d, d, rate) / rate)  # start as mean pooling
+        elif kind == "dilated_conv":
+            depth = (rate - 1).bit_length()  # ⌈log2 c⌉ layers: receptive field 2^depth >= c
+            self.dilations = tuple(2**i for i in range(depth))
+            self.convs = nn.ModuleList()
+            for dilation in self.dilations:
+                conv = nn.Conv1d(d, d, 2, dilation=dilation)
+                _set(conv, eye[:, :, None].expand(d, d, 2) / 2)  # each layer averages x[t] and x[t - δ]
+                self.convs.append(conv)
+        self.decoder = nn.ConvTranspose1d(d, d, rate, stride=rate)
+        _set(self.decoder, eye[:, :, None].expand(d, d, rate))  # start by repeating each slot c times
+
+    def forward(
+        self, x: Tensor, valid: Tensor | None = None, usage: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """x (B, n, d), valid (B, n) bool, usage (B, n) (most_used) -> compressed (B, n/c, d), group valid (B, n/c).
+
+        Invalid memories (padding, empty slots) are left out of pools and zeroed before convolutions; a group
+        without a valid memory gives zeros and is marked invalid.
+        """
+        b, n, d = x.shape
+        c = self.rate
+        if n % c:
+            raise ValueError(f"compressing {n} memories at rate {c}: n must be a multiple of c")
+        g = n // c
+        if valid is None:
+            valid = torch.ones(b, n, dtype=torch.bool, device=x.device)
+        groups, member = x.view(b, g, c, d), valid.view(b, g, c)
+        group_valid = member.any(-1)
+        if self.kind == "mean_pool":
+            out = (groups * member[..., None]).sum(2) / member.sum(2, keepdim=True).clamp_min(1)
+        elif self.kind == "max_pool":
+            out = groups.masked_fill(~member[..., None], float("-inf")).amax(2)
+            out = torch.where(group_valid[..., None], out, torch.zeros_like(out))
+        elif self.kind == "conv":
+            seq = (x * valid[..., None]).transpose(1, 2)  # (B, d, n)
+            out = self.conv(seq).transpose(1, 2)
+        elif self.kind == "dilated_conv":
+            h = (groups * member[..., None]).reshape(b * g, c, d).transpose(1, 2)  # one group per row
+            for conv, dilation in zip(self.convs, self.dilations):
+                h = conv(F.pad(h, (dilation, 0)))  # causal padding keeps the group length c
+            out = h[..., -1].reshape(b, g, d)
+        else:  # most_used
+            if usage is None:
+                raise ValueError("most_used compression needs the attention usage of each memory")
+            score = usage.view(b, g, c).masked_fill(~member, float("-inf"))
+            pick = score.argmax(-1)  # (B, g)
+            out = groups.gather(2, pick[..., None, None].expand(b, g, 1, d)).squeeze(2)
+            out = torch.where(group_valid[..., None], out, torch.zeros_like(out))
+        return out, group_valid
+
+    def decode(self, z: Tensor) -> Tensor:
+        """g: (B, n/c, d) -> (B, n, d)."""
+        return self.decoder(z.transpose(1, 2)).transpose(1, 2)
 
 
 @register(
@@ -172,44 +238,12 @@ class CompressiveMemory(Memory):
     def read(self, state: CompressiveMemoryState) -> list[MemoryContext | None]:
         pos = torch.cat([state.cpos, state.pos], dim=1)
         valid = torch.cat([state.cvalid, state.valid & state.live], dim=1)
-
-        def both(i: int, compressed: Tensor | None, fifo: Tensor | None) -> Tensor | None:
-            return (
-                None if compressed is None or fifo is None else torch.cat([compressed[:, i], fifo[:, i]], 1)
-            )
-
         return [
             MemoryContext(
-                torch.cat([state.ch[:, i], state.h[:, i]], dim=1),
-                pos,
-                valid,
-                k=both(i, state.ck, state.k),
-                v=both(i, state.cv, state.v),
-                hook=partial(self._observe, i),
+                torch.cat([state.ch[:, i], state.h[:, i]], dim=1), pos, valid, hook=partial(self._observe, i)
             )
             for i in range(state.h.shape[1])
         ]
-
-    def with_projections(
-        self, state: CompressiveMemoryState, attentions: list[Any]
-    ) -> CompressiveMemoryState:
-        """Each layer's k_proj / v_proj of its FIFO and compressed memories, cached for acting (fixed weights)."""
-        if len(attentions) != state.h.shape[1]:
-            return state
-
-        def project(name: str, x: Tensor) -> Tensor:
-            return torch.stack([getattr(a, name)(x[:, i]) for i, a in enumerate(attentions)], dim=1)
-
-        return dataclasses.replace(
-            state,
-            k=project("k_proj", state.h),
-            v=project("v_proj", state.h),
-            ck=project("k_proj", state.ch),
-            cv=project("v_proj", state.ch),
-        )
-
-    def without_projections(self, state: CompressiveMemoryState) -> CompressiveMemoryState:
-        return dataclasses.replace(state, k=None, v=None, ck=None, cv=None)
 
     def _observe(
         self, application: int, attention: Any, x: Tensor, out: Tensor, ctx: ForwardContext
@@ -319,44 +353,11 @@ class CompressiveMemory(Memory):
             cvalid=cvalid,
             cfill=cfill,
             usage=usage[:, :, total - keep :] if usage is not None else None,
-            **self._carried_projections(state, ctx, new_ch, target, width, total - keep),
         )
         if ctx.collect_info:
             ctx.add_info("backbone/memory_fill", (out.valid & out.live).float().mean(1).mean().detach())
             ctx.add_info("backbone/cmem_fill", (cvalid.float().sum(1) / o.cmem_len).mean().detach())
         return out
-
-    def _carried_projections(
-        self,
-        state: CompressiveMemoryState,
-        ctx: ForwardContext,
-        new_ch: Tensor,
-        target: Tensor,
-        width: int,
-        cut: int,
-    ) -> dict[str, Tensor]:
-        """The acting cache, carried like the columns it projects: the new tokens' projections (made by the
-        attentions, ``memory_projections``) appended to the FIFO's and cut with it; the new compressed groups
-        projected once here and placed like ``ch``. Empty (no cache) when the state or the forward has none."""
-        k, v, ck, cv = state.k, state.v, state.ck, state.cv
-        made = ctx.extras.get("memory_projections")
-        attentions = ctx.extras.get(_ATTENTION, {})
-        n = state.h.shape[1]
-        if k is None or v is None or ck is None or cv is None or made is None or len(attentions) < n:
-            return {}
-        with torch.no_grad():
-            new = {
-                name: torch.stack(
-                    [getattr(attentions[i], proj)(new_ch[:, i].to(x.dtype)) for i in range(n)], 1
-                )
-                for name, proj, x in (("ck", "k_proj", ck), ("cv", "v_proj", cv))
-            }
-        return {
-            "k": torch.cat([k, torch.stack([made[i][0] for i in range(n)], 1).to(k.dtype)], 2)[:, :, cut:],
-            "v": torch.cat([v, torch.stack([made[i][1] for i in range(n)], 1).to(v.dtype)], 2)[:, :, cut:],
-            "ck": scatter_columns(torch.cat([ck, new["ck"].to(ck.dtype)], 2), target, width, 2),
-            "cv": scatter_columns(torch.cat([cv, new["cv"].to(cv.dtype)], 2), target, width, 2),
-        }
 
     def _usage(self, state: CompressiveMemoryState, ctx: ForwardContext, t: int) -> Tensor:
         """(B, L, W + T) attention received so far by every uncompressed column (old columns accumulate)."""
