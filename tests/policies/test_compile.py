@@ -151,7 +151,7 @@ def test_acting_step_and_training_forward_have_no_graph_break(name: str) -> None
     torch._dynamo.reset()
     assert breaks <= MAX_BREAKS and graphs == 1, reasons
     limit = policy.core.segment_chunk_limit
-    if policy.core.segments and (limit is None or W <= limit):  # the uncut training forward: what PPO runs
+    if policy.core.segments and (limit is None or limit >= W):  # the uncut training forward: what PPO runs
         # on minibatch states gathered from the storage (normal tensors, not the rollout's inference tensors)
         minibatch = stored.index_select(torch.arange(B))
         graphs, breaks, reasons = graph_breaks(policy.core, x, minibatch, starts=seq_starts)
