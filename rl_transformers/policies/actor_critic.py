@@ -173,9 +173,8 @@ class ActorCritic(nn.Module):
             return core(x, state, reset=starts[:, 0], **drop)
         limit = self.core.segment_chunk_limit
         if self.core.segments and SEGMENT_PATH and (limit is None or t <= limit):
-            return core(
-                x, state, starts=starts, **drop
-            )  # restarts masked inside the core: no cut, no host sync
+            # restarts masked inside the core: no cut, no host sync
+            return core(x, state, starts=starts, **drop)
         if not bool(starts[:, 1:].any()):
             return core(x, state, reset=starts[:, 0], **drop)
         packing = Packing.from_starts(starts)  # data-dependent cut: eager, before the (compiled) core
