@@ -34,8 +34,9 @@ def op_table(run: Callable[[], Any], top: int, shapes_of: tuple[str, ...] = ()) 
     events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
     total = sum(e.self_cpu_time_total for e in events)
     by_shape: list[dict[str, Any]] = []
+    grouped = prof.key_averages(group_by_input_shape=True) if shapes_of else []  # one grouping for every op
     for op in shapes_of:
-        shaped = [e for e in prof.key_averages(group_by_input_shape=True) if e.key == op]
+        shaped = [e for e in grouped if e.key == op]
         shaped.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
         by_shape += [
             {
