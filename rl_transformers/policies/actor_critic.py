@@ -89,6 +89,8 @@ class ActorCritic(nn.Module):
         self.core = core
         self.actor: ActionHead = make_action_head(action_space, core.d_out, log_std_init)
         self.critic = _init_linear(nn.Linear(core.d_out, 1), 1.0)
+        self.detach_critic = False
+        """True: the value loss does not back-propagate into the core and encoder (``PolicyConfig.critic_gradient``)."""
         self.obs_norm: RunningNorm | None = None
         """Observation normaliser (``enable_obs_norm``); None: observations go to the encoder as they are."""
         self.compiled_step: Callable[..., tuple[Tensor, Any]] | None = None
@@ -192,7 +194,7 @@ class ActorCritic(nn.Module):
         """
         out = self.features(obs, state, episode_starts)
         dist = self.actor(out.y)
-        value = self.critic(out.y).squeeze(-1)
+        value = self.critic(out.y.detach() if self.detach_critic else out.y).squeeze(-1)
         return SequenceOutput(dist.log_prob(actions), dist.entropy(), value, out.aux_losses, out.info)
 
     @property

@@ -82,6 +82,11 @@ class PolicyConfig:
     """Give unbounded attention caches a window: mem_len under XL memory, context_len without memory."""
     log_std_init: float = 0.0
     """Initial log standard deviation of Gaussian (Box) actions."""
+    critic_gradient: Literal["shared", "detached"] = "shared"
+    """shared: the value loss trains the core with the policy loss (one shared network, as cleanrl's PPO).
+    detached: the critic head reads the core's features without back-propagating into them, so only the
+    policy loss (and the entropy bonus) trains the core, as sb3-contrib's RecurrentPPO does with
+    shared_lstm=True. docs/results/xl_relative.md: why this matters for xl_relative on RepeatPrevious."""
     norm_obs: bool = False
     """Normalise Box observations by a running mean / variance kept in the policy (updated after each PPO
     update from its rollout, saved in checkpoints), as SB3's VecNormalize / CleanRL's continuous PPO do."""
@@ -94,6 +99,8 @@ class PolicyConfig:
         for name in ("rnn_layers", "mlp_layers", "context_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"PolicyConfig.{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.critic_gradient not in ("shared", "detached"):
+            raise ValueError(f"critic_gradient {self.critic_gradient!r} is not one of ['detached', 'shared']")
         if not self.norm_obs_clip > 0:
             raise ValueError(f"norm_obs_clip must be > 0, got {self.norm_obs_clip!r}")
         if self.hidden_size is not None and self.hidden_size < 1:
@@ -158,6 +165,7 @@ def make_policy(
         else:
             core = RecurrentCore(config.kind, config.width, config.width, config.rnn_layers)
         policy = ActorCritic(observation_space, action_space, core, config.log_std_init)
+    policy.detach_critic = config.critic_gradient == "detached"
     if config.norm_obs:
         policy.enable_obs_norm(config.norm_obs_clip)
     return policy

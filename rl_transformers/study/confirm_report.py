@@ -1,5 +1,6 @@
 """The second edition's documents: ``encoders_v2.json`` (one record per finished run, restore-able) and
-``encoders_v2.md`` (tuning results, untuned vs tuned per task, rliable aggregates per task family).
+``encoders_v2.md`` (tuning results, the verdict per ladder (:mod:`~rl_transformers.study.confirm_verdict`), rliable
+aggregates per task family, untuned vs tuned per task).
 
 Built only from the records and the tuning results, so a rebuild says the same thing byte for byte. Scores of a
 run: the **final MMER** (its last evaluation, ``final_return``) and the **normalized AUC** (:func:`~rl_transformers.
@@ -24,6 +25,7 @@ import numpy as np
 
 from rl_transformers.study import confirm_plan as cp
 from rl_transformers.study.aggregate import iqm_intervals, normalized_auc
+from rl_transformers.study.confirm_verdict import verdict_lines
 from rl_transformers.study.encoders import Encoder
 from rl_transformers.study.report import code_text, machines_text, public
 from rl_transformers.utils.atomic import atomic_write_json, atomic_write_text
@@ -244,6 +246,8 @@ def markdown(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned: d
         "its defaults (32 envs x 64 steps); 16 greedy evaluation episodes every budget / 16 steps.",
         "",
         *tuning_lines(table, tuned),
+        "",
+        *verdict_lines(cells(found), [e.name for e in table], REPS),
         "",
         *aggregate_lines(aggs, table),
         "",

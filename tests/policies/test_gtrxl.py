@@ -173,3 +173,39 @@ def test_bad_policy_config() -> None:
         PolicyConfig(kind="transfromer")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="rnn_layers"):
         PolicyConfig(rnn_layers=0)
+
+
+@pytest.mark.parametrize("kind", ["transformer", "gru"])
+def test_detached_critic_trains_only_its_head(kind: str) -> None:
+    """critic_gradient="detached" (sb3-contrib's shared_lstm): the value loss reaches the critic head and no
+    core or encoder weight; the policy's numbers and the policy loss's gradients are unchanged."""
+    policies = {}
+    for mode in ("shared", "detached"):
+        torch.manual_seed(0)
+        config = PolicyConfig(kind=kind, backbone=gtrxl_backbone(16, 1, 2, mem_len=4), critic_gradient=mode)  # type: ignore[arg-type]
+        policies[mode] = make_policy(config, OBS, ACT)
+    g = torch.Generator().manual_seed(1)
+    obs, starts = torch.randn(2, 6, 3, generator=g), torch.zeros(2, 6, dtype=torch.bool)
+    actions = torch.randint(0, 3, (2, 6), generator=g)
+    outs = {m: p.evaluate_sequence(obs, actions, p.initial_state(2), starts) for m, p in policies.items()}
+    assert torch.equal(outs["shared"].value, outs["detached"].value)
+    assert torch.equal(outs["shared"].log_prob, outs["detached"].log_prob)
+    for mode, policy in policies.items():
+        policy.zero_grad()
+        outs[mode].value.square().sum().backward(retain_graph=True)
+        core = [p.grad for n, p in policy.named_parameters() if not n.startswith(("critic.", "actor."))]
+        touched = sum(float(x.abs().sum()) for x in core if x is not None)
+        assert policy.critic.weight.grad is not None and policy.critic.weight.grad.abs().sum() > 0
+        assert (touched == 0.0) == (mode == "detached"), (mode, touched)
+    grads = {}
+    for mode, policy in policies.items():
+        policy.zero_grad()
+        outs[mode].log_prob.sum().backward()
+        grads[mode] = [p.grad for n, p in policy.named_parameters() if not n.startswith("critic.")]
+    for a, b in zip(grads["shared"], grads["detached"], strict=True):
+        assert (a is None and b is None) or torch.equal(a, b)
+
+
+def test_bad_critic_gradient_names_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"critic_gradient 'detach' .*\['detached', 'shared'\]"):
+        PolicyConfig(critic_gradient="detach")  # type: ignore[arg-type]
