@@ -67,7 +67,7 @@ from rl_transformers.algos.rollout import collect_rollout, reset_loop
 from rl_transformers.algos.run import Run
 from rl_transformers.algos.storage import RolloutStorage
 from rl_transformers.logging import Logger
-from rl_transformers.policies.gtrxl import ActorCritic, ContextCore, make_policy
+from rl_transformers.policies.gtrxl import ActorCritic, ContextCore, TwinCore, make_policy
 from rl_transformers.utils import (
     capture_rng_state,
     linear_schedule,
@@ -127,9 +127,10 @@ class PPOTrainer:
             from rl_transformers.policies.compile import compile_policy
 
             compile_policy(self.policy, training=cfg.compile_training)
-        if isinstance(self.policy.core, ContextCore) and ppo.seq_len > self.policy.core.context_len:
+        core = self.policy.core.actor if isinstance(self.policy.core, TwinCore) else self.policy.core
+        if isinstance(core, ContextCore) and ppo.seq_len > core.context_len:
             raise ValueError(
-                f"seq_len={ppo.seq_len} must be <= context_len={self.policy.core.context_len} for "
+                f"seq_len={ppo.seq_len} must be <= context_len={core.context_len} for "
                 "non-streaming attentions (the policy keeps at most 2 x context_len tokens)"
             )
         self.optimizer = make_adam(self.policy, ppo.learning_rate, ppo.adam_eps)

@@ -31,7 +31,7 @@ import torch
 from gymnasium import spaces
 from torch import Tensor, nn
 
-from rl_transformers.policies.cores import Core, CoreOutput
+from rl_transformers.policies.cores import Core, CoreOutput, TwinCore
 from rl_transformers.policies.encoders import Obs, RunningNorm, make_encoder
 from rl_transformers.policies.heads import ActionHead, make_action_head
 from rl_transformers.policies.packing import Packing
@@ -87,10 +87,12 @@ class ActorCritic(nn.Module):
         self.action_space = action_space
         self.encoder = make_encoder(observation_space, core.d_in)
         self.core = core
-        self.actor: ActionHead = make_action_head(action_space, core.d_out, log_std_init)
-        self.critic = _init_linear(nn.Linear(core.d_out, 1), 1.0)
+        width = core.d_out // 2 if isinstance(core, TwinCore) else core.d_out
+        self.actor: ActionHead = make_action_head(action_space, width, log_std_init)
+        self.critic = _init_linear(nn.Linear(width, 1), 1.0)
         self.detach_critic = False
-        """True: the value loss does not back-propagate into the core and encoder (``PolicyConfig.critic_gradient``)."""
+        """True: the value loss does not back-propagate into the core and encoder (``PolicyConfig.critic``
+        "detached"). A :class:`TwinCore` gives the critic its own core instead ("separate")."""
         self.obs_norm: RunningNorm | None = None
         """Observation normaliser (``enable_obs_norm``); None: observations go to the encoder as they are."""
         self.compiled_step: Callable[..., tuple[Tensor, Any]] | None = None
@@ -149,15 +151,24 @@ class ActorCritic(nn.Module):
         """One step for B envs: obs (B, ...), episode_start (B,) bool (True: the episode begins with obs)."""
         step = self.compiled_step if self.compiled_step is not None else self.eager_step
         h, new_state = step(obs, state, episode_start)
-        dist = self.actor(h)
+        h_actor, h_critic = self.head_inputs(h)
+        dist = self.actor(h_actor)
         action = dist.mode() if deterministic else dist.sample()
-        return ActOutput(action, self.critic(h).squeeze(-1), dist.log_prob(action), new_state)
+        return ActOutput(action, self.critic(h_critic).squeeze(-1), dist.log_prob(action), new_state)
 
     def value(self, obs: Obs, state: Any, episode_start: Tensor | None = None) -> Tensor:
         """(B,) critic values of ``obs`` given the state (used to bootstrap truncated episodes). Eager (batch
         sizes vary) and without a memory write: ``state`` stays valid, even a rollout's owned ``knn`` store."""
         h, _ = self.eager_step(obs, state, episode_start, return_state=False)
-        return self.critic(h).squeeze(-1)
+        return self.critic(self.head_inputs(h)[1]).squeeze(-1)
+
+    def head_inputs(self, y: Tensor) -> tuple[Tensor, Tensor]:
+        """(actor features, critic features) of core features ``y`` (..., d_out): the halves of a
+        :class:`TwinCore`'s, else ``y`` for both (the critic's detached with ``detach_critic``)."""
+        if isinstance(self.core, TwinCore):
+            d = y.shape[-1] // 2
+            return y[..., :d], y[..., d:]
+        return y, (y.detach() if self.detach_critic else y)
 
     def to_env(self, action: Tensor) -> np.ndarray:
         """Actions for ``env.step`` (NumPy, Box actions clipped to the bounds)."""
@@ -193,8 +204,9 @@ class ActorCritic(nn.Module):
         episode_starts (B, T) bool as recorded while acting.
         """
         out = self.features(obs, state, episode_starts)
-        dist = self.actor(out.y)
-        value = self.critic(out.y.detach() if self.detach_critic else out.y).squeeze(-1)
+        h_actor, h_critic = self.head_inputs(out.y)
+        dist = self.actor(h_actor)
+        value = self.critic(h_critic).squeeze(-1)
         return SequenceOutput(dist.log_prob(actions), dist.entropy(), value, out.aux_losses, out.info)
 
     @property

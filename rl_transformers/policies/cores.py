@@ -227,12 +227,75 @@ class ContextCore(TransformerCore):
         return ContextState(state.x[:, -k:], state.valid[:, -k:])
 
 
+# -- a critic with its own core ---------------------------------------------------------------------------------------
+@dataclass
+class TwinState(State):
+    """The states of a :class:`TwinCore`'s two cores (row operations apply to both)."""
+
+    actor: Any
+    critic: Any
+
+
+class TwinCore(Core):
+    """Two cores of one kind side by side: the actor's and the critic's (``PolicyConfig.critic="separate"``).
+
+    Their features are concatenated, y = [y_actor, y_critic] (B, T, 2 d): :class:`~rl_transformers.policies.
+    actor_critic.ActorCritic` gives the first half to the actor head and the second to the critic head, as
+    sb3-contrib's ``RecurrentPPO`` does by default (``enable_critic_lstm=True``). The critic's core reads the
+    observation encoder's features detached, so the value loss trains the critic's core and head only, and the
+    policy loss never reaches them. Both cores see the same chunk, resets and segment starts, and cut or stream
+    alike (the flags are the actor's); their aux losses of one name are summed. Costs two cores' forward.
+    """
+
+    def __init__(self, actor: Core, critic: Core) -> None:
+        super().__init__()
+        if (actor.d_in, actor.d_out, type(actor)) != (critic.d_in, critic.d_out, type(critic)):
+            raise ValueError("TwinCore needs two cores of the same kind and widths")
+        self.actor, self.critic = actor, critic
+        self.d_in, self.d_out = actor.d_in, 2 * actor.d_out
+        self.stateful, self.segments = actor.stateful, actor.segments
+        self.segment_chunk_limit = actor.segment_chunk_limit
+
+    def initial_state(self, batch: int, device: torch.device | str, dtype: torch.dtype) -> TwinState:
+        return TwinState(
+            self.actor.initial_state(batch, device, dtype), self.critic.initial_state(batch, device, dtype)
+        )
+
+    def forward(self, x: Tensor, state: Any, *args: Any, **kwargs: Any) -> CoreOutput:
+        a = self.actor(x, state.actor, *args, **kwargs)
+        c = self.critic(x.detach(), state.critic, *args, **kwargs)  # the encoder is the actor's
+        aux = dict(a.aux_losses)
+        for name, loss in c.aux_losses.items():
+            aux[name] = aux[name] + loss if name in aux else loss
+        new_state = None if a.state is None and c.state is None else TwinState(a.state, c.state)
+        return CoreOutput(torch.cat([a.y, c.y], dim=-1), new_state, aux, a.info)
+
+    def segment_start(self, state: Any) -> Any:
+        return TwinState(self.actor.segment_start(state.actor), self.critic.segment_start(state.critic))
+
+    def acting_state(self, state: Any) -> Any:
+        return TwinState(self.actor.acting_state(state.actor), self.critic.acting_state(state.critic))
+
+    def plain_state(self, state: Any) -> Any:
+        return TwinState(self.actor.plain_state(state.actor), self.critic.plain_state(state.critic))
+
+    @property
+    def collect_info(self) -> bool:
+        return self.actor.collect_info
+
+    @collect_info.setter
+    def collect_info(self, value: bool) -> None:
+        self.actor.collect_info = value  # diagnostics (info) are the actor's
+
+
 __all__ = [
     "ContextCore",
     "ContextState",
     "Core",
     "CoreOutput",
     "TransformerCore",
+    "TwinCore",
+    "TwinState",
     "bounded_backbone",
     "replay_exactness",
 ]

@@ -29,6 +29,7 @@ from rl_transformers.policies.cores import (
     Core,
     CoreOutput,
     TransformerCore,
+    TwinCore,
     bounded_backbone,
     replay_exactness,
 )
@@ -36,6 +37,7 @@ from rl_transformers.policies.packing import Packing
 from rl_transformers.policies.recurrent import MLPCore, RecurrentCore
 
 PolicyKind = Literal["transformer", "lstm", "gru", "mlp"]
+CRITICS = ("shared", "detached", "separate")
 
 
 # -- configuration ------------------------------------------------------------------------------------------
@@ -82,11 +84,13 @@ class PolicyConfig:
     """Give unbounded attention caches a window: mem_len under XL memory, context_len without memory."""
     log_std_init: float = 0.0
     """Initial log standard deviation of Gaussian (Box) actions."""
-    critic_gradient: Literal["shared", "detached"] = "shared"
-    """shared: the value loss trains the core with the policy loss (one shared network, as cleanrl's PPO).
+    critic: Literal["shared", "detached", "separate"] = "shared"
+    """shared: the value loss trains the core with the policy loss (one network, as cleanrl's PPO).
     detached: the critic head reads the core's features without back-propagating into them, so only the
-    policy loss (and the entropy bonus) trains the core, as sb3-contrib's RecurrentPPO does with
-    shared_lstm=True. docs/results/xl_relative.md: why this matters for xl_relative on RepeatPrevious."""
+    policy loss (and the entropy bonus) trains the core (sb3-contrib RecurrentPPO's shared_lstm=True).
+    separate: the critic has its own core of the same configuration, trained by the value loss alone
+    (RecurrentPPO's default, enable_critic_lstm=True); twice the core's cost. Why it matters for
+    xl_relative: docs/results/xl_relative.md."""
     norm_obs: bool = False
     """Normalise Box observations by a running mean / variance kept in the policy (updated after each PPO
     update from its rollout, saved in checkpoints), as SB3's VecNormalize / CleanRL's continuous PPO do."""
@@ -99,8 +103,8 @@ class PolicyConfig:
         for name in ("rnn_layers", "mlp_layers", "context_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"PolicyConfig.{name} must be >= 1, got {getattr(self, name)!r}")
-        if self.critic_gradient not in ("shared", "detached"):
-            raise ValueError(f"critic_gradient {self.critic_gradient!r} is not one of ['detached', 'shared']")
+        if self.critic not in CRITICS:
+            raise ValueError(f"critic {self.critic!r} is not one of {sorted(CRITICS)}")
         if not self.norm_obs_clip > 0:
             raise ValueError(f"norm_obs_clip must be > 0, got {self.norm_obs_clip!r}")
         if self.hidden_size is not None and self.hidden_size < 1:
@@ -123,6 +127,7 @@ class GTrXLPolicy(ActorCritic):
         context_len: int = 64,
         bound_context: bool = True,
         log_std_init: float = 0.0,
+        critic: str = "shared",
     ) -> None:
         cfg = backbone if backbone is not None else gtrxl_backbone()
         if bound_context:
@@ -132,16 +137,21 @@ class GTrXLPolicy(ActorCritic):
             warnings.warn(
                 f"training sequences will not replay the acting context exactly: {reason}", stacklevel=2
             )
-        if capabilities("attention", cfg.attention).streaming == "none":
-            core: Core = ContextCore(cfg, context_len)
-        else:
-            core = TransformerCore(cfg)
+
+        def build() -> Core:
+            if capabilities("attention", cfg.attention).streaming == "none":
+                return ContextCore(cfg, context_len)
+            return TransformerCore(cfg)
+
+        core = TwinCore(build(), build()) if critic == "separate" else build()
         super().__init__(observation_space, action_space, core, log_std_init)
         self.backbone_config = cfg
 
     @property
     def backbone(self) -> Backbone:
-        return self.core.backbone  # type: ignore[return-value]
+        """The backbone (the actor's, with a separate critic)."""
+        core = self.core.actor if isinstance(self.core, TwinCore) else self.core
+        return core.backbone  # type: ignore[return-value]
 
 
 def make_policy(
@@ -157,15 +167,20 @@ def make_policy(
             context_len=config.context_len,
             bound_context=config.bound_context,
             log_std_init=config.log_std_init,
+            critic=config.critic,
         )
     else:
-        core: Core
-        if config.kind == "mlp":
-            core = MLPCore(config.width, config.width, config.mlp_layers)
-        else:
-            core = RecurrentCore(config.kind, config.width, config.width, config.rnn_layers)
+        kind = config.kind
+
+        def build() -> Core:
+            if kind == "mlp":
+                return MLPCore(config.width, config.width, config.mlp_layers)
+            assert kind in ("lstm", "gru")
+            return RecurrentCore(kind, config.width, config.width, config.rnn_layers)
+
+        core = TwinCore(build(), build()) if config.critic == "separate" else build()
         policy = ActorCritic(observation_space, action_space, core, config.log_std_init)
-    policy.detach_critic = config.critic_gradient == "detached"
+    policy.detach_critic = config.critic == "detached"
     if config.norm_obs:
         policy.enable_obs_norm(config.norm_obs_clip)
     return policy

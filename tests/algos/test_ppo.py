@@ -99,6 +99,22 @@ def test_resume_continues_bit_exactly(tmp_path: Path) -> None:
     assert [r["train/loss"] for r in rows_r] == [r["train/loss"] for r in rows_s]
 
 
+def test_a_separate_critic_trains_saves_and_resumes_bit_exactly(tmp_path: Path) -> None:
+    """critic="separate": the twin state goes through rollouts, storage, checkpoints and a resume."""
+
+    def cfg(root: Path) -> TrainConfig:
+        base = tiny(root, updates=4)
+        return dataclasses.replace(base, policy=dataclasses.replace(base.policy, critic="separate"))
+
+    straight = train(cfg(tmp_path / "straight"))
+    first = train(cfg(tmp_path / "split"), callback=lambda tr: tr.update < 2)
+    resumed = train(dataclasses.replace(cfg(tmp_path / "split"), resume=str(first.run_dir)))
+    ps, pr = final_params(straight.run_dir), final_params(resumed.run_dir)
+    assert any(k.startswith("core.critic.") for k in ps) and all(torch.equal(ps[k], pr[k]) for k in ps)
+    policy, saved = load_policy(resumed.run_dir)
+    assert saved.policy.critic == "separate" and policy.critic.in_features == 16
+
+
 def test_obs_normalisation_statistics_and_resume(tmp_path: Path) -> None:
     """norm_obs: the statistics count every rollout step, are saved, and resume continues bit-exactly."""
 

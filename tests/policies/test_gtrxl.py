@@ -23,6 +23,7 @@ from rl_transformers.policies import (
     make_policy,
     replay_exactness,
 )
+from rl_transformers.policies.cores import TwinCore
 from rl_transformers.policies.packing import Packing
 
 OBS = gym.spaces.Box(-1.0, 1.0, (3,))
@@ -75,6 +76,12 @@ CASES = {
     "lstm": lambda: make_policy(PolicyConfig(kind="lstm", hidden_size=12, rnn_layers=2), OBS, ACT),
     "gru": lambda: make_policy(PolicyConfig(kind="gru", hidden_size=12), OBS, ACT),
     "mlp": lambda: make_policy(PolicyConfig(kind="mlp", hidden_size=12), OBS, ACT),
+    "gtrxl_separate_critic": lambda: make_policy(
+        PolicyConfig(backbone=gtrxl_backbone(16, 2, 2, mem_len=6), critic="separate"), OBS, ACT
+    ),
+    "gru_separate_critic": lambda: make_policy(
+        PolicyConfig(kind="gru", hidden_size=12, critic="separate"), OBS, ACT
+    ),
     "context_core": lambda: ActorCritic(OBS, ACT, ContextCore(small(position="xl_relative"), context_len=W)),
 }
 
@@ -177,12 +184,12 @@ def test_bad_policy_config() -> None:
 
 @pytest.mark.parametrize("kind", ["transformer", "gru"])
 def test_detached_critic_trains_only_its_head(kind: str) -> None:
-    """critic_gradient="detached" (sb3-contrib's shared_lstm): the value loss reaches the critic head and no
+    """critic="detached" (sb3-contrib's shared_lstm): the value loss reaches the critic head and no
     core or encoder weight; the policy's numbers and the policy loss's gradients are unchanged."""
     policies = {}
     for mode in ("shared", "detached"):
         torch.manual_seed(0)
-        config = PolicyConfig(kind=kind, backbone=gtrxl_backbone(16, 1, 2, mem_len=4), critic_gradient=mode)  # type: ignore[arg-type]
+        config = PolicyConfig(kind=kind, backbone=gtrxl_backbone(16, 1, 2, mem_len=4), critic=mode)  # type: ignore[arg-type]
         policies[mode] = make_policy(config, OBS, ACT)
     g = torch.Generator().manual_seed(1)
     obs, starts = torch.randn(2, 6, 3, generator=g), torch.zeros(2, 6, dtype=torch.bool)
@@ -206,6 +213,34 @@ def test_detached_critic_trains_only_its_head(kind: str) -> None:
         assert (a is None and b is None) or torch.equal(a, b)
 
 
-def test_bad_critic_gradient_names_the_choices() -> None:
-    with pytest.raises(ValueError, match=r"critic_gradient 'detach' .*\['detached', 'shared'\]"):
-        PolicyConfig(critic_gradient="detach")  # type: ignore[arg-type]
+def test_a_bad_critic_names_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"critic 'detach' .*\['detached', 'separate', 'shared'\]"):
+        PolicyConfig(critic="detach")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", ["transformer", "lstm"])
+def test_a_separate_critic_has_its_own_core_that_only_the_value_loss_trains(kind: str) -> None:
+    """critic="separate" (sb3-contrib's enable_critic_lstm): the value loss reaches the critic's core and head
+    only; the policy loss reaches neither; both cores carry their own state through resets."""
+    torch.manual_seed(0)
+    config = PolicyConfig(
+        kind=kind, backbone=gtrxl_backbone(16, 1, 2, mem_len=4), hidden_size=12, critic="separate"
+    )  # type: ignore[arg-type]
+    policy = make_policy(config, OBS, ACT)
+    assert isinstance(policy.core, TwinCore) and policy.critic.in_features == policy.core.actor.d_out
+    critic_side = ("core.critic.", "critic.")
+    g = torch.Generator().manual_seed(1)
+    obs, starts = torch.randn(2, 6, 3, generator=g), torch.zeros(2, 6, dtype=torch.bool)
+    starts[1, 3] = True
+    actions = torch.randint(0, 3, (2, 6), generator=g)
+    out = policy.evaluate_sequence(obs, actions, policy.initial_state(2), starts)
+    for loss, trained_side in ((out.value.square().sum(), True), (out.log_prob.sum(), False)):
+        policy.zero_grad()
+        loss.backward(retain_graph=True)
+        for name, p in policy.named_parameters():
+            touched = p.grad is not None and float(p.grad.abs().sum()) > 0
+            if name.startswith(critic_side) != trained_side:
+                assert not touched, name
+        assert any(p.grad is not None and float(p.grad.abs().sum()) > 0 for n, p in policy.named_parameters()
+                   if n.startswith(critic_side) == trained_side)  # fmt: skip
+    assert replay_error(policy) < 1e-9
