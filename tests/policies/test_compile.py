@@ -46,14 +46,17 @@ CONFIGS: dict[str, BackboneConfig] = {
         memory_options={"mem_len": 6, "cmem_len": 3, "rate": 2},  # mem_len >= W: uncut
     ),
     "knn": BASE.replace(memory="knn", memory_options={"mem_len": 4, "store_size": 8, "top_k": 3}),
+    "full_separate_critic": BASE,  # --critic separate: the twin core and its twin state
 }
+SEPARATE_CRITIC = {"full_separate_critic"}
 
 
 def make_policy(name: str) -> GTrXLPolicy:
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # compressive / knn replay inexactly: not what is tested here
-        return GTrXLPolicy(OBS, ACT, CONFIGS[name]).double()
+        critic = "separate" if name in SEPARATE_CRITIC else "shared"
+        return GTrXLPolicy(OBS, ACT, CONFIGS[name], critic=critic).double()
 
 
 def inputs(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,13 +173,13 @@ def test_graph_break_count_bites() -> None:
     assert breaks >= 1 and graphs >= 1
 
 
-@pytest.mark.parametrize("name", ["full"])
+@pytest.mark.parametrize("name", ["full", "full_separate_critic"])
 def test_captured_graphs_equal_eager(name: str) -> None:
     check_compiled_equals_eager(name, "aot_eager")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [n for n in CONFIGS if n != "full"])
+@pytest.mark.parametrize("name", [n for n in CONFIGS if n not in ("full", "full_separate_critic")])
 def test_captured_graphs_equal_eager_every_attention(name: str) -> None:
     check_compiled_equals_eager(name, "aot_eager")
 
