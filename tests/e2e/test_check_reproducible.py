@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.script_module import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location(
-    "check_reproducible", ROOT / "scripts" / "check_reproducible.py"
-)
-assert spec is not None and spec.loader is not None
-mod = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = mod
-spec.loader.exec_module(mod)
+mod = load_script("check_reproducible")
 
 
 def test_logs_that_differ_only_in_timings_agree() -> None:

@@ -4,10 +4,7 @@ closed form on hand-built logits."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -15,15 +12,9 @@ import torch
 
 from rl_transformers.policies import PolicyConfig, gtrxl_backbone, make_policy
 from rl_transformers.utils.errors import UserError
+from tests.script_module import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location(
-    "attention_at_distance", ROOT / "scripts" / "attention_at_distance.py"
-)
-assert spec is not None and spec.loader is not None
-mod = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = mod
-spec.loader.exec_module(mod)
+mod = load_script("attention_at_distance")
 
 OBS, ACT = gym.spaces.Box(-1.0, 1.0, (3,)), gym.spaces.Discrete(3)
 
