@@ -11,7 +11,8 @@ settings, tuned parameters and jobs. Running it: :mod:`~rl_transformers.study.co
 - **Encoders** (:data:`ENCODERS`): the study's parameter-matched PPO rows (:func:`~rl_transformers.study.
   encoders.ppo_encoders`) by name.
 - **Variants**: ``v2-untuned`` (the defaults) and ``v2-tuned`` (the best parameters of the encoder's tuning
-  study, read as data: :func:`tuning_results`). The variant is the job's ``preset``, so both are separate runs
+  study, read as data: :func:`tuning_results`; a tuned reach shorter than a rung's memory is raised to cover
+  it, :func:`covering_spec`). The variant is the job's ``preset``, so both are separate runs
   with separate records. An encoder without a finished tuning study has no tuned jobs: it is reported as
   "not tuned yet", never run with the defaults in the tuned column.
 - **One learning-rate schedule** (:data:`ANNEAL_HORIZON`) in every job and every tuning trial.
@@ -262,6 +263,24 @@ def tuning_results(encoders: list[Encoder], committed: Path | None, tune_out: Pa
 
 
 # -- jobs -----------------------------------------------------------------------------------------------------
+def covering_spec(spec: str, memory: int) -> str:
+    """``spec`` with its reach knob (:func:`~rl_transformers.tune.knobs.context_knob`: ``mem_len``, ``max_cache``,
+    ``store_size``, ...) raised to ``memory + 1`` when it is below the rung's ``memory``; unchanged otherwise, and
+    for capacity knobs (``hidden_size``, ``n_features``) and encoders without a knob.
+
+    The tuned variant's rule (changed 2026-11-27, docs/encoder_study_v2.md): the knob is tuned on
+    RepeatPreviousEasy (k = 4), where a short context wins, and a reach of 4 cannot see a cue 100 steps back on
+    T-Maze 100. Raised this way, a tuned encoder fails a long rung only if it cannot *learn* the dependency, not
+    because its context cannot hold it: the literature's recipes set the context to the task's dependency, and
+    the memory probe's "cover" bound uses the same value (``Knob.covering``). The untuned variant keeps the
+    defaults, what a user gets.
+    """
+    knob = context_knob(spec)
+    if knob is None or knob.kind != "reach" or knob.default >= memory:
+        return spec
+    return knob.apply(spec, knob.covering(memory))
+
+
 def make_job(
     r: Rung, encoder: Encoder, variant: str, seed: int, out: Path, tuned: Tuned | None = None
 ) -> launch.Job:
@@ -270,7 +289,7 @@ def make_job(
     if variant == TUNED:
         if tuned is None:
             raise ValueError(f"the tuned job of {encoder.name!r} needs its tuning result")
-        spec, ppo = tuned.spec, {**ppo, **tuned.ppo}
+        spec, ppo = covering_spec(tuned.spec, r.memory), {**ppo, **tuned.ppo}
     row = Encoder(encoder.name, spec, encoder.family, encoder.note)
     return launch.make_job(r.task(), row, seed, variant, out, ppo=ppo, **JOB_EXTRAS)
 

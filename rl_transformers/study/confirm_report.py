@@ -240,7 +240,8 @@ def markdown(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned: d
         "`--dry-run` prints the cost).",
         "",
         f"Protocol: {len(table)} encoders (the study's parameter-matched rows) x {len(cp.RUNGS)} tasks x 2 variants "
-        f"(`{cp.UNTUNED}`: defaults; `{cp.TUNED}`: the tuning study's best parameters) x seeds {list(cp.SEEDS)}. "
+        f"(`{cp.UNTUNED}`: defaults; `{cp.TUNED}`: the tuning study's best parameters, a reach knob below a rung's "
+        f"memory k raised to k + 1) x seeds {list(cp.SEEDS)}. "
         f"Every run and every tuning trial anneals the learning rate over the same {cp.ANNEAL_HORIZON:,} env steps, "
         "whatever its budget (`--ppo.anneal-horizon`), so budgets do not change the schedule. PPO otherwise at "
         "its defaults (32 envs x 64 steps); 16 greedy evaluation episodes every budget / 16 steps.",

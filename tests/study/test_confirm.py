@@ -99,6 +99,28 @@ def test_tuned_parameters_reach_the_job_and_a_missing_result_is_not_defaulted(tm
         cp.tuning_results([GRU], committed, tune_out)
 
 
+def test_a_tuned_reach_below_a_rungs_memory_is_raised_to_cover_it(tmp_path: Path) -> None:
+    """The tuned variant's covering rule: a reach knob (mem_len, max_cache, store_size) below the rung's memory
+    becomes memory + 1; a reach that covers it, a capacity knob and the untuned variant are left alone."""
+    tuned = cp.tuned_config(GTRXL, best(GTRXL, hidden_size=None, mem_len=20) | {"params": {
+        "learning_rate": 1e-3, "ent_coef": 0.02, "seq_len": 4, "mem_len": 20}}, "hand.json")  # fmt: skip
+    short, long = cp.rung("TMaze10"), cp.rung("TMaze100")
+    assert parse_spec(cp.make_job(short, GTRXL, cp.TUNED, 0, tmp_path, tuned).spec["encoder"]) == {
+        "memory_options": {"mem_len": 20}
+    }
+    assert parse_spec(cp.make_job(long, GTRXL, cp.TUNED, 0, tmp_path, tuned).spec["encoder"]) == {
+        "memory_options": {"mem_len": 101}
+    }
+    assert cp.make_job(long, GTRXL, cp.UNTUNED, 0, tmp_path).spec["encoder"] == ""  # the defaults stay
+    cache = 'attention=gaussian_prior;position=xl_relative;memory=None;attention_options={"max_cache": 4}'
+    assert parse_spec(cp.covering_spec(cache, 10))["attention_options"] == {"max_cache": 11}
+    assert cp.covering_spec(cache, 4) == cache  # covers k = 4 already (distance 3 from the current step)
+    assert cp.covering_spec(GRU.spec, 400) == GRU.spec  # hidden_size: a capacity, not a reach
+    kernel = "attention=performer;position=rope;memory=None"  # n_features: a capacity
+    assert cp.covering_spec(kernel, 400) == kernel
+    assert cp.covering_spec(MLP.spec, 400) == MLP.spec  # no knob
+
+
 def test_the_tuning_commands_are_the_tuners_with_the_same_settings_for_every_encoder(tmp_path: Path) -> None:
     """Each command parses (scripts/tune.py's own CLI) into the study settings: same task, budget, trials,
     objective and schedule for every encoder; the encoder and the study name are its own."""
