@@ -11,7 +11,7 @@ encoder, online (PPO on T-Maze + POPGym Easy) and offline (Decision Transformer)
 Progress: a bar over the runs (done / running / left, ETA from measured rates) on a terminal, one line per
 finished run otherwise. Runs land in <out>/<preset>/<algo>/<task>/<encoder>/s<seed>/ (result.json when finished); a second invocation
 skips finished runs and retries failed ones, and skips a run another invocation is running (its running.lock names
-the process; a lock of a dead process is taken over). The committed records (<docs>/encoders.json) are restored into empty run
+the process; a lock of a dead process is taken over). The committed records (<docs>/encoders_screening.json) are restored into empty run
 directories first (--no-restore to skip), so a fresh checkout resumes where the committed results end; the documents
 always cover the whole preset, whichever --tasks / --encoders this invocation runs. See rl_transformers/study/ for the method.
 """

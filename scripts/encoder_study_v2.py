@@ -7,10 +7,10 @@ ladder (RepeatPrevious Easy / Medium / Hard, T-Maze 10 / 100 / 400) plus a contr
     python scripts/encoder_study_v2.py --stage tune --encoders gtrxl gru    # tune only these
     python scripts/encoder_study_v2.py --workers 2                          # run both variants (resumable), write the documents
     python scripts/encoder_study_v2.py --tasks RepeatPreviousEasy TMaze10 --seeds 0
-    python scripts/encoder_study_v2.py --report-only                        # rebuild docs/results/encoders_v2.*
+    python scripts/encoder_study_v2.py --report-only                        # rebuild docs/results/encoders.{md,json}
 
-Tuning results go to docs/results/encoders_v2_tuning.json (commit it with the runs' records): a fresh checkout
-then plans the same tuned jobs and restores the committed records of docs/results/encoders_v2.json.
+Tuning results go to docs/results/encoders_tuning.json (commit it with the runs' records): a fresh checkout
+then plans the same tuned jobs and restores the committed records of docs/results/encoders.json.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
 - :mod:`~rl_transformers.study.progress` - the progress bar / lines over jobs, ETA from measured rates;
 - :mod:`~rl_transformers.study.worker` - one run in a subprocess (calls the trainers' ``train``);
 - :mod:`~rl_transformers.study.aggregate` - rliable statistics;
-- :mod:`~rl_transformers.study.report` - encoders.{md,json}, encoders_aggregate.json;
+- :mod:`~rl_transformers.study.report` - the screening stage: encoders_screening.{md,json}, its aggregate;
 - :mod:`~rl_transformers.study.plots` - the plots (learning curves as small multiples per family);
 - :mod:`~rl_transformers.study.notes` - the page's method, notes and caveat, numbers computed from the records.
 

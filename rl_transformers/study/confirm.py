@@ -4,10 +4,10 @@
 - ``--stage tune``: one Optuna study per encoder (``scripts/tune.py``, TPE + median pruner, SQLite, tuning seeds
   disjoint from the test seeds; :func:`tune_command` gives each study's exact command, run as a subprocess with
   one torch thread, ``--workers`` at once). A killed study resumes from its SQLite file. Each finished study's
-  ``best.json`` is copied into the committed tuning file ``<docs>/encoders_v2_tuning.json`` (never dropping an
+  ``best.json`` is copied into the committed tuning file ``<docs>/encoders_tuning.json`` (never dropping an
   entry), so a fresh checkout plans the same tuned jobs.
 - ``--stage run``: the jobs of both variants (tuned ones for tuned encoders only), through the study's launcher
-  (resume, locks, records); the committed ``<docs>/encoders_v2.json`` is restored into empty run directories
+  (resume, locks, records); the committed ``<docs>/encoders.json`` is restored into empty run directories
   first, and the documents are never rebuilt with fewer records than were committed.
 - ``--dry-run``: the run count and core-hours of both stages, per task, from measured rates (:func:`rates`);
   nothing on disk changes. ``--report-only``: only rebuild the documents.
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rl_transformers.study import confirm_plan as cp
-from rl_transformers.study import launch, records
+from rl_transformers.study import files, launch, records
 from rl_transformers.study.encoders import Encoder, select
 from rl_transformers.study.progress import Progress
 from rl_transformers.utils.atomic import atomic_write_json
@@ -55,7 +55,7 @@ class ConfirmConfig:
     out: Path = Path("runs/encoder_study_v2")
     """Run directories: <out>/<variant>/ppo/<task>/<encoder>/s<seed>/; tuning: <out>/tune/<study>."""
     docs: Path = Path("docs/results")
-    """encoders_v2.{md,json} and encoders_v2_tuning.json; encoders.json (the first edition) gives rates."""
+    """encoders.{md,json} and encoders_tuning.json; encoders_screening.json (the first edition) gives rates."""
     workers: int = 1
     """Runs (or tuning studies) at once, one torch thread each."""
     timeout_s: float | None = 14400.0
@@ -65,7 +65,7 @@ class ConfirmConfig:
     report_only: bool = False
     """Only rebuild the documents from finished runs and tuning results."""
     restore: bool = True
-    """Restore the committed records (<docs>/encoders_v2.json) into empty run directories first."""
+    """Restore the committed records (<docs>/encoders.json) into empty run directories first."""
 
     @property
     def tune_out(self) -> Path:
@@ -73,7 +73,7 @@ class ConfirmConfig:
 
     @property
     def tuning_file(self) -> Path:
-        return Path(self.docs) / "encoders_v2_tuning.json"
+        return Path(self.docs) / files.TUNING
 
 
 # -- tuning ---------------------------------------------------------------------------------------------------
@@ -208,7 +208,7 @@ def dry_run_report(
     cfg: ConfirmConfig, encoders: list[Encoder], tuned: dict, todo: list[launch.Job], log
 ) -> float:
     """Print both stages' cost; returns the core-hours."""
-    measured = rates(Path(cfg.out), Path(cfg.docs) / "encoders.json")
+    measured = rates(Path(cfg.out), Path(cfg.docs) / files.SCREENING_RECORDS)
     sources: dict[str, int] = defaultdict(int)
     tuning = 0.0
     for e in encoders:
@@ -237,7 +237,7 @@ def dry_run_report(
         log(f"  {task}: {seconds / 3600:.2f} core-hours")
     log(f"in all {total:.1f} core-hours: {total / max(1, cfg.workers):.1f} h on {cfg.workers} worker(s); rates of "
         "the runs and trials: " + ", ".join(f"{s} {n}" for s, n in sorted(sources.items()))
-        + f" (measured: finished runs here; first edition: {cfg.docs}/encoders.json per encoder x task factor; "
+        + f" (measured: finished runs here; first edition: {cfg.docs}/{files.SCREENING_RECORDS} per encoder x task factor; "
         f"assumed: {ASSUMED_STEPS_PER_S:g} steps/s)")  # fmt: skip
     return total
 
@@ -268,7 +268,7 @@ def run_confirm(cfg: ConfirmConfig, log=print, rows: list[Encoder] | None = None
         log(f"no tuned runs for {len(untuned)} encoders: {', '.join(untuned)}")
     jobs = cp.plan(tasks, chosen, cfg.seeds, tuned, Path(cfg.out))
     every = cp.plan(cp.RUNGS, table, cp.SEEDS, tuned, Path(cfg.out))
-    committed = docs / "encoders_v2.json"
+    committed = docs / files.RECORDS
     restored: set[Path] = set()
     if cfg.restore and committed.exists():
         restored = {j.dir for j in records.restore(every, committed, dry_run=cfg.dry_run)}
@@ -286,7 +286,7 @@ def run_confirm(cfg: ConfirmConfig, log=print, rows: list[Encoder] | None = None
         hours = dry_run_report(cfg, chosen, tuned, chosen_todo, log)
         return {"jobs": len(jobs), "todo": len(chosen_todo), "core_hours": hours}
     if todo and not cfg.report_only:
-        measured = rates(Path(cfg.out), docs / "encoders.json")
+        measured = rates(Path(cfg.out), docs / files.SCREENING_RECORDS)
         each = {
             j.name: j.spec["budget"] / rate_of(j.spec["task"], j.spec["encoder_name"], measured)[0] + START_S
             for j in todo
@@ -303,7 +303,7 @@ def run_confirm(cfg: ConfirmConfig, log=print, rows: list[Encoder] | None = None
         raise UserError(f"the rebuilt documents would lose {len(lost)} committed records; nothing written (restore "
                         "them: leave out --no-restore)", source=str(committed))  # fmt: skip
     write_report(found, table, tuned, docs, command_line(cfg))
-    log(f"wrote {docs}/encoders_v2.md, encoders_v2.json ({len(found)} runs)")
+    log(f"wrote {docs}/{files.PAGE}, {files.RECORDS} ({len(found)} runs)")
     return {"jobs": len(jobs), "records": len(found)}
 
 

@@ -67,7 +67,7 @@ last is at {tm_last:,} and its final {(tm_budget - tm_last) // per_update}
 updates of {tm_budget:,} are not evaluated - the PPO trainer evaluates only at multiples of `eval_every`).
 **Score** = POPGym's MMER: the maximum over evaluations of the mean greedy return (POPGym tasks on their
 [-1, 1] scale; T-Maze: the greedy return, which is the success rate when the agent keeps to the schedule and a
-lower bound otherwise); `final_return` in encoders.json is the mean greedy return of the last evaluation (DT:
+lower bound otherwise); `final_return` in encoders_screening.json is the mean greedy return of the last evaluation (DT:
 its raw mean return, not normalized). Table cells are mean ± sample std (n − 1) over seeds. Offline: the Decision
 Transformer (d 64, 2 layers, 1 head, context {dt["context_len"]}, batch {dt["batch_size"]}, lr \
 {_sci(dt["learning_rate"])}, warm-up {dt["warmup_steps"]}) on two locally built Minari
@@ -110,7 +110,7 @@ episodes every {every:,}), `--backbone.position rope` alone takes GTrXL from cha
 to 1.00 on seeds 0, 1 and 2 (first 1.00 at 98k-131k steps), and `--backbone.memory-options '{{"mem_len": 8}}'`
 to 1.00 / 1.00 / 0.53, where GRU scores {here("gru")}. Those runs were measured by the author of issue #27 and
 are not re-run for this page; the second edition (tuned encoders, a memory-length ladder) is under way in
-[encoders_v2.md](encoders_v2.md). Why
+[encoders.md](encoders.md). Why
 `xl_relative` stalls (no bug: the value loss, sharing the core, trains its position term into a pattern that
 hides the key the action needs; with `--critic separate` every seed leaves chance): [xl_relative.md](xl_relative.md)."""
     return _wrap(text) + f"\n\n```bash\n{command}\n```"

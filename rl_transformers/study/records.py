@@ -7,7 +7,7 @@ another path computes the same keys and restores every committed record. Until t
 :func:`legacy_key_matches`) DT jobs held the absolute dataset root; a run directory of that time is still
 recognised by its ``job.json``.
 
-A **record** (``result.json``, one entry of ``encoders.json``) counts for a job only when :func:`problem` finds
+A **record** (``result.json``, one entry of a committed records file: ``encoders.json``, ``encoders_screening.json``) counts for a job only when :func:`problem` finds
 nothing: same key, the job's algorithm, task, encoder, seed and preset, the whole budget run, a finite score and
 well-formed numbers and curve. Every record carries the machine (:func:`machine_text`) and the git commit
 (``git_sha``) it ran at; records written before those fields existed say ``"unknown"`` in the published file.
@@ -155,7 +155,7 @@ def results(jobs: Iterable[Job], log: Any = None) -> list[dict[str, Any]]:
 
 
 def read_committed(records_file: Path) -> list[dict[str, Any]]:
-    """The records of a committed ``encoders.json``, read as data; a file that is not a JSON list of objects
+    """The records of a committed records file (``encoders.json``, ...), read as data; a file that is not a JSON list of objects
     with a string ``key`` each, or with a key twice, is refused (:class:`UserError` naming it)."""
     source = str(records_file)
     try:
@@ -181,7 +181,7 @@ def read_committed(records_file: Path) -> list[dict[str, Any]]:
 def restore(jobs: Sequence[Job], records_file: Path, dry_run: bool = False) -> list[Job]:
     """Write ``result.json`` for every job without a finished one whose record is in ``records_file``.
 
-    ``records_file`` is a committed ``encoders.json`` (:func:`read_committed`): a fresh checkout, whose ``runs/``
+    ``records_file`` is a committed records file (:func:`read_committed`): a fresh checkout, whose ``runs/``
     is empty, resumes where the committed results end instead of re-running them. Each record must be a finished
     run of a job of ``jobs`` (:func:`problem`); one that contradicts its job (a task, encoder, seed or score that
     is not the job's, a shortened run) or matches no job is refused with a :class:`UserError` naming it, before

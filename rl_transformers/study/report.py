@@ -1,15 +1,19 @@
-"""The study's results from its run directories: encoders.json, encoders_aggregate.json, encoders.md, plots.
+"""The study's results from its run directories: the screening stage's documents (:data:`RECORDS`,
+:data:`AGGREGATE`, :data:`PAGE`) and plots.
 
 :func:`write_report` writes, from the finished records of the study's jobs
 (:func:`rl_transformers.study.records.results`),
-``encoders.json`` (one record per run: algo, task, encoder (the override string), seed, score, final_return,
+:data:`RECORDS` (one record per run: algo, task, encoder (the override string), seed, score, final_return,
 env_steps, steps_per_s, parameters, plus encoder_name, wall_s, preset, the evaluation curve, git_sha and machine:
 the commit and the machine the run ran at, ``"unknown"`` for runs that predate those fields),
-``encoders_aggregate.json`` (per suite and encoder: IQM, CI low / high, probability of improvement over the
-reference) and ``encoders.md`` (a generated summary - see ``summary`` -, method, budget, the machines and
+:data:`AGGREGATE` (per suite and encoder: IQM, CI low / high, probability of improvement over the
+reference) and :data:`PAGE` (a generated summary - see ``summary`` -, method, budget, the machines and
 commits the records name (not the machine rebuilding the page), code,
 per-task and aggregate tables, plots under ``plots/``: performance profile, IQM with CIs, learning curves per
 task, score vs steps/s).
+
+This is the study's first edition, the **screening** stage (every encoder untuned at one small budget). The
+second edition's confirmation stage writes ``encoders.{md,json}`` (:mod:`~rl_transformers.study.confirm_report`).
 """
 
 from __future__ import annotations
@@ -21,17 +25,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rl_transformers.study import files
 from rl_transformers.study.aggregate import REFERENCE, REPS, SCALE, aggregate
 from rl_transformers.study.plots import measured_rates, plot_all
 from rl_transformers.study.records import UNKNOWN
 from rl_transformers.study.summary import aggregate_summary, identical_runs, task_leaders
 from rl_transformers.utils.atomic import atomic_write_text
 
+RECORDS, AGGREGATE, PAGE = files.SCREENING_RECORDS, files.SCREENING_AGGREGATE, files.SCREENING_PAGE
+"""The screening stage's documents under ``--docs`` (:mod:`~rl_transformers.study.files`)."""
 RECORD_FIELDS = ("algo", "task", "encoder", "seed", "score", "final_return", "env_steps", "steps_per_s",
                  "parameters")  # fmt: skip
 LOCAL_FIELDS = ("restored_from", "status")
 """Fields of a run directory's result.json that say where that copy came from, not what the run was: left out
-of encoders.json, so that a checkout that restored its records rebuilds the same file."""
+of the published records, so that a checkout that restored its records rebuilds the same file."""
 AGGREGATE_FIELDS = ("iqm", "ci_low", "ci_high", "prob_improvement")
 
 
@@ -177,7 +184,7 @@ def write_report(
     docs: Path,
     context: dict[str, Any],
 ) -> dict[str, Any]:
-    """encoders.json, encoders_aggregate.json, encoders.md and plots/ under ``docs``.
+    """:data:`RECORDS`, :data:`AGGREGATE`, :data:`PAGE` and plots/ under ``docs``.
 
     ``context``: ``tasks`` {algo: [task names]}, ``task_notes`` {task: (tag, budget text, score text)},
     ``encoders`` {algo: [(name, spec, family, note)]}, ``excluded`` {algo: [(name, reason)]},
@@ -185,18 +192,18 @@ def write_report(
     """
     docs = Path(docs)
     tasks = context["tasks"]
-    atomic_write_text(docs / "encoders.json", json.dumps([public(r) for r in records], indent=1) + "\n")
+    atomic_write_text(docs / RECORDS, json.dumps([public(r) for r in records], indent=1) + "\n")
     covered = aggregate_tasks(records, context)
     aggs = build_aggregates(records, covered, context.get("reps"))
-    atomic_write_text(docs / "encoders_aggregate.json", json.dumps(aggs, indent=1) + "\n")
+    atomic_write_text(docs / AGGREGATE, json.dumps(aggs, indent=1) + "\n")
     families = {name: family for rows in context["encoders"].values() for name, _, family, _ in rows}
     plots = plot_all(records, aggs, tasks, docs / "plots", covered, families) if records else []
-    atomic_write_text(docs / "encoders.md", markdown(records, aggs, context, plots))
+    atomic_write_text(docs / PAGE, markdown(records, aggs, context, plots))
     return aggs
 
 
 def public(record: dict[str, Any]) -> dict[str, Any]:
-    """A record as encoders.json publishes it: the documented fields first, then the rest, without the local
+    """A record as the records files publish it: the documented fields first, then the rest, without the local
     fields (:data:`LOCAL_FIELDS`); ``git_sha`` and ``machine`` say ``"unknown"`` where the run did not record
     them."""
     out = {k: record.get(k) for k in RECORD_FIELDS}

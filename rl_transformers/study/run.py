@@ -42,7 +42,8 @@ class StudyConfig:
     out: Path = Path("runs/study")
     """Run directories: <out>/<preset>/<algo>/<task>/<encoder>/s<seed>/."""
     docs: Path | None = None
-    """Where to write encoders.{md,json}, encoders_aggregate.json and plots/ (default: <out>/<preset>/docs)."""
+    """Where to write encoders_screening.{md,json}, encoders_screening_aggregate.json and plots/ (default:
+    <out>/<preset>/docs)."""
     workers: int = 2
     """Runs at once (local pool) / CPUs of a local Ray instance."""
     launcher: Literal["local", "ray"] = "local"
@@ -56,7 +57,7 @@ class StudyConfig:
     report_only: bool = False
     """Only rebuild the documents from finished runs."""
     restore: bool = True
-    """Before running, restore finished runs from the committed records <docs>/encoders.json (matched by job key)
+    """Before running, restore finished runs from the committed records <docs>/encoders_screening.json (matched by job key)
     into run directories without a result, so a fresh checkout resumes where the committed results end."""
     memory_table: bool = True
     """With --preset full, the offline part also runs the offline memory table, its main tasks (T-Maze corridors
@@ -158,19 +159,19 @@ def run_study(cfg: StudyConfig, log=print) -> dict:
         )
     jobs, _ = plan(cfg)
     # The documents always describe the whole preset (both parts, every task and encoder), whatever subset
-    # this invocation runs, so running one task never drops another task's results from encoders.json.
+    # this invocation runs, so running one task never drops another task's results from the records.
     every_job, ctx = plan(replace(cfg, parts=("online", "offline"), tasks=(), encoders=()))
     out = Path(cfg.out)
     docs = cfg.docs if cfg.docs is not None else out / cfg.preset / "docs"
     # A dry run changes nothing on disk: it counts the results it would restore as finished and those it would
     # move aside as to run.
     restored: set[Path] = set()
-    committed = docs / "encoders.json"
+    committed = docs / report.RECORDS
     if cfg.restore and committed.exists():
         restored = {j.dir for j in records.restore(every_job, committed, dry_run=cfg.dry_run)}
         if restored:
             verb = "would restore" if cfg.dry_run else "restored"
-            log(f"{verb} {len(restored)} finished runs from {docs / 'encoders.json'}")
+            log(f"{verb} {len(restored)} finished runs from {committed}")
     rerun: set[Path] = set()
     if cfg.rerun_encoders:
         enc.select([enc.Encoder(n, "", "") for n in {j.spec["encoder_name"] for j in jobs}], cfg.rerun_encoders,
@@ -220,7 +221,7 @@ def run_study(cfg: StudyConfig, log=print) -> dict:
     log(f"building the documents from {len(found)} runs: rliable's bootstrap ({REPS:,} resamples per CI) "
         "takes minutes (about 6 on one core for the full preset)")  # fmt: skip
     aggs = report.write_report(found, docs, ctx)
-    log(f"wrote {docs}/encoders.md, encoders.json ({len(found)} runs), encoders_aggregate.json, plots/")
+    log(f"wrote {docs}/{report.PAGE}, {report.RECORDS} ({len(found)} runs), {report.AGGREGATE}, plots/")
     return {"jobs": len(jobs), "records": len(found), "aggregates": aggs}
 
 
@@ -251,7 +252,7 @@ def offline_memory_part(cfg: StudyConfig, docs: Path, log=print) -> None:
 
 
 def check_nothing_lost(found: list[dict], committed: Path, moved: set[str], guard: bool) -> None:
-    """Refuse to write documents holding fewer records than ``committed`` (the encoders.json they replace): every
+    """Refuse to write documents holding fewer records than ``committed`` (the records file they replace): every
     committed record must be among ``found``, except those moved aside on purpose (``moved``: their jobs run
     again). ``guard`` False (a run with --no-restore: starting over) skips the check."""
     if not guard or not committed.exists():

@@ -72,7 +72,7 @@ def test_the_plan_crosses_tasks_encoders_variants_and_seeds_with_one_schedule(tm
 
 def test_tuned_parameters_reach_the_job_and_a_missing_result_is_not_defaulted(tmp_path: Path) -> None:
     tune_out = tmp_path / "tune"
-    committed = tmp_path / "encoders_v2_tuning.json"
+    committed = tmp_path / "encoders_tuning.json"
     found = cp.tuning_results([GRU, MLP], committed, tune_out)
     assert found == {"gru": "not tuned yet", "mlp": "not tuned yet"}
     write_best(tune_out, GRU, best(GRU, trials=3))
@@ -251,7 +251,7 @@ def test_a_tiny_stage_runs_resumes_and_rebuilds_from_its_records(tiny: Path) -> 
     with pytest.raises(UserError, match=r"seeds \[7\] are not test seeds"):
         confirm.run_confirm(dataclasses.replace(cfg, seeds=(0, 7)), lines.append, rows=[GRU, MLP])
     assert confirm.run_confirm(cfg, lines.append, rows=[GRU, MLP])["records"] == 2
-    published = json.loads((docs / "encoders_v2.json").read_text())
+    published = json.loads((docs / "encoders.json").read_text())
     assert sorted(r["preset"] for r in published) == [cp.TUNED, cp.UNTUNED]
     for r in published:
         run = json.loads(
@@ -263,7 +263,7 @@ def test_a_tiny_stage_runs_resumes_and_rebuilds_from_its_records(tiny: Path) -> 
         assert run["ppo"]["seq_len"] == (4 if tuned else 8) and run["policy"]["hidden_size"] == (
             12 if tuned else 8
         )
-    markdown = (docs / "encoders_v2.md").read_text()
+    markdown = (docs / "encoders.md").read_text()
     assert "PARTIAL: 2 of 4 runs finished; 1 of 2 encoders tuned" in markdown
     assert (
         "| `mlp` | not tuned yet |" in markdown
@@ -277,14 +277,14 @@ def test_a_tiny_stage_runs_resumes_and_rebuilds_from_its_records(tiny: Path) -> 
     shutil.rmtree(out)  # a fresh checkout: the committed documents and tuning file, no runs, no local tuning
     confirm.run_confirm(dataclasses.replace(cfg, report_only=True), lines.append, rows=[GRU, MLP])
     assert any("restored 2 finished runs" in line for line in lines)
-    assert (docs / "encoders_v2.md").read_text() == markdown
-    assert json.loads((docs / "encoders_v2.json").read_text()) == published
+    assert (docs / "encoders.md").read_text() == markdown
+    assert json.loads((docs / "encoders.json").read_text()) == published
     assert not list(out.rglob("stdout.log"))  # restored, not run
     stale = out / cp.UNTUNED / "ppo" / "TMaze2" / "gru" / "s0"
     (stale / "result.json").rename(stale / "result.stale.json")  # moved aside: no longer a finished run
     with pytest.raises(UserError, match="would lose 1 committed records"):
         confirm.run_confirm(dataclasses.replace(cfg, report_only=True), lines.append, rows=[GRU, MLP])
-    assert (docs / "encoders_v2.md").read_text() == markdown  # nothing written
+    assert (docs / "encoders.md").read_text() == markdown  # nothing written
 
 
 def test_the_tune_stage_runs_the_missing_studies_and_commits_their_results(tiny: Path) -> None:
@@ -379,3 +379,20 @@ def test_a_tuning_study_whose_best_trial_stayed_at_chance_is_marked_no_signal() 
     assert not confirm_report.no_tuning_signal(None, low)  # no score: nothing to judge
     lines = confirm_report.tuning_lines([GRU], {"gru": tuned["gru"]})
     assert not any(line.startswith("**No signal**") for line in lines)
+
+
+def test_every_committed_confirmation_record_is_restored_by_the_plan(tmp_path: Path) -> None:
+    """The committed docs/results/encoders.json against today's plan (with the committed tuning results): every
+    record matches a job, so a fresh checkout resumes from all of them (a plan change that orphans a record
+    fails here, not on the next machine)."""
+    from rl_transformers.study import files, records
+
+    docs = Path(__file__).resolve().parents[2] / "docs" / "results"
+    rows = cp.encoder_rows()
+    tuned = cp.tuning_results(rows, docs / files.TUNING, tmp_path / "tune")
+    assert all(isinstance(t, cp.Tuned) for t in tuned.values()), tuned
+    jobs = cp.plan(cp.RUNGS, rows, cp.SEEDS, tuned, tmp_path / "runs")
+    restored = records.restore(jobs, docs / files.RECORDS, dry_run=True)
+    assert len(restored) == len(json.loads((docs / files.RECORDS).read_text())) > 0
+    superseded = json.loads((docs / files.SUPERSEDED).read_text())["records"]
+    assert not {r["key"] for r in superseded} & {j.spec["key"] for j in jobs}  # never the plan's

@@ -21,7 +21,7 @@ from rl_transformers.study.encoders import Encoder
 from rl_transformers.utils.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
-COMMITTED = REPO / "docs" / "results" / "encoders.json"
+COMMITTED = REPO / "docs" / "results" / "encoders_screening.json"
 TMAZE = suite.tasks("ppo", ("TMaze10",))[0]
 CARTPOLE = suite.tasks("dt", ("CartPole-medium-replay",))[0]
 GRU = Encoder("gru", "policy=gru", "baseline")
@@ -46,7 +46,7 @@ def test_a_dt_key_holds_no_path_of_the_checkout(tmp_path: Path) -> None:
 
 
 def test_a_copy_at_another_path_restores_every_committed_record(tmp_path: Path) -> None:
-    """The committed encoders.json, read by a copy of the code at another path: same keys, every record."""
+    """The committed encoders_screening.json, read by a copy of the code at another path: same keys, every record."""
     copy = tmp_path / "elsewhere" / "checkout"
     for part in ("rl_transformers", "envs"):
         shutil.copytree(REPO / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))

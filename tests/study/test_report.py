@@ -1,4 +1,4 @@
-"""The documents: encoders.json / encoders_aggregate.json fields, Markdown tables, plots, partial label."""
+"""The screening documents: encoders_screening.json / its aggregate fields, Markdown tables, plots, partial label."""
 
 from __future__ import annotations
 
@@ -54,13 +54,13 @@ def context() -> dict:
 def test_documents_have_the_documented_fields(tmp_path: Path) -> None:
     recs = records()
     report.write_report(recs, tmp_path, context())
-    runs = json.loads((tmp_path / "encoders.json").read_text())
+    runs = json.loads((tmp_path / "encoders_screening.json").read_text())
     assert len(runs) == len(recs)
     for r in runs:
         for key in ("algo", "task", "encoder", "seed", "score", "final_return", "env_steps", "steps_per_s",
                     "parameters"):  # fmt: skip
             assert key in r
-    aggs = json.loads((tmp_path / "encoders_aggregate.json").read_text())
+    aggs = json.loads((tmp_path / "encoders_screening_aggregate.json").read_text())
     assert set(aggs) == {"online", "offline"} and aggs["online"]["reference"] == "gru"
     for row in aggs["online"]["encoders"].values():
         for key in ("iqm", "ci_low", "ci_high", "prob_improvement"):
@@ -70,7 +70,7 @@ def test_documents_have_the_documented_fields(tmp_path: Path) -> None:
     assert 0 <= aggs["online"]["encoders"]["full"]["prob_improvement"] <= 1
     # offline scores are divided by 100: IQM of 50, 51, 52 -> 0.51
     assert aggs["offline"]["encoders"]["full"]["iqm"] == pytest.approx(0.51)
-    md = (tmp_path / "encoders.md").read_text()
+    md = (tmp_path / "encoders_screening.md").read_text()
     assert "PARTIAL" not in md and "Complete" in md
     assert "| encoder | t1 | t2 | steps/s | parameters |" in md
     assert "| linformer | – | excluded | no causal mode |" in md
@@ -102,14 +102,14 @@ def test_cost_line_sums_the_wall_clock_per_suite() -> None:
 def test_partial_results_are_labelled(tmp_path: Path) -> None:
     recs = [r for r in records() if not (r["encoder_name"] == "gtrxl" and r["task"] == "t2")]
     report.write_report(recs, tmp_path, context())
-    md = (tmp_path / "encoders.md").read_text()
+    md = (tmp_path / "encoders_screening.md").read_text()
     assert "PARTIAL RESULTS" in md and "online 15 / 18" in md
     assert "| gtrxl | – | – | – | – | incomplete: no finished run on ['t2'] |" in md
     # per-task cell: mean ± std over seeds
     vals = [r["score"] for r in recs if r["encoder_name"] == "gru" and r["task"] == "t1"]
     assert f"{np.mean(vals):.2f} ± {np.std(vals, ddof=1):.2f}" in md
     report.write_report(recs, tmp_path, {**context(), "planned": {"t1": 9, "t2": 9, "d1": 6}})
-    md = (tmp_path / "encoders.md").read_text()
+    md = (tmp_path / "encoders_screening.md").read_text()
     assert "Finished runs per task: t1 9 / 9, t2 6 / 9, d1 6 / 6." in md
 
 
@@ -124,7 +124,7 @@ def test_aggregate_covers_only_complete_tasks(tmp_path: Path) -> None:
     assert aggs["online"]["encoders"]["gru"]["iqm"] == pytest.approx(
         t1_only["online"]["encoders"]["gru"]["iqm"]
     )
-    md = (tmp_path / "encoders.md").read_text()
+    md = (tmp_path / "encoders_screening.md").read_text()
     assert "Over 1 of 2 tasks (those with every planned run finished): t1." in md
     offline = md.split("## Offline")[1]  # the DT aggregate says its scale; the online one needs no note
     assert (
@@ -147,6 +147,6 @@ def test_budget_check_reports_the_reference_gain_beside_the_mlp(tmp_path: Path) 
     assert "| t2 | 0.20 | 0.20 | +0.00 | – | 1 |" in table
     assert "t3" not in table  # no reference run: no row
     report.write_report(records(), tmp_path, context())
-    md = (tmp_path / "encoders.md").read_text()
+    md = (tmp_path / "encoders_screening.md").read_text()
     assert "### Budget check: does gru learn each task in its budget?" in md
     assert "Budget check" not in md.split("## Offline")[1]

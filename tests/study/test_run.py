@@ -51,7 +51,7 @@ def test_subset_report_keeps_every_committed_task(tmp_path: Path, captured: dict
         }
         for j in (tmaze, repeat, offline)
     ]
-    (docs / "encoders.json").write_text(json.dumps(committed))
+    (docs / "encoders_screening.json").write_text(json.dumps(committed))
     cfg = run.StudyConfig(preset="full", parts=("online",), tasks=("TMaze10",), out=tmp_path / "runs",
                           docs=docs, report_only=True)  # fmt: skip
     run.run_study(cfg, log=lambda _msg: None)
@@ -116,13 +116,13 @@ def test_a_dry_run_changes_nothing_on_disk(tmp_path: Path, captured: dict) -> No
             j.dir.mkdir(parents=True)
             (j.dir / "result.json").write_text(json.dumps(record(j)))
     docs.mkdir()
-    (docs / "encoders.json").write_text(
+    (docs / "encoders_screening.json").write_text(
         json.dumps([record(j) for j in jobs if j.spec["encoder_name"] == "mlp"])
     )
     before = sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in tmp_path.rglob("*"))
     said: list[str] = []
     assert run.run_study(cfg, log=said.append)["todo"] == 0  # the 3 mlp seeds count as restored
-    assert f"would restore 3 finished runs from {docs / 'encoders.json'}" in said
+    assert f"would restore 3 finished runs from {docs / 'encoders_screening.json'}" in said
     for name in ("mlp", "gru"):  # moved aside: restored ones too
         dry = run.run_study(run.replace(cfg, rerun_encoders=(name,)), log=said.append)
         assert dry["todo"] == 3 and f"would move aside 3 results of ['{name}']" in said
@@ -134,7 +134,7 @@ def test_a_dry_run_changes_nothing_on_disk(tmp_path: Path, captured: dict) -> No
         )
     assert sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before
     run.run_study(run.replace(cfg, dry_run=False, report_only=True), log=said.append)
-    assert f"restored 3 finished runs from {docs / 'encoders.json'}" in said
+    assert f"restored 3 finished runs from {docs / 'encoders_screening.json'}" in said
     assert any(line.startswith("building the documents from 6 runs: rliable") for line in said)
 
 
@@ -146,16 +146,19 @@ def test_report_only_never_writes_fewer_records_than_it_read(tmp_path: Path, cap
     ours = [j for j in jobs if j.spec["task"] == "TMaze10"][:2]
     docs.mkdir()
     committed = [{**j.spec, "score": 0.5, "curve": [[1.0, 0.5]], "env_steps": j.spec["budget"]} for j in ours]
-    (docs / "encoders.json").write_text(json.dumps(committed))
-    before = (docs / "encoders.json").read_bytes()
+    (docs / "encoders_screening.json").write_text(json.dumps(committed))
+    before = (docs / "encoders_screening.json").read_bytes()
     with pytest.raises(UserError, match=r"would hold 0 records, and 2 of the 2 committed ones would be lost"):
         run.run_study(
             run.replace(cfg, restore=False), log=lambda _msg: None
         )  # a fresh checkout, not restored
-    assert captured == {} and (docs / "encoders.json").read_bytes() == before
+    assert captured == {} and (docs / "encoders_screening.json").read_bytes() == before
     run.run_study(cfg, log=lambda _msg: None)
     assert len(captured["records"]) == 2
     said: list[str] = []
     (ours[1].dir / "result.json").write_text("{garbage")  # a damaged local copy is restored again, no crash
     run.run_study(cfg, log=said.append)
-    assert len(captured["records"]) == 2 and f"restored 1 finished runs from {docs / 'encoders.json'}" in said
+    assert (
+        len(captured["records"]) == 2
+        and f"restored 1 finished runs from {docs / 'encoders_screening.json'}" in said
+    )

@@ -67,7 +67,7 @@ def test_summary_agrees_with_rliable_in_the_report(tmp_path: Path) -> None:
              "curve": [[1, 0.0]], "preset": "quick"}
             for t in ("t1", "t2") for seed in range(3) for name, score in (("gru", 0.1), ("a", 0.8))]  # fmt: skip
     report.write_report(recs, tmp_path, ctx)
-    md = (tmp_path / "encoders.md").read_text()
+    md = (tmp_path / "encoders_screening.md").read_text()
     section = md.split("## Summary", 1)[1].split("## Method", 1)[0]
     # every run of `a` beats every run of gru: rliable's P(improvement) is 1 with its CI at 1
     assert "**Online (PPO)**, over 2 of 2 tasks: Highest IQM: `a`" in section

@@ -20,7 +20,7 @@ depth (1-based) and ``info["backbone/exit_layer_per_token"]`` the (B, T) exit de
 
 The default threshold 0.99 with ``saturation`` is conservative: in the encoder study's trained 2-layer GTrXL
 policies the layer-1 saturation stayed at 0.95-0.98, so no token exited after the first evaluation
-(docs/results/encoders.md, notes). ``info["backbone/exit_layer"]`` of an eval-mode forward shows whether
+(docs/results/encoders_screening.md, notes). ``info["backbone/exit_layer"]`` of an eval-mode forward shows whether
 exits happen (training runs at full depth unless ``exit_in_training``); lower the threshold, or calibrate it on
 held-out data as CALM does, to get them.
 """
