@@ -199,6 +199,10 @@ def rate_of(task: str, name: str, measured: tuple[dict, dict, dict]) -> tuple[fl
     mine, enc, factor = measured
     if (task, name) in mine:
         return mine[(task, name)], "measured"
+    if name in cp.CANDIDATE_RATE:  # a candidate default before it has run: its base row's rate x its factor
+        base, times = cp.CANDIDATE_RATE[name]
+        rate, source = rate_of(task, base, measured)
+        return rate * times, source
     if name in enc:
         return enc[name] * factor.get(task, 1.0), "first edition"
     return ASSUMED_STEPS_PER_S, "assumed"
@@ -212,14 +216,18 @@ def dry_run_report(
     sources: dict[str, int] = defaultdict(int)
     tuning = 0.0
     for e in encoders:
-        if isinstance(tuned[e.name], cp.Tuned):
+        if e.name in cp.CANDIDATE_NAMES or isinstance(tuned[e.name], cp.Tuned):
             continue
         trials = cp.TRIALS - min(cp.TRIALS, finished_trials(cfg.tune_out, cp.study_name(e)))
         rate, source = rate_of(cp.TUNING_TASK, e.name, measured)
         sources[source] += trials
         tuning += trials * (cp.tuning_settings()["budget"] / rate + START_S)
     per_task: dict[str, float] = defaultdict(float)
-    left = [e.name for e in encoders if not isinstance(tuned[e.name], cp.Tuned)]
+    left = [
+        e.name
+        for e in encoders
+        if e.name not in cp.CANDIDATE_NAMES and not isinstance(tuned[e.name], cp.Tuned)
+    ]
     pending_tuned = 0
     for job in todo:
         rate, source = rate_of(job.spec["task"], job.spec["encoder_name"], measured)
@@ -243,7 +251,12 @@ def dry_run_report(
 
 
 # -- the driver -----------------------------------------------------------------------------------------------
-def run_confirm(cfg: ConfirmConfig, log=print, rows: list[Encoder] | None = None) -> dict[str, Any]:
+def run_confirm(
+    cfg: ConfirmConfig, log=print, rows: list[Encoder] | None = None, candidates: list[Encoder] | None = None
+) -> dict[str, Any]:
+    """Both stages (``rows``: the encoder rows, default :func:`~confirm_plan.encoder_rows`; ``candidates``: the
+    untuned-only candidate defaults, default :data:`~confirm_plan.CANDIDATES` with the default rows, none with
+    given rows)."""
     from rl_transformers.study.confirm_report import write_report
 
     if cfg.workers < 1:
@@ -254,20 +267,21 @@ def run_confirm(cfg: ConfirmConfig, log=print, rows: list[Encoder] | None = None
             f"seeds {extra} are not test seeds of the second edition {list(cp.SEEDS)}", source="--seeds"
         )
     table = rows if rows is not None else cp.encoder_rows()
-    chosen = select(table, cfg.encoders)
+    settings = candidates if candidates is not None else ([] if rows is not None else list(cp.CANDIDATES))
+    chosen = select([*table, *settings], cfg.encoders)
     tasks = cp.rungs(cfg.tasks)
     docs = Path(cfg.docs)
     if not cfg.dry_run:  # local tuning results join the committed file first: its runs' records need them
         collect_tuning(cfg, table, log)
     tuned = cp.tuning_results(table, cfg.tuning_file, cfg.tune_out)
     if cfg.stage == "tune" and not (cfg.dry_run or cfg.report_only):
-        tune_stage(cfg, chosen, tuned, log)
+        tune_stage(cfg, [e for e in chosen if e.name not in cp.CANDIDATE_NAMES], tuned, log)
         tuned = cp.tuning_results(table, cfg.tuning_file, cfg.tune_out)
-    untuned = [f"{n} ({why})" for n, why in tuned.items() if not isinstance(why, cp.Tuned)]
+    untuned = [f"{n} ({why})" for n, why in tuned.items() if not isinstance(why, cp.Tuned)]  # rows only
     if untuned:
         log(f"no tuned runs for {len(untuned)} encoders: {', '.join(untuned)}")
     jobs = cp.plan(tasks, chosen, cfg.seeds, tuned, Path(cfg.out))
-    every = cp.plan(cp.RUNGS, table, cp.SEEDS, tuned, Path(cfg.out))
+    every = cp.plan(cp.RUNGS, [*table, *settings], cp.SEEDS, tuned, Path(cfg.out))
     committed = docs / files.RECORDS
     restored: set[Path] = set()
     if cfg.restore and committed.exists():
@@ -302,7 +316,7 @@ def run_confirm(cfg: ConfirmConfig, log=print, rows: list[Encoder] | None = None
     if lost:
         raise UserError(f"the rebuilt documents would lose {len(lost)} committed records; nothing written (restore "
                         "them: leave out --no-restore)", source=str(committed))  # fmt: skip
-    write_report(found, table, tuned, docs, command_line(cfg))
+    write_report(found, table, tuned, docs, command_line(cfg), settings)
     log(f"wrote {docs}/{files.PAGE}, {files.RECORDS} ({len(found)} runs)")
     return {"jobs": len(jobs), "records": len(found)}
 

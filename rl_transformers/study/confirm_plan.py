@@ -15,6 +15,7 @@ settings, tuned parameters and jobs. Running it: :mod:`~rl_transformers.study.co
   it, :func:`covering_spec`). The variant is the job's ``preset``, so both are separate runs
   with separate records. An encoder without a finished tuning study has no tuned jobs: it is reported as
   "not tuned yet", never run with the defaults in the tuned column.
+- **Candidate defaults** (:data:`CANDIDATES`): GTrXL with one setting changed, untuned only.
 - **One learning-rate schedule** (:data:`ANNEAL_HORIZON`) in every job and every tuning trial.
 """
 
@@ -53,6 +54,19 @@ ENCODERS = ("gtrxl", "full", "gaussian_prior", "lsh", "performer", "block_local_
 """The confirmation rows (issue 27.6): GTrXL, full, gaussian_prior, lsh, a kernel attention (performer, with
 rope), block_local_2d, compressive, knn, GRU, LSTM and the MLP floor."""
 REFERENCE = "gru"
+CANDIDATES = (
+    Encoder("gtrxl_rope", "position=rope", "default candidate",
+            "GTrXL with rope positions instead of xl_relative: the issue's one-flag fix on RepeatPreviousEasy"),
+    Encoder("gtrxl_critic", "critic=separate", "default candidate",
+            "GTrXL with a separate critic core (docs/results/xl_relative.md section 7); twice the core's parameters"),
+)  # fmt: skip
+"""Candidate defaults (issue 27.5: "when a setting wins across the ladder, it becomes the default"): GTrXL with
+one setting changed, run **untuned only** on every rung and seed, beside the rows. They are settings, not
+encoders: never tuned, not parameter-matched (the separate critic doubles the core), and compared with the
+untuned GTrXL, which is the default they would replace (added 2026-11-27, after 214 runs)."""
+CANDIDATE_NAMES = frozenset(e.name for e in CANDIDATES)
+CANDIDATE_RATE = {"gtrxl_rope": ("gtrxl", 1.0), "gtrxl_critic": ("gtrxl", 0.5)}
+"""For cost estimates before a candidate has run: (the row whose rate it takes, factor)."""
 
 
 @dataclass(frozen=True)
@@ -302,7 +316,7 @@ def plan(
     out: Path,
 ) -> list[launch.Job]:
     """Rung-major, then seed, encoder and variant (short budgets first; partial results cover encoders evenly).
-    Tuned jobs only for encoders with a tuning result."""
+    Tuned jobs only for encoders with a tuning result (never for :data:`CANDIDATES`)."""
     jobs = []
     for r in sorted(tasks, key=lambda t: t.budget):
         for seed in seeds:

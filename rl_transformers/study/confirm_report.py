@@ -173,6 +173,15 @@ def tuning_lines(table: Sequence[Encoder], tuned: dict[str, Any]) -> list[str]:
     return lines
 
 
+def candidate_lines(candidates: Sequence[Encoder]) -> list[str]:
+    """The candidate defaults, below the tuning table (they are never tuned)."""
+    if not candidates:
+        return []
+    lines = ["", "**Candidate defaults** (issue 27.5; untuned only, not parameter-matched: settings of GTrXL that "
+             "could become its default, compared on the ladder with the untuned `gtrxl` they would replace):", ""]  # fmt: skip
+    return lines + [f"- `{e.name}` (`{e.spec}`): {e.note}" for e in candidates]
+
+
 def no_tuning_signal(value: Any, low: float) -> bool:
     """Whether a tuning study's best trial score ``value`` is within :data:`SEPARATION` of the tuning task's
     random score ``low`` (the same rule as a task that did not separate): nothing was learned in any trial."""
@@ -200,9 +209,8 @@ def task_lines(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned:
                 for v in cp.VARIANTS:
                     recs = by_cell.get((r.name, e.name, v), [])
                     untuned_only = v == cp.TUNED and not isinstance(tuned.get(e.name), cp.Tuned)
-                    row.append(
-                        "not tuned yet" if untuned_only and not recs else _cell([fn(x) for x in recs], seeds)
-                    )
+                    why = "untuned only" if e.name in cp.CANDIDATE_NAMES else "not tuned yet"
+                    row.append(why if untuned_only and not recs else _cell([fn(x) for x in recs], seeds))
             lines.append(f"| `{e.name}` | {' | '.join(row)} |")
     return lines
 
@@ -229,10 +237,12 @@ def aggregate_lines(aggs: dict[str, Any], table: Sequence[Encoder]) -> list[str]
 
 
 def markdown(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned: dict[str, Any], command: str,
-             aggs: dict[str, Any], stages: Sequence[str] = ()) -> str:  # fmt: skip
-    """The page; ``stages``: the screening and probe sections (:mod:`~rl_transformers.study.confirm_stages`)."""
+             aggs: dict[str, Any], stages: Sequence[str] = (), candidates: Sequence[Encoder] = ()) -> str:  # fmt: skip
+    """The page; ``stages``: the screening and probe sections (:mod:`~rl_transformers.study.confirm_stages`);
+    ``candidates``: untuned-only rows after the encoders (:data:`~rl_transformers.study.confirm_plan.CANDIDATES`)."""
     n_tuned = sum(isinstance(tuned.get(e.name), cp.Tuned) for e in table)
-    expected = len(cp.RUNGS) * len(table) * len(cp.VARIANTS) * len(cp.SEEDS)
+    expected = len(cp.RUNGS) * len(cp.SEEDS) * (len(table) * len(cp.VARIANTS) + len(candidates))
+    rows = [*table, *candidates]
     complete = len(found) >= expected and n_tuned == len(table)
     status = ("Complete" if complete else f"PARTIAL: {len(found)} of {expected} runs finished; {n_tuned} of "
               f"{len(table)} encoders tuned")  # fmt: skip
@@ -256,13 +266,14 @@ def markdown(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned: d
         "whatever its budget (`--ppo.anneal-horizon`), so budgets do not change the schedule. PPO otherwise at "
         "its defaults (32 envs x 64 steps); 16 greedy evaluation episodes every budget / 16 steps.",
         "",
-        *verdict_lines(cells(found), [e.name for e in table], REPS),
+        *verdict_lines(cells(found), [e.name for e in rows], REPS),
         "",
-        *aggregate_lines(aggs, table),
+        *aggregate_lines(aggs, rows),
         "",
         *tuning_lines(table, tuned),
+        *candidate_lines(candidates),
         "",
-        *task_lines(found, table, tuned),
+        *task_lines(found, rows, tuned),
         "",
         *stages,
         "",
@@ -277,9 +288,9 @@ def markdown(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned: d
 
 
 def write_report(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned: dict[str, Any], docs: Path,
-                 command: str) -> None:  # fmt: skip
+                 command: str, candidates: Sequence[Encoder] = ()) -> None:  # fmt: skip
     docs.mkdir(parents=True, exist_ok=True)
     aggs = family_aggregates(found)
     atomic_write_json(docs / RECORDS, [public(r) for r in found], indent=1)
     stages = [*screening_lines(docs), "", *probe_lines(docs)]
-    atomic_write_text(docs / PAGE, markdown(found, table, tuned, command, aggs, stages))
+    atomic_write_text(docs / PAGE, markdown(found, table, tuned, command, aggs, stages, candidates))

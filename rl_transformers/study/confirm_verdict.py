@@ -114,6 +114,8 @@ def verdict_lines(
             if name == cp.REFERENCE:
                 continue
             for v in reversed(cp.VARIANTS):
+                if v == cp.TUNED and name in cp.CANDIDATE_NAMES:
+                    continue  # candidate defaults run untuned only
                 row = [_cell(variants[v].get(r.name, {}).get(name), seeds) for r in rungs]
                 lines.append(f"| `{name}` | {v.removeprefix('v2-')} | " + " | ".join(row) + " |")
     return lines

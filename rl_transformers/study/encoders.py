@@ -45,7 +45,7 @@ POSITION_PREFERENCE = ("xl_relative", "rope", "none")
 """PPO attention rows take the first of these positional schemes the attention accepts."""
 REFERENCE_ENV = "rlt/popgym-RepeatPreviousEasy-v0"
 """Spaces on which PPO parameter counts are matched (the heads differ slightly per task)."""
-POLICY_KEYS = {"policy": "kind", "hidden_size": "hidden_size"}
+POLICY_KEYS = {"policy": "kind", "hidden_size": "hidden_size", "critic": "critic"}
 BASELINES = ("gru", "lstm", "mlp")
 
 

@@ -391,8 +391,32 @@ def test_every_committed_confirmation_record_is_restored_by_the_plan(tmp_path: P
     rows = cp.encoder_rows()
     tuned = cp.tuning_results(rows, docs / files.TUNING, tmp_path / "tune")
     assert all(isinstance(t, cp.Tuned) for t in tuned.values()), tuned
-    jobs = cp.plan(cp.RUNGS, rows, cp.SEEDS, tuned, tmp_path / "runs")
+    jobs = cp.plan(cp.RUNGS, [*rows, *cp.CANDIDATES], cp.SEEDS, tuned, tmp_path / "runs")
     restored = records.restore(jobs, docs / files.RECORDS, dry_run=True)
     assert len(restored) == len(json.loads((docs / files.RECORDS).read_text())) > 0
     superseded = json.loads((docs / files.SUPERSEDED).read_text())["records"]
     assert not {r["key"] for r in superseded} & {j.spec["key"] for j in jobs}  # never the plan's
+
+
+def test_candidate_defaults_run_untuned_only_and_are_reported_as_such(tmp_path: Path) -> None:
+    """Issue 27.5: GTrXL with one setting changed (rope; a separate critic) on every rung, untuned only; their
+    specs are what train_gtrxl.py would run with that flag."""
+    from rl_transformers.study.encoders import policy_config
+
+    names = [e.name for e in cp.CANDIDATES]
+    assert names == ["gtrxl_rope", "gtrxl_critic"]
+    assert policy_config(cp.CANDIDATES[0].spec).backbone.position == "rope"
+    assert policy_config(cp.CANDIDATES[1].spec).critic == "separate"
+    tuned = {"gru": cp.tuned_config(GRU, best(GRU), "gru.json")}
+    jobs = cp.plan((cp.rung("TMaze10"),), [GRU, *cp.CANDIDATES], (0,), tuned, tmp_path)
+    assert sorted((j.spec["encoder_name"], j.spec["preset"]) for j in jobs) == sorted(
+        [("gru", cp.UNTUNED), ("gru", cp.TUNED)] + [(n, cp.UNTUNED) for n in names]
+    )
+    found = [record("TMaze10", n, cp.UNTUNED, 0, 1.0) for n in ("gru", *names)]
+    page = confirm_report.markdown(found, [GRU], tuned, "cmd", confirm_report.family_aggregates(found, reps=50),
+                                   candidates=cp.CANDIDATES)  # fmt: skip
+    row = next(line for line in page.splitlines() if line.startswith("| `gtrxl_rope` | 1.00 (1/3) |"))
+    assert row.count("untuned only") == 2  # final and AUC, tuned columns
+    assert f"PARTIAL: 3 of {len(cp.RUNGS) * len(cp.SEEDS) * (2 + len(names))} runs" in page
+    assert "**Candidate defaults**" in page and "`gtrxl_critic` (`critic=separate`)" in page
+    assert "| `gtrxl_rope` | untuned |" in page and "| `gtrxl_rope` | tuned |" not in page  # the verdict
