@@ -84,6 +84,10 @@ class Rung:
     """Maximum return (normalized score 1)."""
     memory: int = 0
     """Steps between the cue and its use (0: no memory needed beyond a few steps)."""
+    memoryless: float | None = None
+    """Best expected return without memory, where it is above the random score (T-Maze: on schedule, then a
+    coin-flip turn: :data:`TMAZE_MEMORYLESS`); None where a memoryless policy does no better than random
+    (RepeatPrevious) or the level is not defined (CartPole)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -114,6 +118,11 @@ RANDOM_CARTPOLE = 0.113
 200 episodes, standard error 0.004; tests/study/test_confirm.py checks it)."""
 
 
+TMAZE_MEMORYLESS = 0.5
+"""T-Maze: a memoryless policy reaches the junction on schedule (no penalty) and guesses the turn: goal reward 1
+half of the time (envs/tmaze.py)."""
+
+
 def _tmaze_random(length: int) -> float:
     from envs.tmaze import random_policy_return
 
@@ -129,10 +138,11 @@ RUNGS: tuple[Rung, ...] = (
     Rung("RepeatPreviousMedium", _popgym("RepeatPreviousMedium"), "RepeatPrevious", 256, RANDOM_REPEAT,
          memory=32),
     Rung("RepeatPreviousHard", _popgym("RepeatPreviousHard"), "RepeatPrevious", 384, RANDOM_REPEAT, memory=64),
-    Rung("TMaze10", "rlt/TMaze-v0", "T-Maze", 64, _tmaze_random(10), memory=10, env_kwargs={"corridor_length": 10}),
-    Rung("TMaze100", "rlt/TMaze-v0", "T-Maze", 128, _tmaze_random(100), memory=100,
+    Rung("TMaze10", "rlt/TMaze-v0", "T-Maze", 64, _tmaze_random(10), memory=10, memoryless=TMAZE_MEMORYLESS,
+         env_kwargs={"corridor_length": 10}),
+    Rung("TMaze100", "rlt/TMaze-v0", "T-Maze", 128, _tmaze_random(100), memory=100, memoryless=TMAZE_MEMORYLESS,
          env_kwargs={"corridor_length": 100}),
-    Rung("TMaze400", "rlt/TMaze-v0", "T-Maze", 256, _tmaze_random(400), memory=400,
+    Rung("TMaze400", "rlt/TMaze-v0", "T-Maze", 256, _tmaze_random(400), memory=400, memoryless=TMAZE_MEMORYLESS,
          env_kwargs={"corridor_length": 400}),
     Rung("PositionOnlyCartPoleEasy", _popgym("PositionOnlyCartPoleEasy"), "control", 96, RANDOM_CARTPOLE),
     Rung("NoisyPositionOnlyCartPoleEasy", _popgym("NoisyPositionOnlyCartPoleEasy"), "noisy", 96,

@@ -58,7 +58,9 @@ def cells(found: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str], list[di
 
 
 def separation(found: Sequence[dict[str, Any]]) -> dict[str, str | None]:
-    """{task: why it did not separate, or None when it did (or has no record yet)}."""
+    """{task: why it did not separate, or None when it did (or has no record yet)}: every (encoder, variant)
+    mean final score within :data:`SEPARATION` of the random score or of the maximum (issue 27.4), or, where a
+    memoryless policy beats random (``Rung.memoryless``: T-Maze), none more than that above it."""
     by_cell = cells(found)
     out: dict[str, str | None] = {}
     for r in cp.RUNGS:
@@ -70,6 +72,9 @@ def separation(found: Sequence[dict[str, Any]]) -> dict[str, str | None]:
             out[r.name] = f"every encoder within {SEPARATION} of the random score {r.low:g}"
         elif means and all(abs(m - r.high) <= SEPARATION for m in means):
             out[r.name] = f"every encoder within {SEPARATION} of the maximum {r.high:g}"
+        elif means and r.memoryless is not None and all(m <= r.memoryless + SEPARATION for m in means):
+            out[r.name] = (f"no encoder more than {SEPARATION} above the best memoryless score {r.memoryless:g}: "
+                           "nothing was remembered")  # fmt: skip
     return out
 
 
@@ -266,7 +271,12 @@ def markdown(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned: d
         "whatever its budget (`--ppo.anneal-horizon`), so budgets do not change the schedule. PPO otherwise at "
         "its defaults (32 envs x 64 steps); 16 greedy evaluation episodes every budget / 16 steps.",
         "",
-        *verdict_lines(cells(found), [e.name for e in rows], REPS),
+        *verdict_lines(
+            cells(found),
+            [e.name for e in rows],
+            REPS,
+            frozenset(t for t, why in separation(found).items() if why),
+        ),
         "",
         *aggregate_lines(aggs, rows),
         "",

@@ -69,12 +69,21 @@ def _cell(c: Comparison | None, seeds: int) -> str:
     return f"{c[0]:.2f} [{c[1]:.2f}, {c[2]:.2f}]{mark}{more}"
 
 
-def summary(family: str, variant: str, per_task: dict[str, dict[str, Comparison]]) -> str:
-    """One sentence: per rung with results, the encoders above GRU (or none), and the rungs still pending."""
+def summary(
+    family: str,
+    variant: str,
+    per_task: dict[str, dict[str, Comparison]],
+    unseparated: frozenset[str] = frozenset(),
+) -> str:
+    """One sentence: per rung with results, the encoders above GRU (or none), and the rungs still pending; a rung
+    in ``unseparated`` (it did not separate: no ranking on it says anything about memory) is named as such."""
     parts, pending = [], []
     for r in memory_rungs(family):
         if r.name not in per_task:
             pending.append(f"{r.memory}")
+            continue
+        if r.name in unseparated:
+            parts.append(f"memory {r.memory}: did not separate")
             continue
         above = [f"`{n}`" for n, c in per_task[r.name].items() if side(c) == "above"]
         below = sum(side(c) == "below" for c in per_task[r.name].values())
@@ -88,7 +97,10 @@ def summary(family: str, variant: str, per_task: dict[str, dict[str, Comparison]
 
 
 def verdict_lines(
-    by_cell: dict[tuple[str, str, str], list[dict[str, Any]]], encoders: Sequence[str], reps: int
+    by_cell: dict[tuple[str, str, str], list[dict[str, Any]]],
+    encoders: Sequence[str],
+    reps: int,
+    unseparated: frozenset[str] = frozenset(),
 ) -> list[str]:
     """The report's verdict section (markdown lines)."""
     seeds = len(cp.SEEDS)
@@ -98,16 +110,21 @@ def verdict_lines(
         "Per rung of each ladder (shortest memory first): P(encoder > GRU) of the normalized final score, "
         "[95 % CI] by `rliable`'s stratified bootstrap over seeds, each variant against GRU of the same "
         "variant (tuned vs tuned is the fair comparison: the same tuning budget). **above**: the interval lies "
-        "wholly above 0.5; below: wholly below; otherwise not separated. Method: "
+        "wholly above 0.5; below: wholly below; otherwise not separated. A rung that did not separate (see the "
+        "per-task tables) says nothing about memory: it is marked and left out of the summary lines. Method: "
         "`rl_transformers/study/confirm_verdict.py`.",
     ]
     for family, variants in comparisons(by_cell, reps).items():
         rungs = memory_rungs(family)
         lines += ["", f"### {family}", ""]
-        lines += [summary(family, v, variants[v]) for v in reversed(cp.VARIANTS)]
+        lines += [summary(family, v, variants[v], unseparated) for v in reversed(cp.VARIANTS)]
         lines += [
             "",
-            "| encoder | variant | " + " | ".join(f"memory {r.memory}" for r in rungs) + " |",
+            "| encoder | variant | "
+            + " | ".join(
+                f"memory {r.memory}" + (" (did not separate)" if r.name in unseparated else "") for r in rungs
+            )
+            + " |",
             "|---|---|" + "---|" * len(rungs),
         ]
         for name in encoders:

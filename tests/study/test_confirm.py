@@ -176,6 +176,12 @@ def test_tasks_where_every_encoder_is_at_random_or_at_the_max_do_not_separate(mo
     # one cell moving away from the maximum makes the control separate
     found.append(record("PositionOnlyCartPoleEasy", "c", cp.UNTUNED, 0, 0.5))
     assert confirm_report.separation(found)["PositionOnlyCartPoleEasy"] is None
+    # T-Maze: a memoryless policy scores 0.5 (on schedule, a coin-flip turn); nobody above it remembered nothing
+    maze = [record("TMaze100", n, cp.UNTUNED, 0, v) for n, v in (("a", 0.5), ("b", 0.0), ("c", 0.54))]
+    assert "best memoryless score 0.5" in str(confirm_report.separation(maze)["TMaze100"])
+    maze.append(record("TMaze100", "d", cp.UNTUNED, 0, 0.9))
+    assert confirm_report.separation(maze)["TMaze100"] is None
+    assert cp.rung("RepeatPreviousHard").memoryless is None  # no better than random without memory
 
 
 def test_the_documents_auc_is_the_closed_form_on_the_rungs_scale() -> None:

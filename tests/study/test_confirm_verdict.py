@@ -50,3 +50,12 @@ def test_the_verdict_table_orders_rungs_by_memory_and_marks_partial_cells() -> N
     assert row.split("|")[3:6] == [" – ", " 1.00 [1.00, 1.00] **above** (2/3) ", " – "]
     assert not any(line.startswith("| `gru` |") for line in lines)  # the reference has no row
     assert "**Untuned**: memory 32: `x` above GRU, 0 of 1 below (memory 4, 64: not run yet)." in lines
+
+
+def test_a_rung_that_did_not_separate_is_marked_and_left_out_of_the_summary() -> None:
+    found = [record(EASY.name, "gru", cp.UNTUNED, s, -0.5) for s in (0, 1, 2)]
+    found += [record(EASY.name, "x", cp.UNTUNED, s, -0.48) for s in (0, 1, 2)]
+    lines = cv.verdict_lines(cells(found), ["gru", "x"], reps=100, unseparated=frozenset({EASY.name}))
+    assert "**Untuned**: memory 4: did not separate (memory 32, 64: not run yet)." in lines
+    header = next(line for line in lines if line.startswith("| encoder | variant |"))
+    assert "memory 4 (did not separate)" in header
