@@ -23,7 +23,7 @@ import sqlite3
 import statistics
 import subprocess
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -257,7 +257,7 @@ def run_confirm(
     """Both stages (``rows``: the encoder rows, default :func:`~confirm_plan.encoder_rows`; ``candidates``: the
     untuned-only candidate defaults, default :data:`~confirm_plan.CANDIDATES` with the default rows, none with
     given rows)."""
-    from rl_transformers.study.confirm_report import write_report
+    from rl_transformers.study.confirm_report import stopped_rungs, write_report
 
     if cfg.workers < 1:
         raise UserError(f"must be >= 1, got {cfg.workers}", source="--workers")
@@ -290,6 +290,13 @@ def run_confirm(
             log(
                 f"{'would restore' if cfg.dry_run else 'restored'} {len(restored)} finished runs from {committed}"
             )
+    stopped = stopped_rungs(records.results(every), dict(Counter(j.spec["task"] for j in every)))
+    if stopped:
+        log(
+            "stopped by the ladder's stop rule (not run): "
+            + "; ".join(f"{t}: {w}" for t, w in stopped.items())
+        )
+        jobs = [j for j in jobs if j.spec["task"] not in stopped]
     todo = [j for j in jobs if j.dir not in restored and launch.status(j) != "done"]
     later = " (the run stage runs them; this tune stage runs none)" if cfg.stage == "tune" else ""
     log(f"confirmation: {len(jobs)} runs, {len(jobs) - len(todo)} finished, {len(todo)} to run{later}")

@@ -15,8 +15,9 @@ such task.
 
 from __future__ import annotations
 
+import itertools
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from rl_transformers.study import confirm_plan as cp
 from rl_transformers.study import files
 from rl_transformers.study.aggregate import iqm_intervals, normalized_auc
 from rl_transformers.study.confirm_stages import probe_lines, screening_lines
-from rl_transformers.study.confirm_verdict import verdict_lines
+from rl_transformers.study.confirm_verdict import ladder_families, memory_rungs, verdict_lines
 from rl_transformers.study.encoders import Encoder
 from rl_transformers.study.report import code_text, machines_text, public
 from rl_transformers.utils.atomic import atomic_write_json, atomic_write_text
@@ -75,6 +76,25 @@ def separation(found: Sequence[dict[str, Any]]) -> dict[str, str | None]:
         elif means and r.memoryless is not None and all(m <= r.memoryless + SEPARATION for m in means):
             out[r.name] = (f"no encoder more than {SEPARATION} above the best memoryless score {r.memoryless:g}: "
                            "nothing was remembered")  # fmt: skip
+    return out
+
+
+def stopped_rungs(found: Sequence[dict[str, Any]], planned: dict[str, int]) -> dict[str, str]:
+    """The ladder's stop rule (the memory probe's, issue 27.1, applied to the rungs): {rung: why} for every rung
+    of a family that comes after a rung that did not separate once all its ``planned`` runs finished. A longer
+    memory of the same task is harder in every respect, so it cannot separate where the shorter one did not, and
+    its runs would cost the most of all (RepeatPreviousHard, TMaze400)."""
+    split, done = separation(found), Counter(r["task"] for r in found)
+    out: dict[str, str] = {}
+    for family in ladder_families():
+        rungs = memory_rungs(family)
+        for shorter, longer in itertools.pairwise(rungs):
+            if shorter.name in out:
+                out[longer.name] = out[shorter.name]
+            elif split[shorter.name] and done[shorter.name] >= planned.get(shorter.name, 0) > 0:
+                out[longer.name] = (
+                    f"{shorter.name} (memory {shorter.memory}) did not separate with all its runs"
+                )
     return out
 
 
@@ -193,17 +213,21 @@ def no_tuning_signal(value: Any, low: float) -> bool:
     return isinstance(value, int | float) and abs(float(value) - low) <= SEPARATION
 
 
-def task_lines(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned: dict[str, Any]) -> list[str]:
+def task_lines(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned: dict[str, Any],
+               stopped: dict[str, str] | None = None) -> list[str]:  # fmt: skip
     by_cell, split = cells(found), separation(found)
     seeds = len(cp.SEEDS)
     lines = ["## Untuned vs tuned, per task", "",
              "A cell: the mean over the seeds finished (their count while fewer than "
              f"{seeds}). Final: the last evaluation's MMER / return; AUC: normalized area under the evaluation "
              "curve (0 = random, 1 = the maximum from the first step)."]  # fmt: skip
+    stopped = stopped or {}
     for r in cp.RUNGS:
         mark = (
             f" — **did not separate** ({split[r.name]}): left out of the aggregate" if split[r.name] else ""
         )
+        if r.name in stopped:
+            mark = f" — **stopped** ({stopped[r.name]}): not run, by the ladder's stop rule"
         lines += ["", f"### {r.name}{mark}", "",
                   f"{r.family}, memory {r.memory or '–'} steps; budget {r.budget:,} env steps (cap), evaluations every "
                   f"{r.eval_every:,}; random {r.low:g}, max {r.high:g}.{plateau_text(r, by_cell)}", "",
@@ -246,7 +270,9 @@ def markdown(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned: d
     """The page; ``stages``: the screening and probe sections (:mod:`~rl_transformers.study.confirm_stages`);
     ``candidates``: untuned-only rows after the encoders (:data:`~rl_transformers.study.confirm_plan.CANDIDATES`)."""
     n_tuned = sum(isinstance(tuned.get(e.name), cp.Tuned) for e in table)
-    expected = len(cp.RUNGS) * len(cp.SEEDS) * (len(table) * len(cp.VARIANTS) + len(candidates))
+    per_rung = len(cp.SEEDS) * (len(table) * len(cp.VARIANTS) + len(candidates))
+    stopped = stopped_rungs(found, {r.name: per_rung for r in cp.RUNGS})
+    expected = (len(cp.RUNGS) - len(stopped)) * per_rung
     rows = [*table, *candidates]
     complete = len(found) >= expected and n_tuned == len(table)
     status = ("Complete" if complete else f"PARTIAL: {len(found)} of {expected} runs finished; {n_tuned} of "
@@ -276,6 +302,7 @@ def markdown(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned: d
             [e.name for e in rows],
             REPS,
             frozenset(t for t, why in separation(found).items() if why),
+            frozenset(stopped),
         ),
         "",
         *aggregate_lines(aggs, rows),
@@ -283,7 +310,7 @@ def markdown(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned: d
         *tuning_lines(table, tuned),
         *candidate_lines(candidates),
         "",
-        *task_lines(found, rows, tuned),
+        *task_lines(found, rows, tuned, stopped),
         "",
         *stages,
         "",

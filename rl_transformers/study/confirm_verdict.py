@@ -74,11 +74,16 @@ def summary(
     variant: str,
     per_task: dict[str, dict[str, Comparison]],
     unseparated: frozenset[str] = frozenset(),
+    stopped: frozenset[str] = frozenset(),
 ) -> str:
     """One sentence: per rung with results, the encoders above GRU (or none), and the rungs still pending; a rung
-    in ``unseparated`` (it did not separate: no ranking on it says anything about memory) is named as such."""
+    in ``unseparated`` (it did not separate: no ranking on it says anything about memory) or in ``stopped`` (not
+    run: the ladder's stop rule) is named as such."""
     parts, pending = [], []
     for r in memory_rungs(family):
+        if r.name in stopped:
+            parts.append(f"memory {r.memory}: stopped (a shorter memory did not separate)")
+            continue
         if r.name not in per_task:
             pending.append(f"{r.memory}")
             continue
@@ -101,6 +106,7 @@ def verdict_lines(
     encoders: Sequence[str],
     reps: int,
     unseparated: frozenset[str] = frozenset(),
+    stopped: frozenset[str] = frozenset(),
 ) -> list[str]:
     """The report's verdict section (markdown lines)."""
     seeds = len(cp.SEEDS)
@@ -117,7 +123,7 @@ def verdict_lines(
     for family, variants in comparisons(by_cell, reps).items():
         rungs = memory_rungs(family)
         lines += ["", f"### {family}", ""]
-        lines += [summary(family, v, variants[v], unseparated) for v in reversed(cp.VARIANTS)]
+        lines += [summary(family, v, variants[v], unseparated, stopped) for v in reversed(cp.VARIANTS)]
         lines += [
             "",
             "| encoder | variant | "

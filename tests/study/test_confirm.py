@@ -426,3 +426,23 @@ def test_candidate_defaults_run_untuned_only_and_are_reported_as_such(tmp_path: 
     assert f"PARTIAL: 3 of {len(cp.RUNGS) * len(cp.SEEDS) * (2 + len(names))} runs" in page
     assert "**Candidate defaults**" in page and "`gtrxl_critic` (`critic=separate`)" in page
     assert "| `gtrxl_rope` | untuned |" in page and "| `gtrxl_rope` | tuned |" not in page  # the verdict
+
+
+def test_the_ladder_stops_after_a_rung_that_did_not_separate_with_all_its_runs() -> None:
+    """The probe's stop rule on the ladder: TMaze400 and RepeatPreviousHard are not run once the rung before
+    them finished every planned run without separating; an unfinished rung stops nothing."""
+    planned = {r.name: 2 for r in cp.RUNGS}
+    walk = [record("TMaze100", n, cp.UNTUNED, 0, 0.0) for n in ("a", "b")]  # on schedule, never turns
+    assert confirm_report.stopped_rungs(walk[:1], planned) == {}  # 1 of 2 runs: not yet
+    stopped = confirm_report.stopped_rungs(walk, planned)
+    assert list(stopped) == ["TMaze400"] and "TMaze100 (memory 100) did not separate" in stopped["TMaze400"]
+    chance = [record("RepeatPreviousMedium", n, cp.UNTUNED, 0, -0.5) for n in ("a", "b")]
+    assert list(confirm_report.stopped_rungs(chance, planned)) == ["RepeatPreviousHard"]
+    learnt = [*walk[:1], record("TMaze100", "b", cp.UNTUNED, 0, 1.0)]
+    assert confirm_report.stopped_rungs(learnt, planned) == {}
+    walk = [
+        record("TMaze100", "gru", v, seed, 0.0) for v in cp.VARIANTS for seed in cp.SEEDS
+    ]  # all 6 planned
+    page = confirm_report.markdown(walk, [GRU], {}, "cmd", confirm_report.family_aggregates(walk, reps=20))
+    assert "### TMaze400 — **stopped** (TMaze100 (memory 100) did not separate with all its runs)" in page
+    assert "memory 400: stopped (a shorter memory did not separate)" in page
