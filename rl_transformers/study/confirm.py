@@ -209,9 +209,15 @@ def rate_of(task: str, name: str, measured: tuple[dict, dict, dict]) -> tuple[fl
 
 
 def dry_run_report(
-    cfg: ConfirmConfig, encoders: list[Encoder], tuned: dict, todo: list[launch.Job], log
+    cfg: ConfirmConfig,
+    encoders: list[Encoder],
+    tuned: dict,
+    todo: list[launch.Job],
+    log,
+    separated: frozenset[str] = frozenset(),
 ) -> float:
-    """Print both stages' cost; returns the core-hours."""
+    """Print both stages' cost, and what the ladder's stop rule would save after each rung not yet known to
+    separate (``separated``: rungs whose records already separate); returns the core-hours."""
     measured = rates(Path(cfg.out), Path(cfg.docs) / files.SCREENING_RECORDS)
     sources: dict[str, int] = defaultdict(int)
     tuning = 0.0
@@ -243,6 +249,13 @@ def dry_run_report(
         f"tuned yet): {sum(per_task.values()) / 3600:.1f} core-hours")  # fmt: skip
     for task, seconds in per_task.items():
         log(f"  {task}: {seconds / 3600:.2f} core-hours")
+    for family in dict.fromkeys(r.family for r in cp.RUNGS if r.memory):
+        ladder = sorted((r for r in cp.RUNGS if r.family == family and r.memory), key=lambda r: r.memory)
+        for i, r in enumerate(ladder[:-1]):
+            saved = sum(per_task.get(x.name, 0.0) for x in ladder[i + 1 :]) / 3600
+            if saved and r.name not in separated:
+                log(f"  (if {r.name} does not separate, the stop rule skips the longer rungs: "
+                    f"-{saved:.2f} core-hours)")  # fmt: skip
     log(f"in all {total:.1f} core-hours: {total / max(1, cfg.workers):.1f} h on {cfg.workers} worker(s); rates of "
         "the runs and trials: " + ", ".join(f"{s} {n}" for s, n in sorted(sources.items()))
         + f" (measured: finished runs here; first edition: {cfg.docs}/{files.SCREENING_RECORDS} per encoder x task factor; "
@@ -257,7 +270,7 @@ def run_confirm(
     """Both stages (``rows``: the encoder rows, default :func:`~confirm_plan.encoder_rows`; ``candidates``: the
     untuned-only candidate defaults, default :data:`~confirm_plan.CANDIDATES` with the default rows, none with
     given rows)."""
-    from rl_transformers.study.confirm_report import stopped_rungs, write_report
+    from rl_transformers.study.confirm_report import separation, stopped_rungs, write_report
 
     if cfg.workers < 1:
         raise UserError(f"must be >= 1, got {cfg.workers}", source="--workers")
@@ -290,7 +303,8 @@ def run_confirm(
             log(
                 f"{'would restore' if cfg.dry_run else 'restored'} {len(restored)} finished runs from {committed}"
             )
-    stopped = stopped_rungs(records.results(every), dict(Counter(j.spec["task"] for j in every)))
+    finished = records.results(every)
+    stopped = stopped_rungs(finished, dict(Counter(j.spec["task"] for j in every)))
     if stopped:
         log(
             "stopped by the ladder's stop rule (not run): "
@@ -304,7 +318,11 @@ def run_confirm(
         todo = []
     if cfg.dry_run:
         chosen_todo = [j for j in jobs if j.dir not in restored and launch.status(j) != "done"]
-        hours = dry_run_report(cfg, chosen, tuned, chosen_todo, log)
+        with_records = {r["task"] for r in finished}
+        separated = frozenset(
+            t for t, why in separation(finished).items() if why is None and t in with_records
+        )
+        hours = dry_run_report(cfg, chosen, tuned, chosen_todo, log, separated)
         return {"jobs": len(jobs), "todo": len(chosen_todo), "core_hours": hours}
     if todo and not cfg.report_only:
         measured = rates(Path(cfg.out), docs / files.SCREENING_RECORDS)
