@@ -446,3 +446,21 @@ def test_the_ladder_stops_after_a_rung_that_did_not_separate_with_all_its_runs()
     page = confirm_report.markdown(walk, [GRU], {}, "cmd", confirm_report.family_aggregates(walk, reps=20))
     assert "### TMaze400 — **stopped** (TMaze100 (memory 100) did not separate with all its runs)" in page
     assert "memory 400: stopped (a shorter memory did not separate)" in page
+
+
+def test_the_dry_run_says_what_the_stop_rule_would_save(tmp_path: Path) -> None:
+    cfg = confirm.ConfirmConfig(out=str(tmp_path / "runs"), docs=str(tmp_path / "docs"), dry_run=True)
+    tuned = {"gru": cp.tuned_config(GRU, best(GRU), "gru.json")}
+    rungs = (cp.rung("RepeatPreviousMedium"), cp.rung("RepeatPreviousHard"))
+    todo = cp.plan(rungs, [GRU], (0,), tuned, tmp_path / "runs")
+    hard = [j for j in todo if j.spec["task"] == "RepeatPreviousHard"]
+    lines: list[str] = []
+    confirm.dry_run_report(cfg, [GRU], tuned, todo, lines.append, frozenset({"RepeatPreviousEasy"}))
+    saving = [line for line in lines if "stop rule" in line]
+    want = sum(j.spec["budget"] / confirm.ASSUMED_STEPS_PER_S + confirm.START_S for j in hard) / 3600
+    assert saving == [f"  (if RepeatPreviousMedium does not separate, the stop rule skips the longer rungs: "
+                      f"-{want:.2f} core-hours)"]  # fmt: skip
+    lines.clear()
+    known = frozenset({"RepeatPreviousEasy", "RepeatPreviousMedium"})
+    confirm.dry_run_report(cfg, [GRU], tuned, todo, lines.append, known)
+    assert not [line for line in lines if "stop rule" in line]  # it separates already: nothing to skip
