@@ -23,7 +23,7 @@ import sqlite3
 import statistics
 import subprocess
 import sys
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -270,7 +270,12 @@ def run_confirm(
     """Both stages (``rows``: the encoder rows, default :func:`~confirm_plan.encoder_rows`; ``candidates``: the
     untuned-only candidate defaults, default :data:`~confirm_plan.CANDIDATES` with the default rows, none with
     given rows)."""
-    from rl_transformers.study.confirm_report import separation, stopped_rungs, write_report
+    from rl_transformers.study.confirm_report import (
+        protocol_runs_per_rung,
+        separation,
+        stopped_rungs,
+        write_report,
+    )
 
     if cfg.workers < 1:
         raise UserError(f"must be >= 1, got {cfg.workers}", source="--workers")
@@ -304,7 +309,8 @@ def run_confirm(
                 f"{'would restore' if cfg.dry_run else 'restored'} {len(restored)} finished runs from {committed}"
             )
     finished = records.results(every)
-    stopped = stopped_rungs(finished, dict(Counter(j.spec["task"] for j in every)))
+    per_rung = protocol_runs_per_rung(len(table), len(settings))
+    stopped = stopped_rungs(finished, {r.name: per_rung for r in cp.RUNGS})
     if stopped:
         log(
             "stopped by the ladder's stop rule (not run): "

@@ -79,6 +79,12 @@ def separation(found: Sequence[dict[str, Any]]) -> dict[str, str | None]:
     return out
 
 
+def protocol_runs_per_rung(rows: int, candidates: int) -> int:
+    """Runs of one rung when every row is tuned (both variants) plus the untuned-only candidates: the size
+    the report counts against and the stop rule waits for (a rung is not judged before its tuned runs exist)."""
+    return len(cp.SEEDS) * (rows * len(cp.VARIANTS) + candidates)
+
+
 def stopped_rungs(found: Sequence[dict[str, Any]], planned: dict[str, int]) -> dict[str, str]:
     """The ladder's stop rule (the memory probe's, issue 27.1, applied to the rungs): {rung: why} for every rung
     of a family that comes after a rung that did not separate once all its ``planned`` runs finished. A longer
@@ -270,7 +276,7 @@ def markdown(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned: d
     """The page; ``stages``: the screening and probe sections (:mod:`~rl_transformers.study.confirm_stages`);
     ``candidates``: untuned-only rows after the encoders (:data:`~rl_transformers.study.confirm_plan.CANDIDATES`)."""
     n_tuned = sum(isinstance(tuned.get(e.name), cp.Tuned) for e in table)
-    per_rung = len(cp.SEEDS) * (len(table) * len(cp.VARIANTS) + len(candidates))
+    per_rung = protocol_runs_per_rung(len(table), len(candidates))
     stopped = stopped_rungs(found, {r.name: per_rung for r in cp.RUNGS})
     expected = (len(cp.RUNGS) - len(stopped)) * per_rung
     rows = [*table, *candidates]
