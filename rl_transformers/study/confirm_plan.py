@@ -4,8 +4,8 @@ settings, tuned parameters and jobs. Running it: :mod:`~rl_transformers.study.co
 
 - **Tasks** (:data:`RUNGS`): a memory-length ladder - POPGym RepeatPrevious Easy / Medium / Hard (the symbol
   k = 4 / 32 / 64 steps back, episodes of 51 / 103 / 155 steps; Morad et al. 2023, arXiv 2303.01859) and the
-  passive T-Maze with corridors 10 / 100 / 400 (the cue of t = 0 used at t = L; Ni et al. 2023, arXiv
-  2307.03864) - plus a control (PositionOnlyCartPoleEasy) and a noisy task (NoisyPositionOnlyCartPoleEasy).
+  passive T-Maze with corridors 10 / 30 / 100 / 400 (the cue of t = 0 used at t = L; Ni et al. 2023, arXiv
+  2307.03864; 30 added on 2026-11-27, docs/encoder_study_v2.md) - plus a control (PositionOnlyCartPoleEasy) and a noisy task (NoisyPositionOnlyCartPoleEasy).
   Each rung states its family, the score of the uniformly random policy and the maximum (normalized AUC and the
   "did not separate" rule), a budget (a stated cap, whole PPO updates of 2,048 env steps) and 16 evaluations.
 - **Encoders** (:data:`ENCODERS`): the study's parameter-matched PPO rows (:func:`~rl_transformers.study.
@@ -140,6 +140,8 @@ RUNGS: tuple[Rung, ...] = (
     Rung("RepeatPreviousHard", _popgym("RepeatPreviousHard"), "RepeatPrevious", 384, RANDOM_REPEAT, memory=64),
     Rung("TMaze10", "rlt/TMaze-v0", "T-Maze", 64, _tmaze_random(10), memory=10, memoryless=TMAZE_MEMORYLESS,
          env_kwargs={"corridor_length": 10}),
+    Rung("TMaze30", "rlt/TMaze-v0", "T-Maze", 96, _tmaze_random(30), memory=30, memoryless=TMAZE_MEMORYLESS,
+         env_kwargs={"corridor_length": 30}),
     Rung("TMaze100", "rlt/TMaze-v0", "T-Maze", 128, _tmaze_random(100), memory=100, memoryless=TMAZE_MEMORYLESS,
          env_kwargs={"corridor_length": 100}),
     Rung("TMaze400", "rlt/TMaze-v0", "T-Maze", 256, _tmaze_random(400), memory=400, memoryless=TMAZE_MEMORYLESS,

@@ -47,7 +47,7 @@ def test_the_plan_crosses_tasks_encoders_variants_and_seeds_with_one_schedule(tm
     budget, which the trainer does without the horizon)."""
     tuned = {"gru": cp.tuned_config(GRU, best(GRU), "hand"), "mlp": "not tuned yet"}
     jobs = cp.plan(cp.RUNGS, [GRU, MLP], cp.SEEDS, tuned, tmp_path)
-    assert len(jobs) == len(cp.RUNGS) * len(cp.SEEDS) * 3 == 8 * 3 * 3
+    assert len(jobs) == len(cp.RUNGS) * len(cp.SEEDS) * 3 == 9 * 3 * 3
     assert len({j.dir for j in jobs}) == len({j.spec["key"] for j in jobs}) == len(jobs)
     assert {(j.spec["encoder_name"], j.spec["preset"]) for j in jobs} == {
         ("gru", cp.UNTUNED),

@@ -39,7 +39,7 @@ def test_the_verdict_compares_each_variant_with_gru_of_the_same_variant() -> Non
 
 
 def test_the_verdict_table_orders_rungs_by_memory_and_marks_partial_cells() -> None:
-    assert [r.memory for r in cv.memory_rungs("T-Maze")] == [10, 100, 400]
+    assert [r.memory for r in cv.memory_rungs("T-Maze")] == [10, 30, 100, 400]
     assert cv.ladder_families() == ["RepeatPrevious", "T-Maze"]  # control and noisy have no memory length
     found = [record(MEDIUM.name, "gru", cp.UNTUNED, s, -0.5) for s in (0, 1, 2)]
     found += [record(MEDIUM.name, "x", cp.UNTUNED, s, 0.5) for s in (0, 1)]
