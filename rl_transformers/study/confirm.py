@@ -249,8 +249,8 @@ def dry_run_report(
         f"tuned yet): {sum(per_task.values()) / 3600:.1f} core-hours")  # fmt: skip
     for task, seconds in per_task.items():
         log(f"  {task}: {seconds / 3600:.2f} core-hours")
-    for family in dict.fromkeys(r.family for r in cp.RUNGS if r.memory):
-        ladder = sorted((r for r in cp.RUNGS if r.family == family and r.memory), key=lambda r: r.memory)
+    for family in cp.ladder_families():
+        ladder = cp.memory_rungs(family)
         for i, r in enumerate(ladder[:-1]):
             saved = sum(per_task.get(x.name, 0.0) for x in ladder[i + 1 :]) / 3600
             if saved and r.name not in separated:

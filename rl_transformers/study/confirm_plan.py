@@ -173,6 +173,16 @@ def encoder_rows() -> list[Encoder]:
     return select(every, ENCODERS, source="ENCODERS")
 
 
+def memory_rungs(family: str) -> list[Rung]:
+    """The family's rungs that have a memory length, shortest first."""
+    return sorted((r for r in RUNGS if r.family == family and r.memory), key=lambda r: r.memory)
+
+
+def ladder_families() -> list[str]:
+    """The families with a memory-length ladder (rungs with a memory), in RUNGS order."""
+    return list(dict.fromkeys(r.family for r in RUNGS if r.memory))
+
+
 # -- tuning ---------------------------------------------------------------------------------------------------
 TUNING_TASK = "RepeatPreviousEasy"
 """Every encoder is tuned on this rung (k = 4), with the same budget, trials, space and objective. It was

@@ -28,7 +28,7 @@ from rl_transformers.study import confirm_plan as cp
 from rl_transformers.study import files
 from rl_transformers.study.aggregate import iqm_intervals, normalized_auc
 from rl_transformers.study.confirm_stages import probe_lines, screening_lines
-from rl_transformers.study.confirm_verdict import ladder_families, memory_rungs, verdict_lines
+from rl_transformers.study.confirm_verdict import verdict_lines
 from rl_transformers.study.encoders import Encoder
 from rl_transformers.study.report import code_text, machines_text, public
 from rl_transformers.utils.atomic import atomic_write_json, atomic_write_text
@@ -92,8 +92,8 @@ def stopped_rungs(found: Sequence[dict[str, Any]], planned: dict[str, int]) -> d
     its runs would cost the most of all (RepeatPreviousHard, TMaze400)."""
     split, done = separation(found), Counter(r["task"] for r in found)
     out: dict[str, str] = {}
-    for family in ladder_families():
-        rungs = memory_rungs(family)
+    for family in cp.ladder_families():
+        rungs = cp.memory_rungs(family)
         for shorter, longer in itertools.pairwise(rungs):
             if shorter.name in out:
                 out[longer.name] = out[shorter.name]

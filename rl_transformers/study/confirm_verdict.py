@@ -19,18 +19,10 @@ import numpy as np
 
 from rl_transformers.study import confirm_plan as cp
 from rl_transformers.study.aggregate import improvement_over
+from rl_transformers.study.confirm_plan import ladder_families, memory_rungs
 
 Comparison = tuple[float, float, float, int]
 """(P(X > GRU), CI low, CI high, seeds of X)."""
-
-
-def memory_rungs(family: str) -> list[cp.Rung]:
-    """The family's rungs that have a memory length, shortest first."""
-    return sorted((r for r in cp.RUNGS if r.family == family and r.memory), key=lambda r: r.memory)
-
-
-def ladder_families() -> list[str]:
-    return list(dict.fromkeys(r.family for r in cp.RUNGS if r.memory))
 
 
 def side(c: Comparison) -> str:
