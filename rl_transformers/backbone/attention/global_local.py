@@ -1,4 +1,4 @@
-"""Window + global patterns: ``longformer`` and ``etc`` here, ``bigbird`` (:mod:`.bigbird`) on the same base.
+"""Window + global patterns: ``longformer`` and ``etc`` here, ``bigbird`` (:mod:`.global_local_bigbird`) on the same base.
 
 ``longformer`` (Beltagy et al. 2020, arXiv 2004.05150): a (dilated) sliding window plus global tokens. Head h
 with dilation d_h sees keys j with |i - j| <= w·d_h and (i - j) mod d_h == 0 (causal: 0 <= i - j; so w + 1 keys
