@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from rl_transformers.backbone import BackboneConfig
-from rl_transformers.backbone.attention.global_local_bigbird import random_blocks
 from rl_transformers.backbone.attention.global_local import GlobalWindowCache
+from rl_transformers.backbone.attention.global_local_bigbird import random_blocks
 from tests.backbone import invariants as inv
 from tests.backbone.test_local import (
     LENGTHS,
