@@ -8,6 +8,7 @@ ladder (RepeatPrevious Easy / Medium / Hard, T-Maze 10 / 100 / 400) plus a contr
     python scripts/encoder_study_v2.py --workers 2                          # run both variants (resumable), write the documents
     python scripts/encoder_study_v2.py --tasks RepeatPreviousEasy TMaze10 --seeds 0
     python scripts/encoder_study_v2.py --report-only                        # rebuild docs/results/encoders.{md,json}
+                                                                            # and the README's headline (--readme None: not)
 
 Tuning results go to docs/results/encoders_tuning.json (commit it with the runs' records): a fresh checkout
 then plans the same tuned jobs and restores the committed records of docs/results/encoders.json.
@@ -15,10 +16,16 @@ then plans the same tuned jobs and restores the committed records of docs/result
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import tyro
 
 from rl_transformers.study.confirm import ConfirmConfig, run_confirm
 from rl_transformers.utils.errors import run_cli
 
 if __name__ == "__main__":
-    run_cli(lambda: run_confirm(tyro.cli(ConfirmConfig, description=__doc__)))
+    run_cli(
+        lambda: run_confirm(
+            tyro.cli(ConfirmConfig, description=__doc__, default=ConfirmConfig(readme=Path("README.md")))
+        )
+    )

@@ -340,3 +340,15 @@ def test_readme_stays_a_short_user_guide() -> None:
     assert size <= README_MAX_BYTES, (
         f"README.md is {size:,} bytes (limit {README_MAX_BYTES:,}): move detail to docs/"
     )
+
+
+def test_the_readme_headline_follows_the_encoder_study_page() -> None:
+    """Issue 27.8: the README's encoder-study headline is the block the committed page gives (its status and
+    verdict lines), so a rebuilt page that is committed without its README block fails here."""
+    from rl_transformers.study.confirm_headline import headline, replace_block
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    page = (ROOT / "docs" / "results" / "encoders.md").read_text(encoding="utf-8")
+    assert readme == replace_block(readme, headline(page), "README.md"), (
+        "README.md's encoder-study headline is out of date: run `python scripts/encoder_study_v2.py --report-only`"
+    )

@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from rl_transformers.study import confirm_plan as cp
 from rl_transformers.study import files, launch, records
+from rl_transformers.study.confirm_headline import write_headline
 from rl_transformers.study.encoders import Encoder, select
 from rl_transformers.study.progress import Progress
 from rl_transformers.utils.atomic import atomic_write_json
@@ -66,6 +67,9 @@ class ConfirmConfig:
     """Only rebuild the documents from finished runs and tuning results."""
     restore: bool = True
     """Restore the committed records (<docs>/encoders.json) into empty run directories first."""
+    readme: Path | None = None
+    """Also rewrite this README's encoder-study headline from the new page (the block between its marker
+    comments: rl_transformers/study/confirm_headline.py); scripts/encoder_study_v2.py passes README.md."""
 
     @property
     def tune_out(self) -> Path:
@@ -349,6 +353,8 @@ def run_confirm(
                         "them: leave out --no-restore)", source=str(committed))  # fmt: skip
     write_report(found, table, tuned, docs, command_line(cfg), settings)
     log(f"wrote {docs}/{files.PAGE}, {files.RECORDS} ({len(found)} runs)")
+    if cfg.readme is not None and write_headline(Path(cfg.readme), docs / files.PAGE):
+        log(f"rewrote the encoder-study headline of {cfg.readme}")
     return {"jobs": len(jobs), "records": len(found)}
 
 

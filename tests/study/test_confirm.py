@@ -13,6 +13,7 @@ import pytest
 
 from rl_transformers.algos.ppo_config import PPOConfig
 from rl_transformers.study import confirm, confirm_report
+from rl_transformers.study import confirm_headline as headline
 from rl_transformers.study import confirm_plan as cp
 from rl_transformers.study.encoders import Encoder, parse_spec
 from rl_transformers.tune.tuner import TuneConfig
@@ -281,9 +282,18 @@ def test_a_tiny_stage_runs_resumes_and_rebuilds_from_its_records(tiny: Path) -> 
     assert "0 to run" in next(line for line in reversed(lines) if line.startswith("confirmation"))
 
     shutil.rmtree(out)  # a fresh checkout: the committed documents and tuning file, no runs, no local tuning
-    confirm.run_confirm(dataclasses.replace(cfg, report_only=True), lines.append, rows=[GRU, MLP])
+    readme = tiny / "README.md"
+    readme.write_text(f"# x\n\n{headline.BEGIN}\nold\n{headline.END}\n\nafter\n")
+    confirm.run_confirm(
+        dataclasses.replace(cfg, report_only=True, readme=readme), lines.append, rows=[GRU, MLP]
+    )
     assert any("restored 2 finished runs" in line for line in lines)
     assert (docs / "encoders.md").read_text() == markdown
+    block = readme.read_text()  # the README's headline follows the rebuilt page
+    assert "2 of 4 runs finished" in block and "\n- T-Maze, tuned: " in block and "old" not in block
+    assert block.endswith(f"{headline.END}\n\nafter\n") and any(
+        "rewrote the encoder-study" in x for x in lines
+    )
     assert json.loads((docs / "encoders.json").read_text()) == published
     assert not list(out.rglob("stdout.log"))  # restored, not run
     stale = out / cp.UNTUNED / "ppo" / "TMaze2" / "gru" / "s0"
