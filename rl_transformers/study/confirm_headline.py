@@ -2,10 +2,10 @@
 from the study's main page, ``docs/results/encoders.md``.
 
 The headline is a block of the README between two marker comments (:data:`BEGIN`, :data:`END`). It holds the
-page's status (complete, or how many runs are finished) and the verdict's summary lines, one per task family and
-variant, copied from the page: the README cannot say more than the page, and a rebuild of the page
-(``python scripts/encoder_study_v2.py --report-only``) rewrites it. ``tests/test_docs.py`` checks that the
-committed README's block is the one the committed page gives.
+page's status (complete, or how many runs are finished), the verdict's summary lines (one per task family and
+variant) and the candidate-default decision (issue 27.5), all copied from the page: the README cannot say more
+than the page, and a rebuild of the page (``python scripts/encoder_study_v2.py --report-only``) rewrites it.
+``tests/test_docs.py`` checks that the committed README's block is the one the committed page gives.
 """
 
 from __future__ import annotations
@@ -50,6 +50,12 @@ def page_verdict(page: str) -> list[tuple[str, str]]:
     return out
 
 
+def page_decision(page: str) -> str | None:
+    """The page's candidate-default decision (issue 27.5), without its bold label; None on a page without it."""
+    found = re.search(r"^\*\*Decision\*\*: (.*)$", page, re.MULTILINE)
+    return found.group(1) if found else None
+
+
 def headline(page: str) -> list[str]:
     """The README block (markers included) for a page's text."""
     status = page_status(page)
@@ -66,6 +72,10 @@ def headline(page: str) -> list[str]:
     for family, line in page_verdict(page):
         label, _, rest = line.partition(": ")
         lines.append(f"- {family}, {label.strip('*').lower()}: {rest}")
+    decided = page_decision(page)
+    if decided is not None:
+        names = ", ".join(f"`{e.name}`" for e in cp.CANDIDATES)
+        lines.append(f"- GTrXL's default against the candidates ({names}): {decided}")
     return [*lines, END]
 
 

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from rl_transformers.study import confirm_candidates, files
 from rl_transformers.study import confirm_plan as cp
-from rl_transformers.study import files
 from rl_transformers.study.aggregate import iqm_intervals, normalized_auc
 from rl_transformers.study.confirm_stages import probe_lines, screening_lines
 from rl_transformers.study.confirm_verdict import verdict_lines
@@ -281,6 +281,12 @@ def markdown(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned: d
     expected = (len(cp.RUNGS) - len(stopped)) * per_rung
     rows = [*table, *candidates]
     complete = len(found) >= expected and n_tuned == len(table)
+    by_cell, unseparated = cells(found), frozenset(t for t, why in separation(found).items() if why)
+    shown = (  # issue 27.5's decision, when the candidate defaults are in the study
+        [*confirm_candidates.candidate_lines(by_cell, REPS, unseparated, frozenset(stopped), complete), ""]
+        if candidates
+        else []
+    )
     status = ("Complete" if complete else f"PARTIAL: {len(found)} of {expected} runs finished; {n_tuned} of "
               f"{len(table)} encoders tuned")  # fmt: skip
     lines = [
@@ -303,14 +309,9 @@ def markdown(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned: d
         "whatever its budget (`--ppo.anneal-horizon`), so budgets do not change the schedule. PPO otherwise at "
         "its defaults (32 envs x 64 steps); 16 greedy evaluation episodes every budget / 16 steps.",
         "",
-        *verdict_lines(
-            cells(found),
-            [e.name for e in rows],
-            REPS,
-            frozenset(t for t, why in separation(found).items() if why),
-            frozenset(stopped),
-        ),
+        *verdict_lines(by_cell, [e.name for e in rows], REPS, unseparated, frozenset(stopped)),
         "",
+        *shown,
         *aggregate_lines(aggs, rows),
         "",
         *tuning_lines(table, tuned),

@@ -53,7 +53,7 @@ def comparisons(
     return out
 
 
-def _cell(c: Comparison | None, seeds: int) -> str:
+def cell(c: Comparison | None, seeds: int) -> str:
     if c is None:
         return "–"
     more = "" if c[3] >= seeds else f" ({c[3]}/{seeds})"
@@ -131,6 +131,6 @@ def verdict_lines(
             for v in reversed(cp.VARIANTS):
                 if v == cp.TUNED and name in cp.CANDIDATE_NAMES:
                     continue  # candidate defaults run untuned only
-                row = [_cell(variants[v].get(r.name, {}).get(name), seeds) for r in rungs]
+                row = [cell(variants[v].get(r.name, {}).get(name), seeds) for r in rungs]
                 lines.append(f"| `{name}` | {v.removeprefix('v2-')} | " + " | ".join(row) + " |")
     return lines

@@ -21,11 +21,12 @@ def record(task: str, name: str, seed: int, final: float) -> dict:
             "score": final, "curve": [[2048.0, final]], "key": f"{task}-{name}-{seed}"}  # fmt: skip
 
 
-def page() -> str:
+def page(candidates: tuple[Encoder, ...] = ()) -> str:
     """A page from hand-built records: on TMaze30 "x" turns correctly (1.0) on every seed, GRU never (0.0)."""
     found = [record("TMaze30", n, s, 1.0 if n == "x" else 0.0) for n in ("gru", "x") for s in cp.SEEDS]
     rows = [GRU, Encoder("x", "attention=full", "attention")]
-    return confirm_report.markdown(found, rows, {}, "cmd", confirm_report.family_aggregates(found, reps=20))
+    aggs = confirm_report.family_aggregates(found, reps=20)
+    return confirm_report.markdown(found, rows, {}, "cmd", aggs, candidates=candidates)
 
 
 def test_the_headline_copies_the_status_and_the_verdict_lines_of_the_page() -> None:
@@ -41,6 +42,12 @@ def test_the_headline_copies_the_status_and_the_verdict_lines_of_the_page() -> N
     tmaze = next(v for v in verdict if v.startswith("- T-Maze, untuned"))
     assert "memory 30: `x` above GRU, 0 of 1 below" in tmaze
     assert tmaze.removeprefix("- T-Maze, untuned: ") in text  # copied, not recomputed
+    assert not any(line.startswith("- GTrXL's default") for line in lines)  # no candidates here: no decision
+    with_candidates = headline.headline(page(cp.CANDIDATES))
+    assert with_candidates[-2] == (
+        "- GTrXL's default against the candidates (`gtrxl_rope`, `gtrxl_critic`): pending (9 of 9 rungs still "
+        "running: " + ", ".join(r.name for r in cp.RUNGS) + ")."
+    )
     complete = text.replace(headline.page_status(text), "Complete")
     assert "encoders.md), complete)" in headline.headline(complete)[1]
 

@@ -1,0 +1,116 @@
+"""Issue 27.5's decision: does a candidate default (:data:`~rl_transformers.study.confirm_plan.CANDIDATES`) replace
+GTrXL's default? Each candidate is compared on every rung with the setting it would replace, the untuned `gtrxl`,
+by P(candidate > GTrXL) of the normalized final score with its 95 % stratified-bootstrap interval (``rliable``;
+``study.aggregate.improvement_over``), as the verdict compares encoders with GRU.
+
+**The rule, fixed on 2026-11-27 before RepeatPrevious Medium / Hard and TMaze400 had any run** (and with one
+of three seeds of the noisy rung), so the longer rungs' results did not choose it: a candidate *qualifies* when, on every rung that separated and was not stopped, its interval does not
+lie wholly below 0.5 (it is nowhere worse than the default), and on at least one such rung it lies wholly above
+0.5 (it is somewhere better). If several qualify, the one above on more rungs wins, then the higher mean P.
+The decision waits until both cells of every such rung have all their seeds: until then it is "pending". A rung
+that did not separate (every cell at random, at the maximum or memoryless) is left out, as in the verdict: a tie
+there says nothing.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import numpy as np
+
+from rl_transformers.study import confirm_plan as cp
+from rl_transformers.study.aggregate import improvement_over
+from rl_transformers.study.confirm_verdict import Comparison, cell, side
+
+DEFAULT = "gtrxl"
+"""The row whose default the candidates would replace (compared untuned)."""
+
+
+def candidate_comparisons(
+    by_cell: dict[tuple[str, str, str], list[dict[str, Any]]], reps: int
+) -> dict[str, dict[str, Comparison]]:
+    """{rung: {candidate: Comparison against the untuned GTrXL}} for the rungs where both have runs."""
+    out: dict[str, dict[str, Comparison]] = {}
+    names = [DEFAULT, *(e.name for e in cp.CANDIDATES)]
+    for r in cp.RUNGS:
+        scores = {
+            name: np.array([[r.normalized(float(x["final_return"]))] for x in recs])
+            for name in names
+            if (recs := by_cell.get((r.name, name, cp.UNTUNED)))
+        }
+        found = improvement_over(scores, DEFAULT, reps=reps)
+        if found:
+            out[r.name] = {k: (*p, len(scores[k])) for k, p in found.items()}
+    return out
+
+
+def decision(
+    comps: dict[str, dict[str, Comparison]],
+    by_cell: dict[tuple[str, str, str], list[dict[str, Any]]],
+    unseparated: frozenset[str],
+    stopped: frozenset[str],
+    complete: bool,
+) -> str:
+    """The rule of this module's docstring as one sentence. ``complete``: every planned run of the study has
+    finished (until then a rung's separation, which all its rows decide, is not final)."""
+    seeds = len(cp.SEEDS)
+    live = [r.name for r in cp.RUNGS if r.name not in stopped]
+    waiting = [
+        t for t in live
+        if any(len(by_cell.get((t, n, cp.UNTUNED), [])) < seeds for n in (DEFAULT, *cp.CANDIDATE_NAMES))
+    ]  # fmt: skip
+    if waiting:
+        return f"**Decision**: pending ({len(waiting)} of {len(live)} rungs still running: {', '.join(waiting)})."
+    if not complete:
+        return "**Decision**: pending (the other rows' runs decide which rungs separated)."
+    rungs = [t for t in live if t not in unseparated]
+    qualified: list[tuple[int, float, str]] = []
+    for e in cp.CANDIDATES:
+        found = [comps[t][e.name] for t in rungs if e.name in comps.get(t, {})]
+        sides = [side(c) for c in found]
+        if "below" not in sides and "above" in sides:
+            qualified.append((sides.count("above"), statistics.fmean(c[0] for c in found), e.name))
+    if not qualified:
+        return (f"**Decision**: no candidate qualifies on the {len(rungs)} separating rungs: GTrXL's default "
+                "stays.")  # fmt: skip
+    above, mean_p, name = max(qualified)
+    spec = next(e.spec for e in cp.CANDIDATES if e.name == name)
+    return (f"**Decision**: `{name}` qualifies (above the default on {above} of {len(rungs)} separating rungs, "
+            f"nowhere below; mean P {mean_p:.2f}): `{spec}` becomes GTrXL's default.")  # fmt: skip
+
+
+def note(rung: str, unseparated: frozenset[str], stopped: frozenset[str]) -> str:
+    return " (stopped)" if rung in stopped else " (did not separate)" if rung in unseparated else ""
+
+
+def candidate_lines(
+    by_cell: dict[tuple[str, str, str], list[dict[str, Any]]],
+    reps: int,
+    unseparated: frozenset[str] = frozenset(),
+    stopped: frozenset[str] = frozenset(),
+    complete: bool = False,
+) -> list[str]:
+    """The page's section: the rule, one row per candidate (a column per rung), the decision."""
+    if not cp.CANDIDATES:
+        return []
+    comps = candidate_comparisons(by_cell, reps)
+    lines = [
+        "## Candidate defaults against GTrXL's default",
+        "",
+        "Issue 27.5: P(candidate > the untuned `gtrxl`) of the normalized final score, [95 % CI], per rung. A "
+        "candidate qualifies when, on every rung that separated and was not stopped, it is nowhere below and at "
+        "least once **above** (the interval wholly above 0.5); several: the most rungs above, then the higher "
+        "mean P. Fixed on 2026-11-27, before the longer rungs ran; method: "
+        "`rl_transformers/study/confirm_candidates.py`.",
+        "",
+        decision(comps, by_cell, unseparated, stopped, complete),
+        "",
+        "| candidate | " + " | ".join(r.name + note(r.name, unseparated, stopped) for r in cp.RUNGS) + " |",
+        "|---|" + "---|" * len(cp.RUNGS),
+    ]
+    seeds = len(cp.SEEDS)
+    for e in cp.CANDIDATES:
+        row = [cell(comps.get(r.name, {}).get(e.name), seeds) for r in cp.RUNGS]
+        lines.append(f"| `{e.name}` (`{e.spec}`) | " + " | ".join(row) + " |")
+    return lines
