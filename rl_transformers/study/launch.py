@@ -15,7 +15,8 @@ Each job is a subprocess ``python -m rl_transformers.study.worker job.json`` wit
 launcher (``ray.init(address=...)``, or a local instance) runs the same function as a Ray task with
 ``num_cpus=1`` each. Both return the records, which the driver writes to ``result.json`` / ``failed.json``,
 so the results are the same files whichever launcher ran them (and a cluster without a shared file system
-still gathers them on the driver).
+still gathers them on the driver). Ctrl-C stops the local launcher: no queued job starts, the running workers
+save and exit (:func:`stop_all`), and the next invocation runs them again.
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ import concurrent.futures as cf
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +43,13 @@ from rl_transformers.study.suite import DATASET_ROOT, DT_ARGS, Task
 from rl_transformers.utils.atomic import atomic_write_json
 
 ROOT = Path(__file__).resolve().parents[2]
+STOP_QUIET_S = 10.0
+"""After Ctrl-C, how long the launcher waits for its workers to stop by themselves before it signals them: a
+Ctrl-C in a terminal reaches every worker too (same process group), and a second SIGINT would abort its save."""
+STOP_GRACE_S = 60.0
+"""Then how long a signalled worker may take to save its checkpoint and exit before it is killed."""
+_LIVE: set[subprocess.Popen[bytes]] = set()
+_LIVE_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -151,7 +161,8 @@ def _run(
         try:
             with contextlib.suppress(OSError):
                 lock.add_pid(proc.pid)
-            code: int | str = proc.wait(timeout=timeout_s)
+            with tracked(proc):
+                code: int | str = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -201,13 +212,20 @@ def run_local(
         return execute(job.spec, str(job.dir), timeout_s)
 
     outcomes = []
-    with cf.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+    pool = cf.ThreadPoolExecutor(max_workers=max(1, workers))
+    futures: dict[cf.Future[dict[str, Any]], Job] = {}
+    try:
         futures = {pool.submit(start, job): job for job in jobs}
         for fut in cf.as_completed(futures):
             job, outcome = futures[fut], fut.result()
             record_outcome(job, outcome)
             _report(log, progress, job, outcome)
             outcomes.append(outcome)
+    except BaseException:  # Ctrl-C: start no queued job, stop the running ones (they save), then stop
+        stop_all(list(futures))
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
     return outcomes
 
 
@@ -273,3 +291,39 @@ def outcome_line(job: Job, outcome: dict[str, Any]) -> str:
             f"{job.dir / joblock.LOCK})"
         )
     return f"  FAILED {job.name}: {outcome.get('returncode')} (see {job.dir}/stderr.log)"
+
+
+@contextlib.contextmanager
+def tracked(proc: subprocess.Popen[bytes]) -> Iterator[subprocess.Popen[bytes]]:
+    """Register a running worker subprocess, so that :func:`stop_all` can stop it."""
+    with _LIVE_LOCK:
+        _LIVE.add(proc)
+    try:
+        yield proc
+    finally:
+        with _LIVE_LOCK:
+            _LIVE.discard(proc)
+
+
+def stop_all(futures: list[cf.Future[dict[str, Any]]]) -> None:
+    """Cancel the queued jobs and stop the running ones; returns once every job's thread has ended. Workers
+    that a terminal's Ctrl-C reached stop by themselves (the trainer finishes its update, saves and exits);
+    one still running after :data:`STOP_QUIET_S` gets one SIGINT (the same), and one still running
+    :data:`STOP_GRACE_S` later is killed. Without this, leaving the pool would run every queued job
+    (``ThreadPoolExecutor.shutdown`` waits for them all)."""
+    for fut in futures:
+        fut.cancel()
+    start = time.monotonic()
+    told: set[int] = set()
+    while not all(fut.done() for fut in futures):
+        waited = time.monotonic() - start
+        if waited > STOP_QUIET_S:
+            with _LIVE_LOCK:
+                live = list(_LIVE)
+            for proc in live:
+                late = waited > STOP_QUIET_S + STOP_GRACE_S
+                if late or proc.pid not in told:
+                    with contextlib.suppress(OSError):
+                        proc.send_signal(signal.SIGKILL if late else signal.SIGINT)
+                    told.add(proc.pid)
+        cf.wait(futures, timeout=0.2)

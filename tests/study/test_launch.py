@@ -320,3 +320,38 @@ def test_a_killed_launcher_leaves_a_lock_that_the_next_invocation_takes_over(tmp
     said: list[str] = []
     [outcome] = launch.run_local([job], workers=1, log=said.append)
     assert outcome["status"] == "done" and launch.status(job) == "done" and not lock.exists()
+
+
+def test_ctrl_c_starts_no_queued_job_and_stops_the_running_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Leaving a thread pool waits for every queued job: after Ctrl-C the launcher used to run the whole queue.
+    Now it cancels the queue, gives the running workers one SIGINT (those a terminal's Ctrl-C reached stop by
+    themselves) and kills the ones that ignore it."""
+    started: list[int] = []
+    monkeypatch.setattr(launch, "STOP_QUIET_S", 0.3)
+    monkeypatch.setattr(launch, "STOP_GRACE_S", 1.0)
+
+    def fake_execute(spec: dict, directory: str, timeout_s: float | None = None) -> dict:
+        started.append(spec["seed"])
+        if spec["seed"] == 0:  # ends at once: its outcome line is where the "Ctrl-C" lands
+            return {"status": "busy", "holder": "test", "key": spec["key"]}
+        ignore = "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); " if spec["seed"] == 2 else ""
+        proc = subprocess.Popen([sys.executable, "-c", ignore + "import time; time.sleep(60)"])
+        with launch.tracked(proc):
+            code = proc.wait()
+        return {"status": "failed", "returncode": code, "key": spec["key"]}
+
+    monkeypatch.setattr(launch, "execute", fake_execute)
+    queue = [launch.make_job(TMAZE, GRU, seed, "quick", tmp_path, **TINY) for seed in range(5)]
+
+    def log(line: str) -> None:
+        time.sleep(0.5)  # the freed thread takes the next job and starts its worker
+        raise KeyboardInterrupt
+
+    begin = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        launch.run_local(queue, workers=2, log=log)
+    assert time.monotonic() - begin < 20  # not the 60 s sleeps, nor the queue
+    assert sorted(started) == [0, 1, 2]  # seeds 3 and 4 never started
+    assert not launch._LIVE  # seed 1 stopped by SIGINT, seed 2 (ignores it) killed
