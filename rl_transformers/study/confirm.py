@@ -39,6 +39,8 @@ from rl_transformers.utils.errors import UserError
 ASSUMED_STEPS_PER_S = 1000.0
 """--dry-run's rate for an encoder no run has measured (env steps/s, one core, evaluations included)."""
 START_S = 10.0
+REPO_DOCS = launch.ROOT / "docs" / "results"
+"""The documents the README's headline follows (``--readme``); other ``--docs`` leave the README alone."""
 """Process start-up per run or trial."""
 
 
@@ -69,7 +71,8 @@ class ConfirmConfig:
     """Restore the committed records (<docs>/encoders.json) into empty run directories first."""
     readme: Path | None = None
     """Also rewrite this README's encoder-study headline from the new page (the block between its marker
-    comments: rl_transformers/study/confirm_headline.py); scripts/encoder_study_v2.py passes README.md."""
+    comments: rl_transformers/study/confirm_headline.py), when --docs is the repository's docs/results;
+    scripts/encoder_study_v2.py passes README.md."""
 
     @property
     def tune_out(self) -> Path:
@@ -353,7 +356,9 @@ def run_confirm(
                         "them: leave out --no-restore)", source=str(committed))  # fmt: skip
     write_report(found, table, tuned, docs, command_line(cfg), settings)
     log(f"wrote {docs}/{files.PAGE}, {files.RECORDS} ({len(found)} runs)")
-    if cfg.readme is not None and write_headline(Path(cfg.readme), docs / files.PAGE):
+    if cfg.readme is not None and docs.resolve() != REPO_DOCS.resolve():
+        log(f"{cfg.readme} left alone: its headline follows the repository's docs/results, not --docs {docs}")
+    elif cfg.readme is not None and write_headline(Path(cfg.readme), docs / files.PAGE):
         log(f"rewrote the encoder-study headline of {cfg.readme}")
     return {"jobs": len(jobs), "records": len(found)}
 

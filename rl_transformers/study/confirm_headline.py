@@ -94,7 +94,12 @@ def replace_block(text: str, block: list[str], source: str) -> str:
 
 def write_headline(readme: Path, page_file: Path) -> bool:
     """Rewrite ``readme``'s headline block from ``page_file`` (atomic); True when the text changed."""
-    old = Path(readme).read_text()
+    try:
+        old = Path(readme).read_text()
+    except OSError as err:
+        raise UserError(
+            f"cannot read the README whose headline follows the page: {err}", source="--readme"
+        ) from err
     new = replace_block(old, headline(Path(page_file).read_text()), str(readme))
     if new != old:
         atomic_write_text(Path(readme), new)

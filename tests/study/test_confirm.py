@@ -165,7 +165,9 @@ def tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def test_a_tiny_stage_runs_resumes_and_rebuilds_from_its_records(tiny: Path) -> None:
+def test_a_tiny_stage_runs_resumes_and_rebuilds_from_its_records(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two real runs (GRU untuned and tuned from a hand-made best.json); the MLP has no tuning result and is
     reported "not tuned yet". The tuned run trained with the tuned values; both with the fixed horizon. A dry run
     writes nothing; a second run has nothing left; a fresh checkout (no run directories, no local tuning)
@@ -211,6 +213,11 @@ def test_a_tiny_stage_runs_resumes_and_rebuilds_from_its_records(tiny: Path) -> 
     shutil.rmtree(out)  # a fresh checkout: the committed documents and tuning file, no runs, no local tuning
     readme = tiny / "README.md"
     readme.write_text(f"# x\n\n{headline.BEGIN}\nold\n{headline.END}\n\nafter\n")
+    confirm.run_confirm(
+        dataclasses.replace(cfg, report_only=True, readme=readme), lines.append, rows=[GRU, MLP]
+    )
+    assert "\nold\n" in readme.read_text() and "left alone: its headline follows" in lines[-1]  # other docs
+    monkeypatch.setattr(confirm, "REPO_DOCS", docs)
     confirm.run_confirm(
         dataclasses.replace(cfg, report_only=True, readme=readme), lines.append, rows=[GRU, MLP]
     )

@@ -81,3 +81,5 @@ def test_a_readme_without_the_markers_gets_a_clear_error(tmp_path: Path) -> None
         headline.write_headline(readme, tmp_path / "encoders.md")
     assert str(readme) in str(err.value)
     assert readme.read_text() == f"{headline.END}\n{headline.BEGIN}\n"
+    with pytest.raises(UserError, match="cannot read the README"):
+        headline.write_headline(tmp_path / "missing.md", tmp_path / "encoders.md")
