@@ -22,7 +22,7 @@ from rl_transformers.study.aggregate import improvement_over
 from rl_transformers.study.confirm_plan import ladder_families, memory_rungs
 
 Comparison = tuple[float, float, float, int]
-"""(P(X > GRU), CI low, CI high, seeds of X)."""
+"""(P(X > GRU), CI low, CI high, seeds of the pair: the fewer of X's and GRU's)."""
 
 
 def side(c: Comparison) -> str:
@@ -47,8 +47,9 @@ def comparisons(
                     if t == r.name and v == variant and recs
                 }
                 found = improvement_over(scores, cp.REFERENCE, reps=reps)
-                if found:
-                    per_task[r.name] = {k: (*p, len(scores[k])) for k, p in found.items()}
+                if found:  # seeds of a comparison: the fewer of the pair's
+                    n_ref = len(scores[cp.REFERENCE])
+                    per_task[r.name] = {k: (*p, min(len(scores[k]), n_ref)) for k, p in found.items()}
             out[family][variant] = per_task
     return out
 
@@ -84,8 +85,10 @@ def summary(
             continue
         above = [f"`{n}`" for n, c in per_task[r.name].items() if side(c) == "above"]
         below = sum(side(c) == "below" for c in per_task[r.name].values())
+        fewest = min(c[3] for c in per_task[r.name].values())
+        running = f" ({fewest} of {len(cp.SEEDS)} seeds so far, not final)" if fewest < len(cp.SEEDS) else ""
         parts.append(
-            f"memory {r.memory}: {', '.join(above) if above else 'none'} above GRU, "
+            f"memory {r.memory}{running}: {', '.join(above) if above else 'none'} above GRU, "
             f"{below} of {len(per_task[r.name])} below"
         )
     label = variant.removeprefix("v2-")

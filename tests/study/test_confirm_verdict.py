@@ -33,7 +33,9 @@ def test_the_verdict_compares_each_variant_with_gru_of_the_same_variant() -> Non
     assert tuned["x"][:3] == (0.5, 0.5, 0.5) and cv.side(tuned["x"]) == ""
     assert MEDIUM.name not in out[cp.UNTUNED]  # no records there
     text = cv.summary("RepeatPrevious", cp.UNTUNED, out[cp.UNTUNED])
-    assert text.startswith("**Untuned**: memory 4: `x` above GRU, 1 of 3 below")
+    assert text.startswith(
+        "**Untuned**: memory 4 (1 of 3 seeds so far, not final): `x` above GRU, 1 of 3 below"
+    )
     assert text.endswith("(memory 32, 64: not run yet).")
     assert "none above GRU" in cv.summary("RepeatPrevious", cp.TUNED, out[cp.TUNED])
 
@@ -49,7 +51,17 @@ def test_the_verdict_table_orders_rungs_by_memory_and_marks_partial_cells() -> N
     row = next(line for line in lines if line.startswith("| `x` | untuned |"))
     assert row.split("|")[3:6] == [" – ", " 1.00 [1.00, 1.00] **above** (2/3) ", " – "]
     assert not any(line.startswith("| `gru` |") for line in lines)  # the reference has no row
-    assert "**Untuned**: memory 32: `x` above GRU, 0 of 1 below (memory 4, 64: not run yet)." in lines
+    assert (
+        "**Untuned**: memory 32 (2 of 3 seeds so far, not final): `x` above GRU, 0 of 1 below (memory 4, 64: not "
+        "run yet)." in lines
+    )
+    # a comparison counts the seeds of the pair: GRU's 2 against x's 3 is a partial cell too
+    found = [record(MEDIUM.name, "gru", cp.UNTUNED, s, -0.5) for s in (0, 1)]
+    found += [record(MEDIUM.name, "x", cp.UNTUNED, s, 0.5) for s in (0, 1, 2)]
+    row = next(
+        x for x in cv.verdict_lines(cells(found), ["gru", "x"], reps=50) if x.startswith("| `x` | untuned")
+    )
+    assert "**above** (2/3)" in row
 
 
 def test_a_rung_that_did_not_separate_is_marked_and_left_out_of_the_summary() -> None:
