@@ -39,8 +39,9 @@ from rl_transformers.utils.errors import UserError
 ASSUMED_STEPS_PER_S = 1000.0
 """--dry-run's rate for an encoder no run has measured (env steps/s, one core, evaluations included)."""
 START_S = 10.0
-REPO_DOCS = launch.ROOT / "docs" / "results"
-"""The documents the README's headline follows (``--readme``); other ``--docs`` leave the README alone."""
+REPO_DOCS = Path("docs/results")
+"""The documents the README's headline follows (``--readme``; both relative to the working directory, so a
+checkout whose package is installed from another one still rewrites its own); other ``--docs`` leave it alone."""
 """Process start-up per run or trial."""
 
 
