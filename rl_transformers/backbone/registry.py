@@ -112,17 +112,32 @@ def _load() -> None:
         _loaded = True
         try:
             base = __name__.rsplit(".", 1)[0]
-            for mod in _MODULES:
-                importlib.import_module(f"{base}.{mod}")
+            order = [f"{base}.{mod}" for mod in _MODULES]
             for pkg_name in _PACKAGES:
                 pkg = importlib.import_module(f"{base}.{pkg_name}")
-                for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
-                    if not info.name.startswith("_"):
-                        importlib.import_module(f"{pkg.__name__}.{info.name}")
+                infos = sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name)
+                order += [f"{pkg.__name__}.{info.name}" for info in infos if not info.name.startswith("_")]
+            for module in order:
+                importlib.import_module(module)
         except BaseException:
             _loaded = False
             raise
+        _sort(order)
         _done = True
+
+
+def _sort(order: list[str]) -> None:
+    """Put each family's entries in the order of ``order`` (their modules), whatever imported them first.
+
+    A test or a script that imports one variant module before the registry loads registers that variant
+    first; without this, ``available()`` (and every table, parametrization and document built from it) would
+    depend on import history. Within a module the decorators' order is kept; entries of modules outside
+    ``order`` (registered from elsewhere) follow, in registration order.
+    """
+    rank = {module: i for i, module in enumerate(order)}
+    for family, entries in _REGISTRY.items():
+        ranked = sorted(entries.values(), key=lambda e: rank.get(e.cls.__module__, len(rank)))
+        _REGISTRY[family] = {entry.name: entry for entry in ranked}
 
 
 def _unknown(kind: str, value: str, valid: list[str]) -> UserError:

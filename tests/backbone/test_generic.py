@@ -208,6 +208,30 @@ print(seen)
     assert counts == [sum(len(v) for v in available().values())] * 8
 
 
+def test_the_order_of_the_names_does_not_depend_on_what_was_imported_first() -> None:
+    """Fresh interpreters that import one variant module (or none) before the first lookup list the same order.
+
+    Tables, documents and test parametrizations are built from ``available()``; a registry in registration
+    order put ``lsh`` first after ``import rl_transformers.backbone.attention.lsh``."""
+    import ast
+    import subprocess
+    import sys
+
+    def order(first: str) -> dict[str, list[str]]:
+        code = f"{first}\nfrom rl_transformers.backbone import available\nprint(available())"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        return ast.literal_eval(out)
+
+    plain = order("")
+    assert plain["attention"][0] != "lsh" and plain["position"][0] != "xl_relative"
+    for first in (
+        "import rl_transformers.backbone.attention.lsh",
+        "import rl_transformers.backbone.position.relative",
+    ):
+        assert order(first) == plain, first
+    assert plain == available()
+
+
 def test_unknown_names_and_options_are_explained() -> None:
     with pytest.raises(
         ValueError, match=r"unknown attention 'ful'\. Did you mean 'full'\? Valid attention names: \[.*'full'"
