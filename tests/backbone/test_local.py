@@ -321,6 +321,26 @@ def test_block_local_2d_streaming_is_exact_with_bounded_cache() -> None:
     check_streaming_bounded("block_local_2d", bound=2 * 5 + 2, **opts)
 
 
+def test_block_local_2d_on_a_stream_never_links_a_row_start_to_its_predecessor() -> None:
+    """The defaults on a 1D stream (the study's use), through any depth: the first column of a raster row never
+    depends on the step before it (the previous row's last column is outside every memory rectangle that
+    precedes it), and no step depends on a step of an earlier image. The memory probe's 0.90 at k = 1 is this:
+    1/W of the steps cannot see their predecessor (docs/encoder_study_v2.md)."""
+    bb = inv.tiny_backbone(attention="block_local_2d", n_layers=3)
+    height, width = bb.cfg.options("attention").image_shape
+    with torch.no_grad():
+        for p in bb.parameters():
+            p.normal_(0.0, 0.5)  # no zero-initialised output path hides a dependency
+    length = 2 * height * width
+    x = torch.randn(1, length, bb.cfg.d_model, dtype=torch.float64, requires_grad=True)
+    y = bb(x, state=bb.init_state(1)).y
+    for t in (1, width - 1, width, 3 * width, height * width, height * width + width, length - 1):
+        (grad,) = torch.autograd.grad(y[0, t].sum(), x, retain_graph=True)
+        seen = grad[0].abs().sum(-1) > 0
+        assert bool(seen[t - 1]) == (t % width != 0), t
+        assert not seen[: t - t % (height * width)].any(), t  # nothing from an earlier image
+
+
 # ------------------------------------------------------------------------------------- all three, shared paths
 @pytest.mark.usefixtures("kernel_path")
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
