@@ -100,6 +100,10 @@ def probe_lines(docs: Path) -> list[str]:
             if row is None:
                 cells.append("– (no reach knob)")
                 continue
+            same = row.get("repeats")
+            if isinstance(same, str):
+                cells.append(f"= `{same.split(' [')[0]}` (the same model)")
+                continue
             best, failed = _reach(row)
             cells.append(f"{best if best is not None else '–'}" + (f" (fails at {failed})" if failed else ""))
         knob = next((r.get("knob") for r in bounds.values() if r.get("knob")), None) or "–"

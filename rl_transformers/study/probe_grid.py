@@ -6,7 +6,9 @@ reach knob (GRU / LSTM / MLP, kernel attentions, ...) have the default row only 
 RNNs' hidden size, stays at the encoder's value). A row runs k in increasing
 order and **stops** after the first k at which no seed reached the success accuracy (the larger k are reported
 as not run). A **cell** is (encoder, knob value, k, seed); default and cover rows share the cells where the
-covering value is the default. Each cell's result is one JSON file,
+covering value is the default. Where a row's first seed at some k gives exactly an earlier row's cell, the
+two are the same model under two names there (:func:`repeat_of`): its other seeds at that k are not run and
+the report marks the cell as repeating the other row's. Each cell's result is one JSON file,
 ``<out>/<encoder>/<knob>=<value>/k<k>-s<seed>.json``, written atomically when the cell finishes: a second
 invocation skips finished cells, so an interrupted grid resumes where it stopped (several processes may share
 an ``--out`` when their ``--encoders`` are disjoint). A result measured with other settings is refused rather
@@ -161,6 +163,40 @@ def load_cell(cell: Cell, out: Path, settings: ProbeSettings) -> dict[str, Any] 
     return data
 
 
+SAME = ("curve", "accuracy", "updates_to_success", "parameters", "replay_exact")
+"""Fields of two cells that must be equal for one row to repeat another (everything but names and timing)."""
+
+
+def repeat_of(cfg: ProbeConfig, row: Row, rows: list[Row], k: int) -> Row | None:
+    """The earlier row of ``rows`` (the same bound, another encoder) that ``row`` repeats at ``k``: the first
+    seed's cells of both finished with equal training curves (every update's accuracy, to 4 decimals),
+    accuracy, updates to success, parameter count and replay flag. That is the same model under two names at
+    this k (``local`` with a window is ``full`` with that cache; ``early_exit`` with its defaults is GTrXL):
+    issue 27.8 marks such rows instead of re-running them. Checked per k, since the knob and the episodes
+    change with k (a sparse pattern equal to dense attention over short episodes may differ over long ones)."""
+    first = cfg.seeds[0]
+
+    def cell(r: Row) -> dict[str, Any] | None:
+        return load_cell(cells_of(r, k, (first,))[0], cfg.out, cfg.settings)
+
+    mine = cell(row)
+    if mine is None:
+        return None
+    for other in rows[: rows.index(row)]:
+        if other.bound != row.bound or other.encoder.name == row.encoder.name:
+            continue
+        theirs = cell(other)
+        if theirs is not None and all(mine.get(f) == theirs.get(f) for f in SAME):
+            return other
+    return None
+
+
+def same_results(cfg: ProbeConfig, row: Row, k: int) -> list[dict[str, Any]]:
+    """The finished cells of ``row`` at ``k`` (those of a row that another one repeats)."""
+    found = (load_cell(c, cfg.out, cfg.settings) for c in cells_of(row, k, cfg.seeds))
+    return [r for r in found if r is not None]
+
+
 def succeeded(results: list[dict[str, Any]]) -> bool:
     """Whether any seed of a (row, k) reached the success accuracy."""
     return any(r.get("updates_to_success") is not None for r in results)
@@ -173,7 +209,8 @@ def run_grid(
     cfg: ProbeConfig, rows: list[Row], measure_cell: Measure = measure, log: Callable[[str], None] = print
 ) -> dict[str, int | None]:
     """Run every pending cell of ``rows`` (see the module docstring); returns, per row name, the k at which
-    it stopped (None: it ran every k)."""
+    it stopped (None: it ran every k). Where a row's first seed at k equals an earlier row's
+    (:func:`repeat_of`), its other seeds at k are not run: that row's cells stand for them."""
     stopped: dict[str, int | None] = {}
     total = len({c.path(cfg.out) for row in rows for k in cfg.ks for c in cells_of(row, k, cfg.seeds)})
     seen: set[Path] = set()
@@ -200,6 +237,13 @@ def run_grid(
                         f"{result['updates_to_success']}, {result['updates_per_s']:.2f} updates/s"
                     )
                 results.append(result)
+                same = repeat_of(cfg, row, rows, k) if cell.seed == cfg.seeds[0] else None
+                if same is not None:
+                    log(
+                        f"{row.name} k={k}: seed {cell.seed} equals {same.name}'s cell (the same model); its other seeds are {same.name}'s"
+                    )
+                    results = same_results(cfg, same, k)
+                    break
             if not succeeded(results):
                 stopped[row.name] = k
                 log(f"{row.name}: no seed reached {cfg.settings.success:.0%} at k={k}; the row stops here")
@@ -245,7 +289,19 @@ def estimate(cfg: ProbeConfig, rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["KS", "Cell", "ProbeConfig", "Row", "cells_of", "estimate", "load_cell", "plan_rows", "run_grid"]
+__all__ = [
+    "KS",
+    "Cell",
+    "ProbeConfig",
+    "Row",
+    "cells_of",
+    "estimate",
+    "load_cell",
+    "plan_rows",
+    "repeat_of",
+    "run_grid",
+    "same_results",
+]
 
 
 def restore_cells(cfg: ProbeConfig, rows: list[Row], docs_json: Path) -> int:

@@ -14,27 +14,45 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from rl_transformers.study.probe_grid import ProbeConfig, Row, cells_of, load_cell, succeeded
+from rl_transformers.study.probe_grid import (
+    ProbeConfig,
+    Row,
+    cells_of,
+    load_cell,
+    repeat_of,
+    same_results,
+    succeeded,
+)
 from rl_transformers.utils.atomic import atomic_write_json, atomic_write_text
 
 CURVE_STRIDE = 10
 """The JSON keeps every 10th point of each cell's accuracy curve."""
 
 
-def row_summary(cfg: ProbeConfig, row: Row) -> dict[str, Any]:
-    """Per k: status (done / partial / pending / stopped), knob value, accuracies, updates to success, rate."""
+def row_summary(cfg: ProbeConfig, row: Row, rows: list[Row] | None = None) -> dict[str, Any]:
+    """Per k: status (done / partial / pending / stopped), knob value, accuracies, updates to success, rate.
+    Where the row repeats an earlier one of ``rows`` at k (:func:`~rl_transformers.study.probe_grid.repeat_of`)
+    the entry holds that row's cells and names it (``repeat_of``); ``repeats``: the row it repeats at every k
+    it ran, if one."""
     by_k: dict[str, Any] = {}
     stopped_at: int | None = None
+    sources: list[str | None] = []
     for k in cfg.ks:
         cells = cells_of(row, k, cfg.seeds)
         entry: dict[str, Any] = {"knob_value": cells[0].value}
         if stopped_at is not None:
             by_k[str(k)] = {**entry, "status": "stopped"}
             continue
-        results = [r for r in (load_cell(c, cfg.out, cfg.settings) for c in cells) if r is not None]
+        same = repeat_of(cfg, row, rows, k) if rows else None
+        if same is not None:
+            entry["repeat_of"] = same.name
+            results = same_results(cfg, same, k)
+        else:
+            results = [r for r in (load_cell(c, cfg.out, cfg.settings) for c in cells) if r is not None]
         if not results:
             by_k[str(k)] = {**entry, "status": "pending"}
             continue
+        sources.append(same.name if same is not None else None)
         reached = [r["updates_to_success"] for r in results if r["updates_to_success"] is not None]
         by_k[str(k)] = {
             **entry,
@@ -56,6 +74,7 @@ def row_summary(cfg: ProbeConfig, row: Row) -> dict[str, Any]:
         "knob_default": row.knob.default if row.knob is not None else None,
         "spec": row.encoder.spec,
         "stopped_at": stopped_at,
+        "repeats": sources[0] if sources and len(set(sources)) == 1 else None,
         "by_k": by_k,
     }
 
@@ -85,7 +104,7 @@ def build(cfg: ProbeConfig, rows: list[Row], command: str) -> dict[str, Any]:
         "ks": list(cfg.ks),
         "seeds": list(cfg.seeds),
         "bounds": list(cfg.bounds),
-        "rows": [row_summary(cfg, row) for row in rows],
+        "rows": [row_summary(cfg, row, rows) for row in rows],
         "cells": cell_records(cfg, rows),
     }
 
@@ -97,7 +116,8 @@ def _entry(e: dict[str, Any], n_seeds: int) -> str:
     median = e["median_updates_to_success"]
     when = f" ({median:g}; {len(reached)}/{len(e['accuracy'])})" if median is not None else ""
     partial = f" [{len(e['accuracy'])}/{n_seeds} seeds]" if e["status"] == "partial" else ""
-    return f"{e['accuracy_mean']:.2f}{when}{partial}"
+    same = f" = {e['repeat_of'].split(' [')[0]}" if e.get("repeat_of") else ""
+    return f"{e['accuracy_mean']:.2f}{when}{partial}{same}"
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -137,8 +157,16 @@ def markdown(report: dict[str, Any]) -> str:
             rates = [e["updates_per_s"] for e in r["by_k"].values() if "updates_per_s" in e]
             rate = f"{statistics.fmean(rates):.2f}" if rates else "–"
             cells = " | ".join(_entry(r["by_k"][str(k)], n_seeds) for k in ks)
-            lines.append(f"| {r['encoder']} | {knob} | {cells} | {rate} |")
+            name = f"{r['encoder']} (= {r['repeats'].split(' [')[0]})" if r.get("repeats") else r["encoder"]
+            lines.append(f"| {name} | {knob} | {cells} | {rate} |")
         lines.append("")
+    same = sorted({(r["encoder"], e["repeat_of"].split(" [")[0]) for r in report["rows"] for e in r["by_k"].values()
+                   if e.get("repeat_of")})  # fmt: skip
+    if same:
+        pairs = ", ".join(f"{a} = {b}" for a, b in same)
+        lines += [f"**Repeated cells** ({pairs}): a cell marked `= X` gave, on its first seed, exactly X's cell at "
+                  "that k (every update's accuracy, updates to success, parameters): the same model under two names "
+                  "there. Its other seeds were not run; the cell shows X's (issue 27.8: marked, not re-run).", ""]  # fmt: skip
     return "\n".join(lines)
 
 

@@ -186,3 +186,50 @@ def test_documents_follow_the_cell_results(tmp_path) -> None:
     assert "| tiny | max_cache=64 | 1.00 (5; 2/2) | 0.30 | stopped | 2.50 |" in text
     assert json.loads(paths[0].read_text())["rows"][0]["stopped_at"] == 4
     assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_cell_equal_to_an_earlier_rows_on_its_first_seed_is_marked_and_its_other_seeds_not_run(
+    tmp_path,
+) -> None:
+    """Issue 27.8: rows that are the same model under two names (``local`` = ``full``) are marked, not re-run;
+    checked per k (``other`` equals ``first`` at k = 1 and 4 only, as a sparse pattern may over short episodes)."""
+    from rl_transformers.study import probe_report
+    from rl_transformers.study.confirm_stages import probe_lines
+
+    def measure(spec: str, k: int, seed: int, settings: ProbeSettings) -> CellResult:
+        calls.append((spec, k, seed))
+        curve = [0.3, 0.9 if "n_heads=4" in spec and k == 16 else 1.0]
+        return CellResult(spec, k, seed, settings.updates, curve[-1], 5, 2.0, 1.0, curve, 10, True,
+                          dataclasses.asdict(settings))  # fmt: skip
+
+    first = Encoder("first", TINY, "attention")
+    twin = Encoder("twin", TINY + ";d_ff=64", "attention")
+    other = Encoder("other", TINY.replace("n_heads=2", "n_heads=4"), "attention")
+    cfg = ProbeConfig(out=tmp_path / "cells", ks=(1, 4, 16), seeds=(0, 1), settings=ProbeSettings(updates=3))
+    rows = plan_rows([first, twin, other], ("default",))
+    calls: list[tuple[str, int, int]] = []
+    assert run_grid(cfg, rows, measure, log=lambda _: None) == dict.fromkeys(r.name for r in rows)
+    assert [(k, seed) for spec, k, seed in calls if spec == twin.spec] == [(1, 0), (4, 0), (16, 0)]
+    assert [(k, seed) for spec, k, seed in calls if spec == other.spec] == [(1, 0), (4, 0), (16, 0), (16, 1)]
+    calls.clear()
+    run_grid(cfg, rows, measure, log=lambda _: None)
+    assert calls == []  # a resumed grid runs none of the skipped seeds either
+    report = probe_report.build(cfg, rows, "python scripts/memory_probe.py --test")
+    summary = {r["encoder"]: r for r in report["rows"]}
+    assert summary["twin"]["repeats"] == "first [default]"
+    assert summary["other"]["repeats"] is None and summary["first"]["repeats"] is None
+    assert [summary["other"]["by_k"][k].get("repeat_of") for k in ("1", "4", "16")] == [
+        "first [default]"
+    ] * 2 + [None]
+    assert summary["twin"]["by_k"]["16"]["status"] == "done" and summary["twin"]["by_k"]["16"]["seeds"] == [
+        0,
+        1,
+    ]
+    text = probe_report.write(report, tmp_path / "docs")[1].read_text()
+    same = "1.00 (5; 2/2) = first"
+    assert f"| twin (= first) | max_cache=64 | {same} | {same} | {same} | 2.00 |" in text
+    assert f"| other | max_cache=64 | {same} | {same} | 0.90 (5; 2/2) | 2.00 |" in text
+    assert "**Repeated cells** (other = first, twin = first)" in text
+    table = "\n".join(probe_lines(tmp_path / "docs"))
+    assert "| `twin` | max_cache | = `first` (the same model) |" in table
+    assert "| `other` | max_cache | 16 |" in table
