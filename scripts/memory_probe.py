@@ -26,6 +26,7 @@ def main(cfg: ProbeConfig) -> None:
     torch.set_num_threads(cfg.threads)
     encoders, _excluded = ppo_encoders(match=True)
     rows = plan_rows(select(encoders, cfg.encoders), cfg.bounds)
+    peers = plan_rows(encoders, cfg.bounds)  # repeated cells are looked for among every encoder's rows
     if cfg.dry_run:
         print(estimate(cfg, rows))
         return
@@ -34,14 +35,14 @@ def main(cfg: ProbeConfig) -> None:
         if restored:
             print(f"restored {restored} finished cells from {cfg.docs / 'memory_probe.json'} into {cfg.out}")
     if not cfg.report_only:
-        run_grid(cfg, rows)
+        run_grid(cfg, rows, peers=peers)
     if cfg.docs is not None:
         from rl_transformers.study import probe_report
 
         # the command that runs (or resumes) the grid and writes these documents
         args = [a for a in sys.argv[1:] if a != "--report-only"]
         command = shlex.join(["python", "scripts/memory_probe.py", *args])
-        for path in probe_report.write(probe_report.build(cfg, rows, command), cfg.docs):
+        for path in probe_report.write(probe_report.build(cfg, rows, command, peers), cfg.docs):
             print(f"wrote {path}")
 
 

@@ -168,12 +168,12 @@ SAME = ("curve", "accuracy", "updates_to_success", "parameters", "replay_exact")
 
 
 def repeat_of(cfg: ProbeConfig, row: Row, rows: list[Row], k: int) -> Row | None:
-    """The earlier row of ``rows`` (the same bound, another encoder) that ``row`` repeats at ``k``: the first
-    seed's cells of both finished with equal training curves (every update's accuracy, to 4 decimals),
-    accuracy, updates to success, parameter count and replay flag. That is the same model under two names at
-    this k (``local`` with a window is ``full`` with that cache; ``early_exit`` with its defaults is GTrXL):
-    issue 27.8 marks such rows instead of re-running them. Checked per k, since the knob and the episodes
-    change with k (a sparse pattern equal to dense attention over short episodes may differ over long ones)."""
+    """The earlier row of ``rows`` (any of them when ``row`` is not one; the same bound, another encoder) that
+    ``row`` repeats at ``k``: the first seed's cells of both finished with equal training curves (every update's
+    accuracy, to 4 decimals), accuracy, updates to success, parameter count and replay flag. That is the same
+    model under two names at this k (issue 27.8 marks such rows instead of re-running them; the screening found
+    ``local`` equal to ``full`` and ``early_exit`` to GTrXL). Checked per k, since the knob and the episodes
+    change with k: ``bigbird`` equals ``full`` over the short episodes of k = 1 and 4, not at k = 16."""
     first = cfg.seeds[0]
 
     def cell(r: Row) -> dict[str, Any] | None:
@@ -182,7 +182,7 @@ def repeat_of(cfg: ProbeConfig, row: Row, rows: list[Row], k: int) -> Row | None
     mine = cell(row)
     if mine is None:
         return None
-    for other in rows[: rows.index(row)]:
+    for other in rows[: rows.index(row)] if row in rows else rows:
         if other.bound != row.bound or other.encoder.name == row.encoder.name:
             continue
         theirs = cell(other)
@@ -206,11 +206,18 @@ Measure = Callable[[str, int, int, ProbeSettings], CellResult]
 
 
 def run_grid(
-    cfg: ProbeConfig, rows: list[Row], measure_cell: Measure = measure, log: Callable[[str], None] = print
+    cfg: ProbeConfig,
+    rows: list[Row],
+    measure_cell: Measure = measure,
+    log: Callable[[str], None] = print,
+    peers: list[Row] | None = None,
 ) -> dict[str, int | None]:
     """Run every pending cell of ``rows`` (see the module docstring); returns, per row name, the k at which
     it stopped (None: it ran every k). Where a row's first seed at k equals an earlier row's
-    (:func:`repeat_of`), its other seeds at k are not run: that row's cells stand for them."""
+    (:func:`repeat_of`; ``peers``: the rows compared with, default ``rows``: the script passes every encoder's,
+    so a run of some encoders finds the rows they repeat among the others), its other seeds at k are not run:
+    that row's cells stand for them."""
+    peers = rows if peers is None else peers
     stopped: dict[str, int | None] = {}
     total = len({c.path(cfg.out) for row in rows for k in cfg.ks for c in cells_of(row, k, cfg.seeds)})
     seen: set[Path] = set()
@@ -237,7 +244,7 @@ def run_grid(
                         f"{result['updates_to_success']}, {result['updates_per_s']:.2f} updates/s"
                     )
                 results.append(result)
-                same = repeat_of(cfg, row, rows, k) if cell.seed == cfg.seeds[0] else None
+                same = repeat_of(cfg, row, peers, k) if cell.seed == cfg.seeds[0] else None
                 if same is not None:
                     log(
                         f"{row.name} k={k}: seed {cell.seed} equals {same.name}'s cell (the same model); its other seeds are {same.name}'s"

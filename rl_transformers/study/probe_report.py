@@ -96,7 +96,8 @@ def cell_records(cfg: ProbeConfig, rows: list[Row]) -> list[dict[str, Any]]:
     return out
 
 
-def build(cfg: ProbeConfig, rows: list[Row], command: str) -> dict[str, Any]:
+def build(cfg: ProbeConfig, rows: list[Row], command: str, peers: list[Row] | None = None) -> dict[str, Any]:
+    """The report of ``rows``; repeated cells are looked for among ``peers`` (default ``rows``)."""
     return {
         "note": cfg.note,
         "command": command,
@@ -104,7 +105,7 @@ def build(cfg: ProbeConfig, rows: list[Row], command: str) -> dict[str, Any]:
         "ks": list(cfg.ks),
         "seeds": list(cfg.seeds),
         "bounds": list(cfg.bounds),
-        "rows": [row_summary(cfg, row, rows) for row in rows],
+        "rows": [row_summary(cfg, row, rows if peers is None else peers) for row in rows],
         "cells": cell_records(cfg, rows),
     }
 

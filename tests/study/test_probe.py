@@ -233,3 +233,9 @@ def test_a_cell_equal_to_an_earlier_rows_on_its_first_seed_is_marked_and_its_oth
     table = "\n".join(probe_lines(tmp_path / "docs"))
     assert "| `twin` | max_cache | = `first` (the same model) |" in table
     assert "| `other` | max_cache | 16 |" in table
+    # a run of some encoders (scripts/memory_probe.py --encoders twin) finds the rows they repeat among all
+    alone = dataclasses.replace(cfg, out=tmp_path / "alone")
+    run_grid(alone, rows[:1], measure, log=lambda _: None)
+    calls.clear()
+    run_grid(alone, rows[1:2], measure, log=lambda _: None, peers=rows)
+    assert [(k, seed) for _, k, seed in calls] == [(1, 0), (4, 0), (16, 0)]
