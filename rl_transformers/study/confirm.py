@@ -202,11 +202,17 @@ def rates(
 
 
 def rate_of(task: str, name: str, measured: tuple[dict, dict, dict]) -> tuple[float, str]:
-    """(steps/s, source) of one (task, encoder): a finished run of it, else the first edition's encoder rate x
-    the task factor, else :data:`ASSUMED_STEPS_PER_S`."""
+    """(steps/s, source) of one (task, encoder): a finished run of it, else of it on the nearest shorter rung of
+    the task's ladder (a step costs about the same on every rung: the same observation, the same cache bound),
+    else the first edition's encoder rate x the task factor, else :data:`ASSUMED_STEPS_PER_S`."""
     mine, enc, factor = measured
     if (task, name) in mine:
         return mine[(task, name)], "measured"
+    rung = next((r for r in cp.RUNGS if r.name == task), None)
+    if rung is not None and rung.memory:
+        for shorter in reversed([r for r in cp.memory_rungs(rung.family) if r.memory < rung.memory]):
+            if (shorter.name, name) in mine:
+                return mine[(shorter.name, name)], "measured on a shorter rung"
     if name in cp.CANDIDATE_RATE:  # a candidate default before it has run: its base row's rate x its factor
         base, times = cp.CANDIDATE_RATE[name]
         rate, source = rate_of(task, base, measured)
@@ -266,7 +272,7 @@ def dry_run_report(
                     f"-{saved:.2f} core-hours)")  # fmt: skip
     log(f"in all {total:.1f} core-hours: {total / max(1, cfg.workers):.1f} h on {cfg.workers} worker(s); rates of "
         "the runs and trials: " + ", ".join(f"{s} {n}" for s, n in sorted(sources.items()))
-        + f" (measured: finished runs here; first edition: {cfg.docs}/{files.SCREENING_RECORDS} per encoder x task factor; "
+        + f" (measured: finished runs here, of the same rung or the nearest shorter one; first edition: {cfg.docs}/{files.SCREENING_RECORDS} per encoder x task factor; "
         f"assumed: {ASSUMED_STEPS_PER_S:g} steps/s)")  # fmt: skip
     return total
 

@@ -208,3 +208,13 @@ def test_the_dry_run_says_what_the_stop_rule_would_save(tmp_path: Path) -> None:
     known = frozenset({"RepeatPreviousEasy", "RepeatPreviousMedium"})
     confirm.dry_run_report(cfg, [GRU], tuned, todo, lines.append, known)
     assert not [line for line in lines if "stop rule" in line]  # it separates already: nothing to skip
+
+
+def test_a_rung_without_runs_takes_the_rate_of_the_nearest_shorter_rung_it_ran() -> None:
+    mine = {("RepeatPreviousEasy", "gru"): 3000.0, ("RepeatPreviousMedium", "gru"): 2000.0}
+    measured = (mine, {"gru": 5000.0}, {"RepeatPreviousHard": 0.5, "TMaze400": 0.25})
+    assert confirm.rate_of("RepeatPreviousMedium", "gru", measured) == (2000.0, "measured")
+    assert confirm.rate_of("RepeatPreviousHard", "gru", measured) == (2000.0, "measured on a shorter rung")
+    # no finished rung of that ladder (T-Maze), or of that encoder: the first edition's rate x the task factor
+    assert confirm.rate_of("TMaze400", "gru", measured) == (1250.0, "first edition")
+    assert confirm.rate_of("RepeatPreviousHard", "lstm", measured) == (confirm.ASSUMED_STEPS_PER_S, "assumed")
