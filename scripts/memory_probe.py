@@ -26,9 +26,11 @@ def main(cfg: ProbeConfig) -> None:
     torch.set_num_threads(cfg.threads)
     encoders, _excluded = ppo_encoders(match=True)
     rows = plan_rows(select(encoders, cfg.encoders), cfg.bounds)
-    peers = plan_rows(encoders, cfg.bounds)  # repeated cells are looked for among every encoder's rows
+    peers = plan_rows(
+        encoders, cfg.bounds
+    )  # repeated cells and rates are looked for among every encoder's rows
     if cfg.dry_run:
-        print(estimate(cfg, rows))
+        print(estimate(cfg, rows, peers))
         return
     if cfg.docs is not None:  # a fresh checkout starts from the committed cells, never below them
         restored = restore_cells(cfg, rows, cfg.docs / "memory_probe.json")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -258,22 +259,29 @@ def run_grid(
     return stopped
 
 
-def estimate(cfg: ProbeConfig, rows: list[Row]) -> str:
+def estimate(cfg: ProbeConfig, rows: list[Row], peers: list[Row] | None = None) -> str:
     """The dry run: cells (at most: rows stop at their first failing k), finished, and the time left from
     measured rates (updates / s of finished cells of the same encoder and knob value, else of the same
-    encoder, else ``assumed_updates_per_s``)."""
-    unique: dict[Path, Cell] = {}
-    for row in rows:
-        for k in cfg.ks:
-            for cell in cells_of(row, k, cfg.seeds):
-                unique.setdefault(cell.path(cfg.out), cell)
-    finished = {p: load_cell(c, cfg.out, cfg.settings) for p, c in unique.items()}
+    encoder, else the median of every finished cell of ``rows`` and ``peers``, else ``assumed_updates_per_s``)."""
+
+    def cells(of: list[Row]) -> dict[Path, Cell]:
+        found: dict[Path, Cell] = {}
+        for row in of:
+            for k in cfg.ks:
+                for cell in cells_of(row, k, cfg.seeds):
+                    found.setdefault(cell.path(cfg.out), cell)
+        return found
+
+    unique = cells(rows)
+    everything = {**cells(peers or []), **unique}
+    finished = {p: load_cell(c, cfg.out, cfg.settings) for p, c in everything.items()}
     rates: dict[tuple[str, int | None], list[float]] = {}
     for path, result in finished.items():
         if result is not None:
-            cell = unique[path]
+            cell = everything[path]
             rates.setdefault((cell.encoder, cell.value), []).append(result["updates_per_s"])
-    seconds, assumed = 0.0, 0
+    overall = [r for rs in rates.values() for r in rs]
+    seconds, fallback = 0.0, 0
     for path, cell in unique.items():
         if finished[path] is not None:
             continue
@@ -283,15 +291,23 @@ def estimate(cfg: ProbeConfig, rows: list[Row]) -> str:
         if same:
             rate = sum(same) / len(same)
         else:
-            rate, assumed = cfg.assumed_updates_per_s, assumed + 1
+            rate, fallback = (
+                statistics.median(overall) if overall else cfg.assumed_updates_per_s,
+                fallback + 1,
+            )
         seconds += (cfg.settings.updates + 1) / rate
-    n_done = sum(r is not None for r in finished.values())
+    n_done = sum(finished[p] is not None for p in unique)
     pending = len(unique) - n_done
+    other = (
+        f"the median of the {len(overall)} finished cells, {statistics.median(overall):.2f} updates/s"
+        if overall
+        else f"the assumed {cfg.assumed_updates_per_s:g} updates/s"
+    )
     lines = [
         f"{len(rows)} rows, {len(unique)} cells at most ({n_done} finished, {pending} to run; rows stop at "
         f"their first k where no seed reaches {cfg.settings.success:.0%})",
-        f"estimated time for the cells to run: {seconds / 3600:.1f} h ({seconds:.0f} s) on one process ({pending - assumed} from "
-        f"measured rates, {assumed} at the assumed {cfg.assumed_updates_per_s:g} updates/s)",
+        f"estimated time for the cells to run: {seconds / 3600:.1f} h ({seconds:.0f} s) on one process "
+        f"({pending - fallback} from their encoder's measured rates, {fallback} at {other})",
     ]
     return "\n".join(lines)
 

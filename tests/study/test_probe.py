@@ -162,7 +162,16 @@ def test_dry_run_counts_shared_cells_once_and_uses_measured_rates(tmp_path) -> N
     assert "(2 finished, 6 to run" in text
     # the 4 pending cells at max_cache=64 use the measured 2.5 updates/s, the 2 at 129 the same encoder's
     seconds = 6 * (3 + 1) / 2.5
-    assert f"({seconds:.0f} s)" in text and "6 from measured rates, 0 at the assumed" in text
+    assert f"({seconds:.0f} s)" in text and "6 from their encoder's measured rates, 0 at the median" in text
+    # an encoder with no finished cell takes the median of every finished cell, its peers' included
+    fresh = plan_rows([Encoder("fresh", TINY.replace("n_heads=2", "n_heads=4"), "attention")], ("default",))
+    text = estimate(cfg, fresh, peers=rows)
+    assert (
+        "0 from their encoder's measured rates, 6 at the median of the 2 finished cells, 2.50 updates/s"
+        in text
+    )
+    assert f"({6 * (3 + 1) / 2.5:.0f} s)" in text
+    assert "6 at the assumed 1 updates/s" in estimate(cfg, fresh)  # nothing measured among its rows
 
 
 def test_documents_follow_the_cell_results(tmp_path) -> None:
