@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_transformers.study.probe_grid import (
+    CURVE_STRIDE,
     ProbeConfig,
     Row,
     cells_of,
@@ -24,9 +25,6 @@ from rl_transformers.study.probe_grid import (
     succeeded,
 )
 from rl_transformers.utils.atomic import atomic_write_json, atomic_write_text
-
-CURVE_STRIDE = 10
-"""The JSON keeps every 10th point of each cell's accuracy curve."""
 
 
 def row_summary(cfg: ProbeConfig, row: Row, rows: list[Row] | None = None) -> dict[str, Any]:
@@ -166,7 +164,8 @@ def markdown(report: dict[str, Any]) -> str:
     if same:
         pairs = ", ".join(f"{a} = {b}" for a, b in same)
         lines += [f"**Repeated cells** ({pairs}): a cell marked `= X` gave, on its first seed, exactly X's cell at "
-                  "that k (every update's accuracy, updates to success, parameters): the same model under two names "
+                  "that k (every 10th update's accuracy, the final one, updates to success, parameters): the same model "
+                  "under two names "
                   "there. Its other seeds were not run; the cell shows X's (issue 27.8: marked, not re-run).", ""]  # fmt: skip
     return "\n".join(lines)
 

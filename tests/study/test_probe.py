@@ -20,7 +20,14 @@ from rl_transformers.study.probe import (
     episode_lengths,
     window_batches,
 )
-from rl_transformers.study.probe_grid import ProbeConfig, cells_of, estimate, plan_rows, run_grid
+from rl_transformers.study.probe_grid import (
+    ProbeConfig,
+    cells_of,
+    estimate,
+    plan_rows,
+    restore_cells,
+    run_grid,
+)
 from rl_transformers.utils.errors import UserError
 
 TINY = "attention=full;position=rope;memory=None;d_model=16;n_heads=2;n_layers=1"
@@ -242,6 +249,10 @@ def test_a_cell_equal_to_an_earlier_rows_on_its_first_seed_is_marked_and_its_oth
     table = "\n".join(probe_lines(tmp_path / "docs"))
     assert "| `twin` | max_cache | = `first` (the same model) |" in table
     assert "| `other` | max_cache | 16 |" in table
+    # a fresh checkout, from the committed documents' thinned curves, finds the same repeats
+    fresh = dataclasses.replace(cfg, out=tmp_path / "restored")
+    assert restore_cells(fresh, rows, tmp_path / "docs" / "memory_probe.json") == 6 + 3 + 4
+    assert probe_report.build(fresh, rows, "python scripts/memory_probe.py --test")["rows"] == report["rows"]
     # a run of some encoders (scripts/memory_probe.py --encoders twin) finds the rows they repeat among all
     alone = dataclasses.replace(cfg, out=tmp_path / "alone")
     run_grid(alone, rows[:1], measure, log=lambda _: None)
