@@ -202,8 +202,8 @@ def _kept(result: dict[str, Any]) -> tuple[Any, ...]:
     return (*(result.get(f) for f in SAME), curve[::CURVE_STRIDE] if isinstance(curve, list) else None)
 
 
-def same_results(cfg: ProbeConfig, row: Row, k: int) -> list[dict[str, Any]]:
-    """The finished cells of ``row`` at ``k`` (those of a row that another one repeats)."""
+def finished_results(cfg: ProbeConfig, row: Row, k: int) -> list[dict[str, Any]]:
+    """The finished cells of ``row`` at ``k``, in seed order."""
     found = (load_cell(c, cfg.out, cfg.settings) for c in cells_of(row, k, cfg.seeds))
     return [r for r in found if r is not None]
 
@@ -260,7 +260,7 @@ def run_grid(
                     log(
                         f"{row.name} k={k}: seed {cell.seed} equals {same.name}'s cell (the same model); its other seeds are {same.name}'s"
                     )
-                    results = same_results(cfg, same, k)
+                    results = finished_results(cfg, same, k)
                     break
             if not succeeded(results):
                 stopped[row.name] = k
@@ -330,11 +330,11 @@ __all__ = [
     "Row",
     "cells_of",
     "estimate",
+    "finished_results",
     "load_cell",
     "plan_rows",
     "repeat_of",
     "run_grid",
-    "same_results",
 ]
 
 

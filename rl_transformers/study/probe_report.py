@@ -19,9 +19,9 @@ from rl_transformers.study.probe_grid import (
     ProbeConfig,
     Row,
     cells_of,
+    finished_results,
     load_cell,
     repeat_of,
-    same_results,
     succeeded,
 )
 from rl_transformers.utils.atomic import atomic_write_json, atomic_write_text
@@ -44,9 +44,7 @@ def row_summary(cfg: ProbeConfig, row: Row, rows: list[Row] | None = None) -> di
         same = repeat_of(cfg, row, rows, k) if rows else None
         if same is not None:
             entry["repeat_of"] = same.name
-            results = same_results(cfg, same, k)
-        else:
-            results = [r for r in (load_cell(c, cfg.out, cfg.settings) for c in cells) if r is not None]
+        results = finished_results(cfg, same or row, k)
         if not results:
             by_k[str(k)] = {**entry, "status": "pending"}
             continue
