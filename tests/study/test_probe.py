@@ -200,6 +200,8 @@ def test_documents_follow_the_cell_results(tmp_path) -> None:
     paths = probe_report.write(report, tmp_path / "docs")
     text = paths[1].read_text()
     assert "| tiny | max_cache=64 | 1.00 (5; 2/2) | 0.30 | stopped | 2.50 |" in text
+    assert "**Status**: complete: all 1 encoders, each row run up to its first failing k; every row stopped by " \
+        "k = 16." in text  # fmt: skip
     assert json.loads(paths[0].read_text())["rows"][0]["stopped_at"] == 4
     assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -259,3 +261,21 @@ def test_a_cell_equal_to_an_earlier_rows_on_its_first_seed_is_marked_and_its_oth
     calls.clear()
     run_grid(alone, rows[1:2], measure, log=lambda _: None, peers=rows)
     assert [(k, seed) for _, k, seed in calls] == [(1, 0), (4, 0), (16, 0)]
+
+
+def test_the_status_line_says_which_encoders_are_left_and_which_rows_the_grid_stopped(tmp_path) -> None:
+    """The documents say how complete the grid is themselves: encoders with cells left (from which k), or, when
+    complete, the rows that still recalled the largest k (stopped by the grid, not by failing)."""
+    from rl_transformers.study import probe_report
+
+    short, long = Encoder("short", TINY, "attention"), Encoder("long", TINY + ";d_ff=64", "attention")
+    cfg = ProbeConfig(out=tmp_path, ks=(1, 4, 16), seeds=(0, 1), settings=ProbeSettings(updates=3))
+    rows = plan_rows([short, long], ("default",))
+    run_grid(cfg, rows[:1], _stub(1, []), log=lambda _: None)  # short fails k = 4: complete
+    run_grid(dataclasses.replace(cfg, ks=(1, 4)), rows[1:], _stub(99, []), log=lambda _: None)
+    line = probe_report.status(probe_report.build(cfg, rows, "cmd"))
+    assert line == "**Status**: partial: 1 of 2 encoders complete; still to run: long (from k = 16)."
+    run_grid(cfg, rows[1:], _stub(99, []), log=lambda _: None)
+    line = probe_report.status(probe_report.build(cfg, rows, "cmd"))
+    assert line.endswith("still recalling at k = 16, where the grid ends: long [default].")
+    assert line.startswith("**Status**: complete: all 2 encoders")
