@@ -60,8 +60,10 @@ class Job:
 
     @property
     def name(self) -> str:
+        """Unique within a study: the preset is part of it (the confirmation stage runs each cell as two
+        presets, ``v2-untuned`` and ``v2-tuned``, which progress and log lines must tell apart)."""
         s = self.spec
-        return f"{s['algo']}/{s['task']}/{s['encoder_name']}/s{s['seed']}"
+        return f"{s['preset']}/{s['algo']}/{s['task']}/{s['encoder_name']}/s{s['seed']}"
 
 
 def make_job(task: Task, encoder: Encoder, seed: int, preset: str, out: Path, **overrides: Any) -> Job:

@@ -43,6 +43,17 @@ def stable(record: dict) -> dict:
     return {k: v for k, v in record.items() if k not in VOLATILE}
 
 
+def test_job_names_tell_presets_apart(tmp_path: Path) -> None:
+    """A job's name keys the progress bar's counts and ETA: the same cell under two presets (the confirmation's
+    untuned and tuned variants) must be two jobs there, not one."""
+    from rl_transformers.study.progress import Progress
+
+    pair = [launch.make_job(TMAZE, GRU, 0, preset, tmp_path, **TINY) for preset in ("quick", "full")]
+    assert pair[0].name == "quick/ppo/TMaze10/gru/s0" and pair[0].name != pair[1].name
+    bar = Progress({j.name: 10.0 for j in pair}, 1, lambda _: None, bar=False)
+    assert bar.counts() == (0, 0, 2)
+
+
 def test_resume_skips_finished_and_retries_failed(tmp_path: Path) -> None:
     planned = jobs(tmp_path, broken=True)
     head = git_sha()
