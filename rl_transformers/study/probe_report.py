@@ -205,24 +205,33 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
     bounds = [b for b in report["bounds"] if any(r["bound"] == b for r in report["rows"])]
     names = list(dict.fromkeys(r["encoder"] for r in report["rows"]))
-    cmap = plt.get_cmap("tab20")
-    color = {name: cmap(i % 20) for i, name in enumerate(names)}  # one colour per encoder in every panel
-    fig, axes = plt.subplots(1, len(bounds), figsize=(6 * len(bounds), 4.5), squeeze=False, sharey=True)
+    cmap = plt.get_cmap("tab10")
+    # one style per encoder in every panel: 10 colours x 3 line styles tell up to 30 encoders apart
+    style = {name: {"color": cmap(i % 10), "linestyle": ("-", "--", "-.")[i // 10 % 3], "marker": "osD"[i // 10 % 3]}
+             for i, name in enumerate(names)}  # fmt: skip
+    fig, axes = plt.subplots(1, len(bounds), figsize=(5.5 * len(bounds), 4.5), squeeze=False, sharey=True)
     for ax, bound in zip(axes[0], bounds):
         for r in (r for r in report["rows"] if r["bound"] == bound):
             points = [(int(k), e["accuracy_mean"]) for k, e in r["by_k"].items() if "accuracy_mean" in e]
             if points:
-                ax.plot(*zip(*points), marker="o", label=r["encoder"], color=color[r["encoder"]])
+                ax.plot(*zip(*points), label=r["encoder"], markersize=4, **style[r["encoder"]])
         ax.axhline(1 / report["settings"]["n_symbols"], color="grey", linestyle=":", label="chance")
         ax.set_xscale("log", base=2)
         ax.set_xticks(report["ks"], [str(k) for k in report["ks"]])
         ax.set_xlabel("k (steps back)")
         ax.set_title(f"context bound: {bound}")
-        ax.legend(fontsize=7, ncol=2, loc="best")
     axes[0][0].set_ylabel(f"accuracy after {report['settings']['updates']} updates")
+    legend: dict[str, Any] = {}  # one entry per encoder, from whichever panel drew it
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    handles, labels = list(legend.values()), list(legend)
     fig.tight_layout()
+    fig.legend(
+        handles, labels, fontsize=7, ncol=1 + len(labels) // 18, loc="center left", bbox_to_anchor=(1, 0.5)
+    )
     with atomic_file(path, suffix=".png") as tmp:
-        fig.savefig(tmp, format="png", dpi=90)
+        fig.savefig(tmp, format="png", dpi=90, bbox_inches="tight")  # the legend sits right of the panels
     plt.close(fig)
 
 
