@@ -6,7 +6,9 @@ output the symbol it saw k steps ago? (method: rl_transformers/study/probe.py)
     python scripts/memory_probe.py --docs docs/results                      # the whole grid, resumable
     python scripts/memory_probe.py --report-only --docs docs/results        # rebuild the documents
 
-Each finished cell is a file under --out; a second invocation skips them, so an interrupted grid resumes.
+Each finished cell is a file under --out; a second invocation skips them, so an interrupted grid resumes. The
+committed cells (docs/results/memory_probe.json, same settings only) are restored into --out first, so a fresh
+checkout never re-measures them; --no-restore measures everything afresh.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import torch
 import tyro
 
 from rl_transformers.study.encoders import ppo_encoders, select
-from rl_transformers.study.probe_grid import ProbeConfig, estimate, plan_rows, restore_cells, run_grid
+from rl_transformers.study.probe_grid import ProbeConfig, estimate, plan_rows, run_grid
+from rl_transformers.study.probe_restore import committed_json, restorable, restore_cells
 from rl_transformers.utils.errors import run_cli
 
 
@@ -29,13 +32,16 @@ def main(cfg: ProbeConfig) -> None:
     peers = plan_rows(
         encoders, cfg.bounds
     )  # repeated cells and rates are looked for among every encoder's rows
-    if cfg.dry_run:
-        print(estimate(cfg, rows, peers))
+    committed = committed_json(cfg)
+    if cfg.dry_run:  # the committed cells a run would restore count as finished; nothing is written
+        print(estimate(cfg, rows, peers, restorable(cfg, peers, committed) if committed else None))
         return
-    if cfg.docs is not None:  # a fresh checkout starts from the committed cells, never below them
-        restored = restore_cells(cfg, rows, cfg.docs / "memory_probe.json")
+    if committed is not None:  # a fresh checkout starts from the committed cells, never below them; every
+        restored = restore_cells(
+            cfg, peers, committed
+        )  # encoder's, as a cell may repeat another's (repeat_of)
         if restored:
-            print(f"restored {restored} finished cells from {cfg.docs / 'memory_probe.json'} into {cfg.out}")
+            print(f"restored {restored} finished cells from {committed} into {cfg.out}")
     if not cfg.report_only:
         run_grid(cfg, rows, peers=peers)
     if cfg.docs is not None:

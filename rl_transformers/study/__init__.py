@@ -10,6 +10,9 @@
 - :mod:`~rl_transformers.study.aggregate` - rliable statistics;
 - :mod:`~rl_transformers.study.report` - the screening stage: encoders_screening.{md,json}, its aggregate;
 - :mod:`~rl_transformers.study.plots` - the plots (learning curves as small multiples per family);
+- :mod:`~rl_transformers.study.probe` / :mod:`~rl_transformers.study.probe_grid` /
+  :mod:`~rl_transformers.study.probe_report` / :mod:`~rl_transformers.study.probe_restore` - the supervised
+  memory probe: one cell, the grid, its documents, restore of the committed cells;
 - :mod:`~rl_transformers.study.notes` - the page's method, notes and caveat, numbers computed from the records.
 
 The CLI is ``scripts/encoder_study.py`` (:class:`~rl_transformers.study.run.StudyConfig`).

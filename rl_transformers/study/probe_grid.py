@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,6 +46,9 @@ class ProbeConfig:
     """Per-cell result files: <out>/<encoder>/<knob>=<value>/k<k>-s<seed>.json."""
     docs: Path | None = None
     """Write memory_probe.{md,json} and plots/memory_probe.png here (e.g. docs/results)."""
+    restore: bool = True
+    """Start from the committed cells (<docs>/memory_probe.json, else docs/results/memory_probe.json) measured
+    with the same settings; --no-restore measures every cell afresh."""
     encoders: tuple[str, ...] = ()
     """Study encoder names (default: every PPO encoder of the study: causal attentions, memories, depths,
     GRU / LSTM / MLP)."""
@@ -269,10 +271,16 @@ def run_grid(
     return stopped
 
 
-def estimate(cfg: ProbeConfig, rows: list[Row], peers: list[Row] | None = None) -> str:
+def estimate(
+    cfg: ProbeConfig,
+    rows: list[Row],
+    peers: list[Row] | None = None,
+    restored: dict[Path, dict[str, Any]] | None = None,
+) -> str:
     """The dry run: cells (at most: rows stop at their first failing k), finished, and the time left from
     measured rates (updates / s of finished cells of the same encoder and knob value, else of the same
-    encoder, else the median of every finished cell of ``rows`` and ``peers``, else ``assumed_updates_per_s``)."""
+    encoder, else the median of every finished cell of ``rows`` and ``peers``, else ``assumed_updates_per_s``).
+    ``restored``: results a run would restore first (by cell path), counted as finished."""
 
     def cells(of: list[Row]) -> dict[Path, Cell]:
         found: dict[Path, Cell] = {}
@@ -284,7 +292,8 @@ def estimate(cfg: ProbeConfig, rows: list[Row], peers: list[Row] | None = None) 
 
     unique = cells(rows)
     everything = {**cells(peers or []), **unique}
-    finished = {p: load_cell(c, cfg.out, cfg.settings) for p, c in everything.items()}
+    restored = restored or {}
+    finished = {p: restored.get(p) or load_cell(c, cfg.out, cfg.settings) for p, c in everything.items()}
     rates: dict[tuple[str, int | None], list[float]] = {}
     for path, result in finished.items():
         if result is not None:
@@ -336,46 +345,3 @@ __all__ = [
     "repeat_of",
     "run_grid",
 ]
-
-
-def restore_cells(cfg: ProbeConfig, rows: list[Row], docs_json: Path) -> int:
-    """Write the cells a committed ``memory_probe.json`` holds into ``cfg.out`` where they are missing, so a
-    fresh checkout rebuilds (or resumes) the documents without losing a finished cell.
-
-    Only cells of this invocation's own plan are restored (paths come from the plan, never from the file), only
-    when the file was measured with the same settings, and only records whose numbers are finite. The file keeps
-    every 10th point of a curve; a restored cell holds each kept point for 10 updates, so thinning it again gives
-    the same record. Returns the number of cells written."""
-    if not docs_json.is_file():
-        return 0
-    try:
-        committed = json.loads(docs_json.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UserError(f"unreadable probe documents ({exc})", source=str(docs_json)) from None
-    if not isinstance(committed, dict) or committed.get("settings") != dataclasses.asdict(cfg.settings):
-        return 0
-    records = {}
-    for rec in committed.get("cells") or []:
-        if isinstance(rec, dict):
-            records[(rec.get("encoder"), rec.get("spec"), rec.get("k"), rec.get("seed"))] = rec
-    written = 0
-    for row in rows:
-        for k in cfg.ks:
-            for cell in cells_of(row, k, cfg.seeds):
-                rec = records.get((cell.encoder, cell.spec, cell.k, cell.seed))
-                path = cell.path(cfg.out)
-                if rec is None or path.is_file() or not _finite_record(rec):
-                    continue
-                curve = [v for v in rec["curve_every_10"] for _ in range(CURVE_STRIDE)]
-                restored = {key: v for key, v in rec.items() if key != "curve_every_10"}
-                atomic_write_json(path, {**restored, "curve": curve, "settings": committed["settings"]})
-                written += 1
-    return written
-
-
-def _finite_record(rec: dict[str, Any]) -> bool:
-    numbers = [rec.get("accuracy"), rec.get("updates_per_s")]
-    curve = rec.get("curve_every_10")
-    if not isinstance(curve, list) or not all(isinstance(v, (int, float)) for v in [*numbers, *curve]):
-        return False
-    return all(math.isfinite(v) for v in [*numbers, *curve]) and set(rec) >= REQUIRED - {"settings"}

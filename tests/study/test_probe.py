@@ -25,9 +25,9 @@ from rl_transformers.study.probe_grid import (
     cells_of,
     estimate,
     plan_rows,
-    restore_cells,
     run_grid,
 )
+from rl_transformers.study.probe_restore import restore_cells
 from rl_transformers.utils.errors import UserError
 
 TINY = "attention=full;position=rope;memory=None;d_model=16;n_heads=2;n_layers=1"

@@ -1,4 +1,4 @@
-"""A fresh checkout rebuilds the committed memory-probe documents from them (probe_grid.restore_cells)."""
+"""A fresh checkout rebuilds the committed memory-probe documents from them (probe_restore)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 from rl_transformers.study.encoders import ppo_encoders, select
-from rl_transformers.study.probe_grid import ProbeConfig, ProbeSettings, plan_rows, restore_cells
+from rl_transformers.study.probe_grid import ProbeConfig, ProbeSettings, plan_rows
 from rl_transformers.study.probe_report import cell_records
+from rl_transformers.study.probe_restore import restore_cells
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "results" / "memory_probe.json"
 
@@ -51,3 +52,43 @@ def test_other_settings_or_non_finite_records_are_not_restored(tmp_path: Path) -
     bad = dict(committed, cells=[dict(c, accuracy=float("nan")) for c in committed["cells"]])
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     assert restore_cells(cfg, rows, tmp_path / "bad.json") == 0
+
+
+def _script_config(committed: dict, out: Path, **changes) -> ProbeConfig:
+    return ProbeConfig(
+        out=out,
+        encoders=("gtrxl",),
+        ks=tuple(committed["ks"]),
+        seeds=tuple(committed["seeds"]),
+        bounds=tuple(committed["bounds"]),
+        settings=ProbeSettings(**committed["settings"]),
+        **changes,
+    )
+
+
+def test_the_script_restores_every_committed_cell_by_default_and_dry_runs_count_them(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """Without --docs a run still starts from docs/results/memory_probe.json (a fresh checkout re-measured
+    committed cells before), restoring every encoder's cells since one may repeat another; a dry run counts
+    them as finished and writes nothing; --no-restore measures afresh."""
+    from tests.script_module import load_script
+
+    probe = load_script("memory_probe")
+    committed = json.loads(DOCS.read_text())
+    gtrxl = [c for c in committed["cells"] if c["encoder"] == "gtrxl"]
+    assert gtrxl
+    monkeypatch.chdir(DOCS.parents[2])  # the committed path is relative to the repository root
+    out = tmp_path / "cells"
+
+    probe.main(_script_config(committed, out, dry_run=True))
+    assert f"({len(gtrxl)} finished," in capsys.readouterr().out
+    assert not out.exists()
+    probe.main(_script_config(committed, out, dry_run=True, restore=False))
+    assert "(0 finished," in capsys.readouterr().out
+
+    probe.main(_script_config(committed, out, report_only=True))
+    assert f"restored {len(committed['cells'])} finished cells" in capsys.readouterr().out
+    assert len(list(out.rglob("*.json"))) == len(committed["cells"])
+    probe.main(_script_config(committed, tmp_path / "afresh", report_only=True, restore=False))
+    assert not (tmp_path / "afresh").exists()
