@@ -39,10 +39,10 @@ from rl_transformers.utils.errors import UserError
 ASSUMED_STEPS_PER_S = 1000.0
 """--dry-run's rate for an encoder no run has measured (env steps/s, one core, evaluations included)."""
 START_S = 10.0
+"""Process start-up per run or trial."""
 REPO_DOCS = Path("docs/results")
 """The documents the README's headline follows (``--readme``; both relative to the working directory, so a
 checkout whose package is installed from another one still rewrites its own); other ``--docs`` leave it alone."""
-"""Process start-up per run or trial."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,9 @@ class ConfirmConfig:
     """Runs (or tuning studies) at once, one torch thread each."""
     timeout_s: float | None = 14400.0
     """Kill a run after this many seconds (it runs again on the next invocation)."""
+    stop_starting_after_h: float | None = None
+    """Run stage: start no run after this many hours (a time-limited slot, e.g. a SLURM job's --time less one
+    run's duration); the running ones finish and keep their results, the next invocation runs the rest."""
     dry_run: bool = False
     """Print the run count and core-hours of both stages, then exit; nothing on disk changes."""
     report_only: bool = False
@@ -293,6 +296,10 @@ def run_confirm(
 
     if cfg.workers < 1:
         raise UserError(f"must be >= 1, got {cfg.workers}", source="--workers")
+    if cfg.stage == "tune" and cfg.stop_starting_after_h is not None:
+        raise UserError("limits the run stage only (tuning studies resume trial by trial: stop them with Ctrl-C)",
+                        source="--stop-starting-after-h")  # fmt: skip
+    start_by = launch.start_limit(cfg.stop_starting_after_h)
     extra = sorted(set(cfg.seeds) - set(cp.SEEDS))
     if extra:  # the documents cover the protocol's seeds only; others would run and never be reported
         raise UserError(
@@ -352,7 +359,7 @@ def run_confirm(
         }
         bar = Progress(each, cfg.workers, log)
         try:
-            launch.run_local(todo, cfg.workers, cfg.timeout_s, log, bar)
+            launch.run_local(todo, cfg.workers, cfg.timeout_s, log, bar, start_by)
         finally:
             bar.close()
     found = records.results(every, log)

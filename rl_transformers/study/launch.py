@@ -16,7 +16,9 @@ launcher (``ray.init(address=...)``, or a local instance) runs the same function
 ``num_cpus=1`` each. Both return the records, which the driver writes to ``result.json`` / ``failed.json``,
 so the results are the same files whichever launcher ran them (and a cluster without a shared file system
 still gathers them on the driver). Ctrl-C stops the local launcher: no queued job starts, the running workers
-save and exit (:func:`stop_all`), and the next invocation runs them again.
+save and exit (:func:`stop_all`), and the next invocation runs them again. A start limit (``start_by``, the
+CLIs' ``--stop-starting-after-h``, for a time-limited allocation) ends an invocation gently: no job starts after
+it, the running ones finish and keep their results.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -41,6 +44,7 @@ from rl_transformers.study.progress import Progress
 from rl_transformers.study.records import complete, job_key, own_result
 from rl_transformers.study.suite import DATASET_ROOT, DT_ARGS, Task
 from rl_transformers.utils.atomic import atomic_write_json
+from rl_transformers.utils.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
 STOP_QUIET_S = 10.0
@@ -48,6 +52,8 @@ STOP_QUIET_S = 10.0
 Ctrl-C in a terminal reaches every worker too (same process group), and a second SIGINT would abort its save."""
 STOP_GRACE_S = 60.0
 """Then how long a signalled worker may take to save its checkpoint and exit before it is killed."""
+NOT_STARTED = "not started"
+"""The status of a job past the invocation's start limit (``start_by``): no record; the next invocation runs it."""
 _LIVE: set[subprocess.Popen[bytes]] = set()
 _LIVE_LOCK = threading.Lock()
 
@@ -118,13 +124,18 @@ def invalidate(jobs: Iterable[Job], encoder_names: Iterable[str], dry_run: bool 
     return moved
 
 
-def execute(spec: dict[str, Any], directory: str, timeout_s: float | None = None) -> dict[str, Any]:
+def execute(
+    spec: dict[str, Any], directory: str, timeout_s: float | None = None, start_by: float | None = None
+) -> dict[str, Any]:
     """Run one job in a worker subprocess; returns its record or a failure dict (``"status"`` says which:
-    done, failed, or busy - another invocation holds the job's lock and is running it). A job another invocation
+    done, failed, busy - another invocation holds the job's lock and is running it -, or not started - the
+    clock (``time.time()``, so the same on every Ray node) is past ``start_by``). A job another invocation
     finished since this one planned it is not run again: its record is returned.
 
     Module-level and argument-only, so Ray can ship it to another process or node.
     """
+    if start_by is not None and time.time() >= start_by:
+        return {"status": NOT_STARTED, "key": spec["key"]}
     run_dir = Path(directory)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -182,8 +193,9 @@ def _run(
 
 
 def record_outcome(job: Job, outcome: dict[str, Any]) -> None:
-    """Write result.json (done) or failed.json (with the attempt count) for a job's outcome (busy: nothing)."""
-    if outcome["status"] == "busy":
+    """Write result.json (done) or failed.json (with the attempt count) for a job's outcome (busy or not
+    started: nothing)."""
+    if outcome["status"] in ("busy", NOT_STARTED):
         return
     outcome = {k: v for k, v in outcome.items() if k != "status"}
     if "score" in outcome:
@@ -204,14 +216,18 @@ def run_local(
     timeout_s: float | None = None,
     log: Callable[[str], None] = print,
     progress: Progress | None = None,
+    start_by: float | None = None,
 ) -> list[dict[str, Any]]:
     """Run the jobs on a pool of ``workers`` subprocesses; records in completion order. ``progress`` (optional)
-    is told when each job starts and ends, and prints the outcome lines (else ``log`` does)."""
+    is told when each job starts and ends, and prints the outcome lines (else ``log`` does). ``start_by``: a
+    ``time.time()`` after which no job starts (the running ones finish; :func:`start_limit`)."""
 
     def start(job: Job) -> dict[str, Any]:
+        if start_by is not None and time.time() >= start_by:
+            return {"status": NOT_STARTED, "key": job.spec["key"]}
         if progress is not None:
             progress.start(job.name)
-        return execute(job.spec, str(job.dir), timeout_s)
+        return execute(job.spec, str(job.dir), timeout_s, start_by)
 
     outcomes = []
     pool = cf.ThreadPoolExecutor(max_workers=max(1, workers))
@@ -228,6 +244,7 @@ def run_local(
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+    _log_not_started(log, outcomes)
     return outcomes
 
 
@@ -238,9 +255,11 @@ def run_ray(
     timeout_s: float | None = None,
     log: Callable[[str], None] = print,
     progress: Progress | None = None,
+    start_by: float | None = None,
 ) -> list[dict[str, Any]]:
     """Run the jobs as Ray tasks with 1 CPU each (``address`` None: a local instance of ``workers`` CPUs).
-    ``progress`` counts the jobs as they end (Ray does not say when a task starts: none shows as running)."""
+    ``progress`` counts the jobs as they end (Ray does not say when a task starts: none shows as running);
+    ``start_by`` as in :func:`run_local` (a task that starts later returns at once)."""
     try:
         import ray
     except ImportError as exc:
@@ -254,7 +273,7 @@ def run_ray(
         started = True
     remote = ray.remote(num_cpus=1, max_retries=0)(execute)
     try:
-        refs = {remote.remote(job.spec, str(job.dir), timeout_s): job for job in jobs}
+        refs = {remote.remote(job.spec, str(job.dir), timeout_s, start_by): job for job in jobs}
         outcomes = []
         pending = list(refs)
         while pending:
@@ -268,13 +287,36 @@ def run_ray(
                 record_outcome(job, outcome)
                 _report(log, progress, job, outcome)
                 outcomes.append(outcome)
+        _log_not_started(log, outcomes)
         return outcomes
     finally:
         if started:
             ray.shutdown()
 
 
+def start_limit(hours: float | None, flag: str = "--stop-starting-after-h") -> float | None:
+    """The ``start_by`` of an invocation that starts jobs for ``hours`` from now (None: no limit); a limit that
+    is not a positive number is a :class:`UserError` naming ``flag``."""
+    if hours is None:
+        return None
+    if not (isinstance(hours, (int, float)) and math.isfinite(hours) and hours > 0):
+        raise UserError(f"must be a positive number of hours, got {hours!r}", source=flag)
+    return time.time() + 3600.0 * hours
+
+
+def _log_not_started(log: Callable[[str], None], outcomes: list[dict[str, Any]]) -> None:
+    n = sum(o["status"] == NOT_STARTED for o in outcomes)
+    if n:
+        log(
+            f"{n} job(s) not started: the start limit (--stop-starting-after-h) passed; the next invocation runs them"
+        )
+
+
 def _report(log: Callable[[str], None], progress: Progress | None, job: Job, outcome: dict[str, Any]) -> None:
+    if outcome["status"] == NOT_STARTED:  # one line for all of them at the end (_log_not_started)
+        if progress is not None:
+            progress.drop(job.name)
+        return
     line = outcome_line(job, outcome)
     if progress is not None:
         progress.finish(job.name, line)

@@ -164,6 +164,9 @@ class OfflineMemoryConfig:
     """Runs at once (one torch thread each)."""
     timeout_s: float | None = 7200.0
     """Kill a run after this many seconds (it runs again on the next invocation)."""
+    stop_starting_after_h: float | None = None
+    """Start no run after this many hours (a time-limited slot, e.g. a SLURM job's --time less one run's
+    duration); the running ones finish and keep their results, the next invocation runs the rest."""
     dry_run: bool = False
     """Print the run count and the estimated time, then exit; nothing on disk changes."""
     report_only: bool = False
@@ -247,9 +250,13 @@ def estimates(
     return seconds
 
 
-def run_offline_memory(cfg: OfflineMemoryConfig, log=print) -> dict[str, Any]:
+def run_offline_memory(cfg: OfflineMemoryConfig, log=print, start_by: float | None = None) -> dict[str, Any]:
+    """Run, dry-run or rebuild the table; ``start_by`` (a ``time.time()``; default from
+    ``--stop-starting-after-h``): no run starts after it."""
     from rl_transformers.study.offline_memory_report import write_report
 
+    if start_by is None:
+        start_by = launch.start_limit(cfg.stop_starting_after_h)
     table = rows()
     jobs = plan(cfg, table)
     every = plan(replace(cfg, lengths=LENGTHS, encoders=(), seeds=SEEDS), table)
@@ -278,7 +285,7 @@ def run_offline_memory(cfg: OfflineMemoryConfig, log=print) -> dict[str, Any]:
         bar = Progress(dict(zip((j.name for j in todo), estimates(todo, Path(cfg.out)), strict=True)),
                        cfg.workers, log)  # fmt: skip
         try:
-            launch.run_local(todo, cfg.workers, cfg.timeout_s, log, bar)
+            launch.run_local(todo, cfg.workers, cfg.timeout_s, log, bar, start_by)
         finally:
             bar.close()
     found = records.results(every, log)

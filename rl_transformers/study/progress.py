@@ -96,6 +96,14 @@ class Progress:
         self.started.setdefault(name, self.clock())
         self._refresh()
 
+    def drop(self, name: str) -> None:
+        """Job ``name`` will not run in this invocation (not started): out of the counts and the ETA."""
+        self.estimates.pop(name, None)
+        self.started.pop(name, None)
+        if self._bar is not None:
+            self._bar.total = len(self.estimates)
+            self._refresh()
+
     def finish(self, name: str, line: str) -> None:
         """Job ``name`` ended; ``line`` says how (printed above the bar, or with the counts)."""
         self.started.setdefault(name, self.clock())

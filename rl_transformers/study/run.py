@@ -52,6 +52,9 @@ class StudyConfig:
     """ray.init(address=...) of an existing cluster (default: start a local instance)."""
     timeout_s: float | None = 3600.0
     """Kill a run after this many seconds (failed: it runs again on the next invocation); its worker stops too."""
+    stop_starting_after_h: float | None = None
+    """Start no run after this many hours (a time-limited slot, e.g. a SLURM job's --time less one run's
+    duration); the running ones finish and keep their results, the next invocation runs the rest."""
     dry_run: bool = False
     """Print the run count and an estimated time from measured steps/s, then exit; nothing on disk changes."""
     report_only: bool = False
@@ -157,6 +160,7 @@ def run_study(cfg: StudyConfig, log=print) -> dict:
             "the documents without running them again; leave out one of the two",
             source="--report-only",
         )
+    start_by = launch.start_limit(cfg.stop_starting_after_h)
     jobs, _ = plan(cfg)
     # The documents always describe the whole preset (both parts, every task and encoder), whatever subset
     # this invocation runs, so running one task never drops another task's results from the records.
@@ -193,7 +197,7 @@ def run_study(cfg: StudyConfig, log=print) -> dict:
     log(f"study {cfg.preset}: {len(jobs)} runs, {len(jobs) - len(todo)} finished, {len(todo)} to run "
         f"({n_failed} failed before, {n_short} stopped before their budget)")  # fmt: skip
     if cfg.dry_run:
-        offline_memory_part(cfg, docs, log)
+        offline_memory_part(cfg, docs, log, start_by)
         seconds, unknown = estimate(todo, out)
         workers = f"{cfg.workers} worker" + ("s" if cfg.workers != 1 else "")
         unmeasured = f" ({unknown} runs without a measured rate: assumed 1,000 steps/s, 20 updates/s)"
@@ -205,12 +209,12 @@ def run_study(cfg: StudyConfig, log=print) -> dict:
         bar = Progress({j.name: s for j, s in zip(todo, each, strict=True)}, cfg.workers, log)
         try:
             if cfg.launcher == "ray":
-                launch.run_ray(todo, cfg.ray_address, cfg.workers, cfg.timeout_s, log, bar)
+                launch.run_ray(todo, cfg.ray_address, cfg.workers, cfg.timeout_s, log, bar, start_by)
             else:
-                launch.run_local(todo, cfg.workers, cfg.timeout_s, log, bar)
+                launch.run_local(todo, cfg.workers, cfg.timeout_s, log, bar, start_by)
         finally:
             bar.close()
-    offline_memory_part(cfg, docs, log)
+    offline_memory_part(cfg, docs, log, start_by)
     ctx["offline_memory"] = offline_memory_report.study_section(docs)
     ctx["command"] = rebuild_command(cfg, docs)
     ctx["method"], ctx["notes"], ctx["caveat"] = notes.method(cfg.preset), notes.notes, notes.caveat
@@ -225,10 +229,11 @@ def run_study(cfg: StudyConfig, log=print) -> dict:
     return {"jobs": len(jobs), "records": len(found), "aggregates": aggs}
 
 
-def offline_memory_part(cfg: StudyConfig, docs: Path, log=print) -> None:
+def offline_memory_part(cfg: StudyConfig, docs: Path, log=print, start_by: float | None = None) -> None:
     """The offline memory table as part of the study (``memory_table``, preset full, the offline part chosen and
-    no --tasks filter): run, dry-run or rebuild it with this invocation's settings; --encoders passes on the
-    names the table has (none of them: the table is left out)."""
+    no --tasks filter): run, dry-run or rebuild it with this invocation's settings (``start_by``: its start
+    limit, :func:`launch.start_limit`); --encoders passes on the names the table has (none of them: the table
+    is left out)."""
     if not (cfg.memory_table and cfg.preset == "full" and "offline" in cfg.parts and not cfg.tasks):
         return
     table = {r.name for r in offline_memory.rows()}
@@ -248,6 +253,7 @@ def offline_memory_part(cfg: StudyConfig, docs: Path, log=print) -> None:
             restore=cfg.restore,
         ),
         log,
+        start_by,
     )
 
 

@@ -63,3 +63,17 @@ def test_run_cli_prints_the_error_without_a_traceback(
     assert captured.err.startswith(expected) and "did you mean" in captured.err
     assert "Traceback" not in captured.err and captured.out == ""
     assert not (tmp_path / "runs").exists()  # refused before any run directory is made
+
+
+def test_a_bad_start_limit_is_refused_before_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("RLT_DEBUG", raising=False)
+    monkeypatch.setattr(enc, "ppo_encoders", lambda match=True: (list(ROWS), []))
+    cfg = run.StudyConfig(parts=("online",), out=tmp_path / "runs", stop_starting_after_h=-2.0)
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(lambda: run.run_study(cfg, log=lambda _msg: None), argv=["encoder_study.py"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --stop-starting-after-h: must be a positive number of hours, got -2.0")
+    assert "Traceback" not in err and not (tmp_path / "runs").exists()

@@ -186,6 +186,13 @@ def test_a_tiny_stage_runs_resumes_and_rebuilds_from_its_records(
     assert any("in all" in line and "core-hours" in line for line in lines)
     with pytest.raises(UserError, match=r"seeds \[7\] are not test seeds"):
         confirm.run_confirm(dataclasses.replace(cfg, seeds=(0, 7)), lines.append, rows=[GRU, MLP])
+    with pytest.raises(UserError, match=r"limits the run stage only") as err:
+        confirm.run_confirm(dataclasses.replace(cfg, stage="tune", stop_starting_after_h=1.0), lines.append)
+    assert err.value.source == "--stop-starting-after-h"
+    with pytest.raises(UserError, match=r"positive number of hours, got 0"):
+        confirm.run_confirm(
+            dataclasses.replace(cfg, stop_starting_after_h=0.0), lines.append, rows=[GRU, MLP]
+        )
     assert confirm.run_confirm(cfg, lines.append, rows=[GRU, MLP])["records"] == 2
     published = json.loads((docs / "encoders.json").read_text())
     assert sorted(r["preset"] for r in published) == [cp.TUNED, cp.UNTUNED]

@@ -17,6 +17,7 @@ import pytest
 from rl_transformers.study import launch, suite
 from rl_transformers.study.encoders import Encoder
 from rl_transformers.study.records import expected_steps, machine_text, restore
+from rl_transformers.utils.errors import UserError
 from rl_transformers.utils.provenance import git_sha
 
 TINY = {"budget": 256, "eval_every": 128, "num_envs": 4, "eval_episodes": 2,
@@ -343,7 +344,7 @@ def test_ctrl_c_starts_no_queued_job_and_stops_the_running_workers(
     monkeypatch.setattr(launch, "STOP_QUIET_S", 0.3)
     monkeypatch.setattr(launch, "STOP_GRACE_S", 1.0)
 
-    def fake_execute(spec: dict, directory: str, timeout_s: float | None = None) -> dict:
+    def fake_execute(spec: dict, directory: str, timeout_s: float | None = None, start_by=None) -> dict:
         started.append(spec["seed"])
         if spec["seed"] == 0:  # ends at once: its outcome line is where the "Ctrl-C" lands
             return {"status": "busy", "holder": "test", "key": spec["key"]}
@@ -366,3 +367,47 @@ def test_ctrl_c_starts_no_queued_job_and_stops_the_running_workers(
     assert time.monotonic() - begin < 20  # not the 60 s sleeps, nor the queue
     assert sorted(started) == [0, 1, 2]  # seeds 3 and 4 never started
     assert not launch._LIVE  # seed 1 stopped by SIGINT, seed 2 (ignores it) killed
+
+
+def test_a_start_limit_starts_no_job_after_it_and_lets_the_running_ones_finish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--stop-starting-after-h (a time-limited allocation): jobs started before the limit finish and keep their
+    results; none starts after it, nothing is written for those, and one line says how many the next
+    invocation runs. The clock is the test's: each job takes one tick."""
+    from rl_transformers.study.progress import Progress
+
+    clock = [0.0]
+    monkeypatch.setattr(launch.time, "time", lambda: clock[0])
+    ran: list[int] = []
+
+    def fake_execute(spec: dict, directory: str, timeout_s=None, start_by=None) -> dict:
+        assert start_by == 2.0  # passed on, for a Ray task that starts late
+        ran.append(spec["seed"])
+        clock[0] += 1.0
+        return {"status": "failed", "returncode": 1, "key": spec["key"]}
+
+    monkeypatch.setattr(launch, "execute", fake_execute)
+    queue = [launch.make_job(TMAZE, GRU, seed, "quick", tmp_path, **TINY) for seed in range(5)]
+    lines: list[str] = []
+    bar = Progress({j.name: 10.0 for j in queue}, 1, lines.append, bar=False)
+    outcomes = launch.run_local(queue, workers=1, log=lines.append, progress=bar, start_by=2.0)
+    assert ran == [0, 1]
+    assert [o["status"] for o in outcomes].count(launch.NOT_STARTED) == 3
+    assert [(j.dir / "failed.json").exists() for j in queue] == [True, True, False, False, False]
+    assert bar.counts() == (2, 0, 0)  # the jobs not started leave the counts (and the ETA)
+    assert lines[-1].startswith("3 job(s) not started") and "next invocation" in lines[-1]
+    assert sum("not started" in line for line in lines) == 1
+
+
+def test_execute_past_its_start_limit_returns_at_once_and_the_limit_must_be_positive(tmp_path: Path) -> None:
+    """A Ray task that starts after the limit takes no lock and runs nothing."""
+    job = launch.make_job(TMAZE, GRU, 0, "quick", tmp_path, **TINY)
+    out = launch.execute(job.spec, str(job.dir), None, start_by=time.time() - 1.0)
+    assert out == {"status": launch.NOT_STARTED, "key": job.spec["key"]} and not job.dir.exists()
+    assert launch.start_limit(None) is None
+    assert 0 < launch.start_limit(0.5) - time.time() <= 1800.0
+    for bad in (0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(UserError, match=r"must be a positive number of hours") as err:
+            launch.start_limit(bad)
+        assert err.value.source == "--stop-starting-after-h"

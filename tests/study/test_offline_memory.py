@@ -141,7 +141,7 @@ def test_the_study_runs_the_table_as_its_offline_part(
     and the --encoders the table has; not for the quick preset, a --tasks filter, the online part alone, only
     encoders the table lacks, or --no-memory-table."""
     called: list[om.OfflineMemoryConfig] = []
-    monkeypatch.setattr(om, "run_offline_memory", lambda cfg, log=print: called.append(cfg))
+    monkeypatch.setattr(om, "run_offline_memory", lambda cfg, log=print, start_by=None: called.append(cfg))
     monkeypatch.setattr(om, "rows", lambda match=True: list(TINY_ROWS))
     base = run.StudyConfig(preset="full", out=tmp_path / "runs", workers=2, dry_run=True)
     run.offline_memory_part(run.replace(base, encoders=("xl", "gru")), tmp_path / "docs")
