@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import tyro
 
+from rl_transformers.study.launch import STUDY_INTERRUPTED
 from rl_transformers.study.run import StudyConfig, run_study
 from rl_transformers.utils.errors import run_cli
 
@@ -29,4 +30,4 @@ def main(config: StudyConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(lambda: main(tyro.cli(StudyConfig, description=__doc__)))
+    run_cli(lambda: main(tyro.cli(StudyConfig, description=__doc__)), on_interrupt=STUDY_INTERRUPTED)

@@ -21,11 +21,13 @@ from pathlib import Path
 import tyro
 
 from rl_transformers.study.confirm import ConfirmConfig, run_confirm
+from rl_transformers.study.launch import STUDY_INTERRUPTED
 from rl_transformers.utils.errors import run_cli
 
 if __name__ == "__main__":
     run_cli(
         lambda: run_confirm(
             tyro.cli(ConfirmConfig, description=__doc__, default=ConfirmConfig(readme=Path("README.md")))
-        )
+        ),
+        on_interrupt=STUDY_INTERRUPTED,
     )

@@ -55,4 +55,7 @@ def main(cfg: ProbeConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(lambda: main(tyro.cli(ProbeConfig, description=__doc__)))
+    run_cli(
+        lambda: main(tyro.cli(ProbeConfig, description=__doc__)),
+        on_interrupt="finished cells are kept; rerun the same command to resume",
+    )

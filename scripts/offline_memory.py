@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import tyro
 
+from rl_transformers.study.launch import STUDY_INTERRUPTED
 from rl_transformers.study.offline_memory import OfflineMemoryConfig, run_offline_memory
 from rl_transformers.utils.errors import run_cli
 
 if __name__ == "__main__":
-    run_cli(lambda: run_offline_memory(tyro.cli(OfflineMemoryConfig, description=__doc__)))
+    run_cli(
+        lambda: run_offline_memory(tyro.cli(OfflineMemoryConfig, description=__doc__)),
+        on_interrupt=STUDY_INTERRUPTED,
+    )

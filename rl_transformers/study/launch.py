@@ -52,6 +52,8 @@ STOP_QUIET_S = 10.0
 Ctrl-C in a terminal reaches every worker too (same process group), and a second SIGINT would abort its save."""
 STOP_GRACE_S = 60.0
 """Then how long a signalled worker may take to save its checkpoint and exit before it is killed."""
+STUDY_INTERRUPTED = "finished runs keep their records; the running ones were stopped and run again when the same command is rerun"
+"""What the study scripts print after Ctrl-C (:func:`rl_transformers.utils.errors.run_cli`'s ``on_interrupt``)."""
 NOT_STARTED = "not started"
 """The status of a job past the invocation's start limit (``start_by``): no record; the next invocation runs it."""
 _LIVE: set[subprocess.Popen[bytes]] = set()

@@ -26,6 +26,8 @@ T = TypeVar("T")
 DEBUG_FLAG = "--debug"
 DEBUG_ENV = "RLT_DEBUG"
 EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
+"""A Ctrl-C that :func:`run_cli` reports (``on_interrupt``): the shell's status for SIGINT, 128 + 2."""
 
 
 class UserError(ValueError):
@@ -101,13 +103,15 @@ def storage_failure(err: BaseException) -> str | None:
     return None
 
 
-def run_cli(main: Callable[[], T], argv: list[str] | None = None) -> T:
+def run_cli(main: Callable[[], T], argv: list[str] | None = None, on_interrupt: str | None = None) -> T:
     """Run a script's ``main()``: user errors become ``error: <message>`` and exit status 2.
 
     ``--debug`` is removed from ``sys.argv`` before ``main`` parses it (so every script accepts it without
     declaring it) and, like ``RLT_DEBUG=1``, lets user errors raise with their traceback. Other exceptions,
     ``KeyboardInterrupt`` and ``SystemExit`` pass through untouched, except a full disk
-    (:func:`storage_failure`), which is reported as a user error too.
+    (:func:`storage_failure`), which is reported as a user error too. ``on_interrupt``: for scripts whose
+    Ctrl-C is an ordinary way to stop (resumable studies), a ``KeyboardInterrupt`` prints
+    ``interrupted: <on_interrupt>`` instead of a traceback and exits with :data:`EXIT_INTERRUPTED`.
     """
     if argv is None:
         argv = sys.argv
@@ -116,6 +120,11 @@ def run_cli(main: Callable[[], T], argv: list[str] | None = None) -> T:
         argv[:] = [argv[0], *(a for a in argv[1:] if a != DEBUG_FLAG)]
     try:
         return main()
+    except KeyboardInterrupt:
+        if on_interrupt is None or debug:
+            raise
+        print(f"interrupted: {on_interrupt}", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
     except Exception as err:
         user = _user_error_in(err)
         storage = storage_failure(err) if user is None else None

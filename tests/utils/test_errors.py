@@ -11,7 +11,7 @@ from rl_transformers.utils.checks import (
     check_device_available,
     check_divides,
 )
-from rl_transformers.utils.errors import UserError, choice_hint, closest, run_cli
+from rl_transformers.utils.errors import EXIT_INTERRUPTED, UserError, choice_hint, closest, run_cli
 
 
 def _raise(err: BaseException):
@@ -74,6 +74,18 @@ def test_other_exceptions_pass_through(monkeypatch) -> None:
     with pytest.raises(KeyboardInterrupt):
         run_cli(_raise(KeyboardInterrupt()), argv=["prog"])
     assert run_cli(lambda: 7, argv=["prog"]) == 7
+
+
+def test_a_script_that_stops_on_ctrl_c_says_so_without_a_traceback(monkeypatch, capsys) -> None:
+    """``on_interrupt`` (the resumable studies): Ctrl-C prints one line and exits 130; --debug keeps the
+    traceback; without ``on_interrupt`` it still passes through (test above)."""
+    monkeypatch.delenv("RLT_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as done:
+        run_cli(_raise(KeyboardInterrupt()), argv=["prog"], on_interrupt="rerun to resume")
+    assert done.value.code == EXIT_INTERRUPTED == 130
+    assert capsys.readouterr().err == "interrupted: rerun to resume\n"
+    with pytest.raises(KeyboardInterrupt):
+        run_cli(_raise(KeyboardInterrupt()), argv=["prog", "--debug"], on_interrupt="rerun to resume")
 
 
 def test_hints() -> None:
