@@ -34,4 +34,8 @@ def main(cfg: TuneConfig) -> None:
 if __name__ == "__main__":
     import tyro
 
-    run_cli(lambda: main(tyro.cli(TuneConfig, description=__doc__, registry=cli_registry())))
+    run_cli(
+        lambda: main(tyro.cli(TuneConfig, description=__doc__, registry=cli_registry())),
+        on_interrupt="finished trials are kept in the study's SQLite file; the interrupted trial failed, and "
+        "the same command runs a new trial in its place",
+    )

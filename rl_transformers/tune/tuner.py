@@ -224,6 +224,9 @@ class Objective:
         result = rlt.train_ppo(train, self.runs / f"trial_{trial.number}", callback=after_update)
         trial.set_user_attr("curve", curve)
         trial.set_user_attr("run_dir", str(result.run_dir))
+        if result.interrupted and not pruned:  # Ctrl-C / SIGTERM: the trainer saved and returned early; its
+            # curve is cut short, so the trial is no result: it fails (Optuna re-raises) and the study stops
+            raise KeyboardInterrupt(f"trial {trial.number} stopped by a signal at step {result.step}")
         if pruned:
             raise optuna.TrialPruned(f"pruned at step {curve[-1][0]} (value {curve[-1][1]:.3g})")
         if not curve:

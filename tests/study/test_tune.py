@@ -78,6 +78,42 @@ def test_a_two_trial_study_runs_and_resumes_from_its_sqlite_file(tmp_path) -> No
         assert saved["seed"] == seed
 
 
+def test_ctrl_c_during_a_trial_fails_it_and_stops_the_study(tmp_path, monkeypatch) -> None:
+    """The trainer takes Ctrl-C / SIGTERM gracefully (saves, returns early). A trial stopped so used to be
+    COMPLETE with the mean of its cut curve, and the study went on to the next trial; now it fails, the study
+    stops, and a resume runs full trials in its place."""
+    import os
+    import signal
+    import threading
+
+    import optuna
+
+    import rl_transformers as rlt
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("the trainer's graceful Ctrl-C handler is installed in the main thread only")
+    real = rlt.train_ppo
+
+    def signalled(cfg, run_dir, callback):
+        def first_update_then_ctrl_c(trainer):
+            verdict = callback(trainer)
+            os.kill(os.getpid(), signal.SIGINT)  # the trainer stops after this update
+            return verdict
+
+        return real(cfg, run_dir, callback=first_update_then_ctrl_c)
+
+    cfg = tiny(tmp_path)
+    with monkeypatch.context() as patch:
+        patch.setattr(rlt, "train_ppo", signalled)
+        with pytest.raises(KeyboardInterrupt, match="trial 0 stopped by a signal at step 16"):
+            run_tuning(cfg, log=lambda _: None)
+    study = open_study(cfg, GRU)
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.FAIL]
+    resumed = run_tuning(cfg, log=lambda _: None)
+    states = [t.state for t in resumed.trials]
+    assert states == [optuna.trial.TrialState.FAIL] + [optuna.trial.TrialState.COMPLETE] * 2
+
+
 def test_a_study_refuses_other_settings_when_reopened(tmp_path) -> None:
     open_study(tiny(tmp_path), GRU)
     open_study(tiny(tmp_path, n_trials=5, threads=2), GRU)  # per-invocation fields may change
