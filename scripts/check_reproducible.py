@@ -12,8 +12,9 @@ land in the default runs/ there; paths of this checkout named in the command, e.
 absolute) with ``--no-progress`` (and ``--now-flags`` on the working-tree side) and one torch thread, then
 compares the two runs' ``progress.jsonl`` row by row: every logged value except timings (keys naming time,
 fps, per-second rates or wall clock) must be equal exactly. Training on the CPU with one thread is
-deterministic, so equal logs over a few updates mean the code computes the same thing, and a published table of
-that commit still describes this tree. Exit code 0: identical; 1: a difference (the first one is printed);
+deterministic on one CPU model, so equal logs over a few updates mean the code computes the same thing, and a
+published table of that commit still describes this tree. Both runs are on this machine: a run published from
+another CPU model (AMD EPYC against Intel Xeon) rounds differently and drifts from it after a while. Exit code 0: identical; 1: a difference (the first one is printed);
 2: a command failed.
 """
 

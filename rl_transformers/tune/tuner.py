@@ -346,6 +346,7 @@ def write_best(cfg: TuneConfig, study: Any) -> Path | None:
             "seed": best.user_attrs.get("seed"),
             "spec": best.user_attrs.get("spec"),
             "command": best.user_attrs.get("command"),
+            "curve": best.user_attrs.get("curve"),  # [step, value] per evaluation: shows the trial is whole
             "finished_trials": len(finished(study)),
         },
     )

@@ -62,6 +62,8 @@ def test_a_two_trial_study_runs_and_resumes_from_its_sqlite_file(tmp_path) -> No
         assert f"hidden_size={trial.params['hidden_size']}" in trial.user_attrs["spec"]
     best = json.loads((tmp_path / cfg.name / "best.json").read_text())
     assert best["value"] == max(v for *_, v in first)
+    top = next(t for t in study.trials if t.number == best["trial"])
+    assert best["curve"] == [[s, v] for s, v in sorted(top.intermediate_values.items())]  # the whole trial
 
     reopened = run_tuning(dataclasses.replace(cfg, n_trials=3), log=lambda _: None)
     assert len(reopened.trials) == 3  # one trial added, the two stored ones kept as they were
