@@ -1,11 +1,12 @@
-"""A tripwire for the study's committed records: a job's key hashes the encoder's spec *string* and the PPO
-overrides only, and specs are relative to the library's defaults ("" is the GTrXL default, ``memory=knn``
-keeps its attention and positions, ``position=rope`` is the candidate). A changed default would silently give
-the committed records of both editions another meaning (and make ``gtrxl_rope`` the same model as ``gtrxl``).
-So every confirmation row must still resolve to the configuration its records were measured with.
+"""A tripwire for the studies' committed records: a job's key hashes the encoder's spec *string* and the
+trainer's overrides only, and specs are relative to the library's defaults (``""`` is the GTrXL default,
+``memory=knn`` keeps its attention and positions, ``position=rope`` is the second edition's candidate). A
+changed default (of a policy, a variant's options, PPO's or the DT's recipe) would silently give committed
+records another meaning, and make ``gtrxl_rope`` the same model as ``gtrxl``. So every spec of the committed
+records (screening, second edition, offline memory table) must still resolve to what it was measured with.
 
 Changing a default on purpose (issue 27 point 5: "defaults that follow the evidence") therefore needs the
-study's specs pinned to what they meant (explicit specs, with the committed keys migrated as
+studies' specs pinned to what they meant (explicit specs, with the committed keys migrated as
 ``records.legacy_key_matches`` does for DT dataset roots); then regenerate the snapshot:
 ``python tests/study/test_study_defaults.py``."""
 
@@ -16,33 +17,72 @@ import json
 from pathlib import Path
 from typing import Any
 
+REPO = Path(__file__).resolve().parents[2]
+RECORDS = ("encoders_screening.json", "encoders.json", "offline_memory.json")
 SNAPSHOT = Path(__file__).with_name("data") / "study_defaults.json"
+DT_RUNTIME = {"seed", "device", "threads", "run_root", "resume", "verbose", "progress", "allow_env_modules",
+              "dataset", "dataset_root", "env_id"}  # fmt: skip
+"""DTConfig fields that say where and how a run happens, not what it trains (jobs set them)."""
+
+
+def committed_specs() -> dict[str, list[str]]:
+    """The encoder specs of every committed record, per trainer."""
+    specs: dict[str, set[str]] = {"ppo": set(), "dt": set()}
+    for name in RECORDS:
+        data = json.loads((REPO / "docs" / "results" / name).read_text())
+        for rec in data["records"] if isinstance(data, dict) else data:
+            specs["ppo" if rec["algo"] == "ppo" else "dt"].add(rec["encoder"])
+    return {algo: sorted(found) for algo, found in specs.items()}
+
+
+def variant_defaults() -> dict[str, dict[str, Any]]:
+    """Every registered variant's default options: with the bases and recipes below, every default a spec
+    can lean on (so records committed after the snapshot are covered too)."""
+    from rl_transformers.backbone import available, registry
+
+    return {
+        family: {name: dataclasses.asdict(registry.build_options(family, name, {})) for name in names}
+        for family, names in available().items()
+    }
 
 
 def resolved_defaults() -> dict[str, Any]:
-    """Each confirmation row's resolved policy configuration (candidates included) and PPO's defaults."""
+    """Each committed spec's resolved configuration; the defaults underneath: the PPO and DT bases, every
+    variant's options, PPO's and the DT's recipes."""
+    from rl_transformers.algos.dt_config import DTConfig
     from rl_transformers.algos.ppo_config import PPOConfig
-    from rl_transformers.study import confirm_plan as cp
-    from rl_transformers.study.encoders import policy_config
+    from rl_transformers.study.encoders import dt_backbone, policy_config
 
-    rows = {e.name: {"spec": e.spec, "policy": dataclasses.asdict(policy_config(e.spec))}
-            for e in [*cp.encoder_rows(), *cp.CANDIDATES]}  # fmt: skip
-    resolved = {"rows": rows, "ppo": dataclasses.asdict(PPOConfig())}
+    specs = committed_specs()
+    dt = {k: v for k, v in dataclasses.asdict(DTConfig()).items() if k not in DT_RUNTIME}
+    resolved = {
+        "ppo_specs": {s: dataclasses.asdict(policy_config(s)) for s in specs["ppo"]},
+        "dt_specs": {s: dataclasses.asdict(dt_backbone(s)) for s in specs["dt"]},
+        "variants": variant_defaults(),
+        "ppo": dataclasses.asdict(PPOConfig()),
+        "dt": dt,
+    }
     return json.loads(json.dumps(resolved, sort_keys=True))  # tuples as lists, as stored
 
 
-def test_every_study_row_still_means_what_its_records_were_measured_with() -> None:
+def test_every_committed_record_still_means_what_it_was_measured_with() -> None:
     saved = json.loads(SNAPSHOT.read_text())
     now = resolved_defaults()
-    changed = sorted(name for name in saved["rows"] if now["rows"].get(name) != saved["rows"][name])
-    assert not changed, (
-        f"study rows {changed} now resolve to another configuration than their committed records: see this "
-        "module's docstring before changing a default"
+    for part in ("ppo_specs", "dt_specs"):
+        changed = sorted(s for s in saved[part] if s in now[part] and now[part][s] != saved[part][s])
+        assert not changed, (
+            f"{part}: {changed} now resolve to another configuration than their committed records: see this "
+            "module's docstring before changing a default"
+        )
+    # specs first committed later rest on the same defaults, pinned here (no need to regenerate per part)
+    assert now["ppo_specs"][""] == saved["ppo_specs"][""], "the GTrXL base (the spec '') changed"
+    assert now["variants"] == saved["variants"], "a variant's default options changed under the records"
+    assert now["ppo"] == saved["ppo"], (
+        "PPO's defaults changed under the studies' records (their untuned recipe)"
     )
-    assert sorted(now["rows"]) == sorted(saved["rows"]), "rows added or removed: regenerate the snapshot"
-    assert now["ppo"] == saved["ppo"], "PPO's defaults changed under the study's records (its untuned recipe)"
+    assert now["dt"] == saved["dt"], "the DT's recipe defaults changed under the studies' records"
     # the tripwire can fire: the candidate is another model than the default it may replace
-    assert saved["rows"]["gtrxl_rope"]["policy"] != saved["rows"]["gtrxl"]["policy"]
+    assert saved["ppo_specs"]["position=rope"] != saved["ppo_specs"][""]
 
 
 if __name__ == "__main__":
