@@ -136,7 +136,7 @@ def execute(
 
     Module-level and argument-only, so Ray can ship it to another process or node.
     """
-    if start_by is not None and time.time() >= start_by:
+    if past(start_by):
         return {"status": NOT_STARTED, "key": spec["key"]}
     run_dir = Path(directory)
     try:
@@ -225,7 +225,7 @@ def run_local(
     ``time.time()`` after which no job starts (the running ones finish; :func:`start_limit`)."""
 
     def start(job: Job) -> dict[str, Any]:
-        if start_by is not None and time.time() >= start_by:
+        if past(start_by):  # before the progress bar counts the job as started
             return {"status": NOT_STARTED, "key": job.spec["key"]}
         if progress is not None:
             progress.start(job.name)
@@ -304,6 +304,11 @@ def start_limit(hours: float | None, flag: str = "--stop-starting-after-h") -> f
     if not (isinstance(hours, (int, float)) and math.isfinite(hours) and hours > 0):
         raise UserError(f"must be a positive number of hours, got {hours!r}", source=flag)
     return time.time() + 3600.0 * hours
+
+
+def past(start_by: float | None) -> bool:
+    """Whether the clock (``time.time()``, the same on every Ray node) is past a start limit."""
+    return start_by is not None and time.time() >= start_by
 
 
 def _log_not_started(log: Callable[[str], None], outcomes: list[dict[str, Any]]) -> None:
