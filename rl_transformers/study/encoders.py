@@ -3,9 +3,15 @@
 An encoder is an *override string*: ``;``-separated ``field=value`` items applied to a base configuration.
 ``policy`` (transformer | gru | lstm | mlp) and ``hidden_size`` set :class:`PolicyConfig` fields; every other
 key is a :class:`BackboneConfig` field (dict options as JSON, ``None`` for None, integers as integers). PPO
-encoders start from the GTrXL default (:func:`~rl_transformers.policies.gtrxl.gtrxl_backbone`: ``full`` +
-``xl`` memory (32) + ``xl_relative`` + ``gtrxl`` block, d=64, 2 layers, 4 heads); DT encoders from the
-study's DT backbone (:func:`dt_base`: the paper's GPT-2 block, position ``none``, d=64, 2 layers, 1 head).
+encoders start from the study's PPO base (:func:`ppo_base`: the GTrXL preset of
+:func:`~rl_transformers.policies.gtrxl.gtrxl_backbone`, ``full`` + ``xl`` memory (32) + ``gtrxl`` block, d=64,
+2 layers, 4 heads, with its positions pinned to :data:`PPO_BASE_POSITION`); DT encoders from the study's DT
+backbone (:func:`dt_base`: the paper's GPT-2 block, position ``none``, d=64, 2 layers, 1 head).
+
+The PPO base's positions are pinned, not read from the library default: a job's key hashes its spec
+*string*, so a spec must keep the meaning it was measured with when the library default changes (issue 27
+point 5). ``""`` is the study's ``gtrxl`` row and ``position=rope`` its ``gtrxl_rope`` row, whatever
+``train_gtrxl.py`` defaults to (``tests/study/test_study_defaults.py`` holds every committed spec to that).
 
 PPO rows (read from ``available()`` at run time, so new registry entries join automatically):
 
@@ -45,6 +51,8 @@ POSITION_PREFERENCE = ("xl_relative", "rope", "none")
 """PPO attention rows take the first of these positional schemes the attention accepts."""
 REFERENCE_ENV = "rlt/popgym-RepeatPreviousEasy-v0"
 """Spaces on which PPO parameter counts are matched (the heads differ slightly per task)."""
+PPO_BASE_POSITION = "xl_relative"
+"""Positions of the PPO base (spec ``""``): GTrXL's default when the studies' records were measured."""
 POLICY_KEYS = {"policy": "kind", "hidden_size": "hidden_size", "critic": "critic"}
 BASELINES = ("gru", "lstm", "mlp")
 
@@ -121,14 +129,20 @@ def dt_base() -> BackboneConfig:
     return dt_backbone_config(d_model=64, n_layers=2)
 
 
+def ppo_base() -> BackboneConfig:
+    """The PPO encoders' base (spec ``""``): the GTrXL preset with :data:`PPO_BASE_POSITION` positions."""
+    from rl_transformers.policies.gtrxl import gtrxl_backbone
+
+    return gtrxl_backbone().replace(position=PPO_BASE_POSITION)
+
+
 def policy_config(spec: str) -> Any:
-    """The PPO :class:`PolicyConfig` of an override string (GTrXL default + overrides)."""
-    from rl_transformers.policies.gtrxl import PolicyConfig, gtrxl_backbone
+    """The PPO :class:`PolicyConfig` of an override string (:func:`ppo_base` + overrides)."""
+    from rl_transformers.policies.gtrxl import PolicyConfig
 
     fields = parse_spec(spec)
     policy = {POLICY_KEYS[k]: fields.pop(k) for k in list(fields) if k in POLICY_KEYS}
-    backbone = gtrxl_backbone().replace(**fields) if fields else gtrxl_backbone()
-    return PolicyConfig(backbone=backbone, **policy)
+    return PolicyConfig(backbone=ppo_base().replace(**fields), **policy)
 
 
 def dt_backbone(spec: str) -> BackboneConfig:

@@ -63,6 +63,21 @@ def test_policy_config_applies_the_spec() -> None:
         enc.parse_spec("positon=rope")
 
 
+def test_specs_keep_their_meaning_when_the_library_default_changes(monkeypatch) -> None:
+    """Issue 27 point 5: the PPO base pins its positions, so flipping GTrXL's default neither relabels the
+    committed records (keys hash the spec string) nor makes the ``gtrxl_rope`` row the ``gtrxl`` row."""
+    from rl_transformers.policies import gtrxl
+
+    before = {s: enc.policy_config(s) for s in ("", "position=rope", "memory=knn", "policy=gru")}
+    preset = gtrxl.gtrxl_backbone
+    monkeypatch.setattr(gtrxl, "gtrxl_backbone", lambda **kw: preset(**kw).replace(position="rope"))
+    assert gtrxl.gtrxl_backbone().position == "rope"  # the patched library default
+    after = {s: enc.policy_config(s) for s in before}
+    assert after == before
+    assert after[""].backbone.position == enc.PPO_BASE_POSITION == "xl_relative"
+    assert after["position=rope"] != after[""]
+
+
 def test_match_parameters_finds_the_closest_width() -> None:
     target = enc.ppo_parameters("")
     spec, n = enc.match_parameters("policy=gru", target, enc.ppo_parameters, "hidden_size", hi=1024)

@@ -5,10 +5,11 @@ changed default (of a policy, a variant's options, PPO's or the DT's recipe) wou
 records another meaning, and make ``gtrxl_rope`` the same model as ``gtrxl``. So every spec of the committed
 records (screening, second edition, offline memory table) must still resolve to what it was measured with.
 
-Changing a default on purpose (issue 27 point 5: "defaults that follow the evidence") therefore needs the
-studies' specs pinned to what they meant (explicit specs, with the committed keys migrated as
-``records.legacy_key_matches`` does for DT dataset roots); then regenerate the snapshot:
-``python tests/study/test_study_defaults.py``."""
+The PPO base's positions are pinned (``study.encoders.PPO_BASE_POSITION``), so GTrXL's library default may
+change (issue 27 point 5: "defaults that follow the evidence") without firing this. Changing any other default
+on purpose needs the studies' specs pinned to what they meant the same way (or explicit specs, with the
+committed keys migrated as ``records.legacy_key_matches`` does for DT dataset roots); then regenerate the
+snapshot: ``python tests/study/test_study_defaults.py``."""
 
 from __future__ import annotations
 
