@@ -2,7 +2,8 @@
 
 Reads the job (algo, task, encoder spec, seed, budget), calls the trainer's public ``train`` function
 (:func:`rl_transformers.algos.ppo.train` / :func:`rl_transformers.algos.dt.train`) with the run directory
-``<run dir>/run``, then reads the evaluation series the trainer logged to ``progress.jsonl`` and writes
+``<run dir>/run`` (a PPO run interrupted earlier resumes from its checkpoint when that continues it bit for
+bit: :mod:`~rl_transformers.study.attempts`), then reads the evaluation series the trainer logged to ``progress.jsonl`` and writes
 ``<run dir>/result.json`` atomically (the record of :func:`make_record`). Exit code 0 only with a result: a
 run that the trainer stopped early (SIGTERM or Ctrl-C: it saves and returns) writes no result and exits with
 :data:`EXIT_INTERRUPTED`, so the study runs it again instead of scoring a shortened run. The record names the
@@ -28,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rl_transformers.study.attempts import Attempt, finish_attempt, plan_attempt, start_attempt
 from rl_transformers.study.records import UNKNOWN, machine_text
 from rl_transformers.utils.atomic import atomic_write_json
 from rl_transformers.utils.provenance import git_sha
@@ -118,7 +120,7 @@ def read_series(progress: Path, key: str) -> list[tuple[float, float]]:
     return out
 
 
-def _ppo(job: dict[str, Any], run: Path) -> dict[str, Any]:
+def _ppo(job: dict[str, Any], run: Path, attempt: Attempt) -> dict[str, Any]:
     from rl_transformers.algos.ppo import train
     from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
     from rl_transformers.policies.gtrxl import make_policy
@@ -141,15 +143,18 @@ def _ppo(job: dict[str, Any], run: Path) -> dict[str, Any]:
         run_root=run.parent,
         keep_checkpoints=1,
         progress=False,
+        resume=attempt.checkpoint,
     )
     start = time.perf_counter()
     result = train(cfg, run_dir=run)
-    wall = time.perf_counter() - start
+    wall = attempt.credit_s + time.perf_counter() - start
     _check_complete(result)
     obs_space, act_space = _spaces(job["env_id"]) if not job.get("env_kwargs") else _env_spaces(job)
     policy = make_policy(cfg.policy, obs_space, act_space)
     curve = read_series(run / "progress.jsonl", "eval/mean_reward")
     record = make_record(job, curve, result.global_step, wall, sum(p.numel() for p in policy.parameters()))
+    if attempt.resumed_from:
+        record["resumed_from"] = list(attempt.resumed_from)
     return {**record, **success_fields(run)}
 
 
@@ -248,13 +253,18 @@ def main(argv: list[str]) -> int:
     job_path = Path(argv[0])
     job = json.loads(job_path.read_text())
     run = job_path.parent / "run"
-    import shutil
-
-    shutil.rmtree(run, ignore_errors=True)  # a previous failed attempt
     sha = git_sha()  # the code this run is about to run (``-dirty``: with uncommitted changes)
     host = machine_text()
+    attempt = plan_attempt(job, run, sha, host)
+    if attempt.checkpoint is None:
+        import shutil
+
+        shutil.rmtree(run, ignore_errors=True)  # a previous attempt that cannot be continued
+    else:
+        print(f"resuming from {attempt.checkpoint} (step {attempt.resumed_from[-1]:,})", flush=True)
+    start_attempt(job, run, attempt, sha, host)
     try:
-        record = _dt(job, run) if job["algo"] == "dt" else _ppo(job, run)
+        record = _dt(job, run) if job["algo"] == "dt" else _ppo(job, run, attempt)
     except Interrupted as err:
         print(f"no result: {err}; the study runs this job again", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -263,6 +273,7 @@ def main(argv: list[str]) -> int:
     record["git_sha"] = sha or UNKNOWN
     record["machine"] = host
     atomic_write_json(job_path.parent / "result.json", record, indent=1)
+    finish_attempt(run)
     return 0
 
 

@@ -201,6 +201,17 @@ def load_signed(entry: Any, field: str, *, trust: bool = False) -> Any:
     Raises :class:`UntrustedBlob` (nothing unpickled) when the entry is malformed, unsigned, or its tag does
     not verify; ``trust=True`` unpickles a well-formed blob without checking the tag (the user's opt-in).
     """
+    return _unpickle(_blob_data(entry, field, trust=trust))
+
+
+def verify_signed(entry: Any, field: str) -> None:
+    """Raise :class:`UntrustedBlob` unless ``entry`` is a :func:`sign_blob` entry of ``field`` whose tag
+    verifies with this user's key; nothing is unpickled."""
+    _blob_data(entry, field, trust=False)
+
+
+def _blob_data(entry: Any, field: str, *, trust: bool) -> bytes:
+    """The pickled bytes of a :func:`sign_blob` entry, its tag checked unless ``trust``."""
     if not isinstance(entry, dict) or "data" not in entry:
         raise UntrustedBlob(f"{field!r} is not a signed blob (written by an older version or altered)")
     data = _blob_bytes(entry["data"], f"{field}.data")
@@ -213,7 +224,7 @@ def load_signed(entry: Any, field: str, *, trust: bool = False) -> Any:
                 f"the signature of {field!r} does not match this user's key {key_path()} "
                 "(the file was written by another user or machine, or altered)"
             )
-    return _unpickle(data)
+    return data
 
 
 def _unpickle(data: bytes) -> Any:
