@@ -6,8 +6,10 @@ continues the same computation bit for bit: the trainer's resume restores the mo
 states and the envs themselves (:mod:`rl_transformers.algos.ppo_checkpoint`), so a resumed run logs what the
 uninterrupted run would have (``tests/study/test_attempts.py`` compares the two). That needs
 
-- the same job (its key), run at the same **clean** commit and on the same machine (a record names one of each,
-  and one-thread CPU results differ between CPU models: ``scripts/check_reproducible.py``);
+- the same job (its key), the same code and the same machine: :data:`CODE_PATHS` as committed, without
+  uncommitted changes (:func:`code_identity`: git's objects for them, so a commit that touches only documents,
+  like a study's records, keeps it), and the machine a record names (one-thread CPU results differ between CPU
+  models: ``scripts/check_reproducible.py``);
 - a checkpoint whose signed env state verifies with this user's key (a foreign or unsigned one would resume
   with fresh episodes: not the same run).
 
@@ -23,6 +25,7 @@ once the record is written, so a finished run that is run again (``--rerun-encod
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +34,34 @@ from typing import Any
 from rl_transformers.utils.atomic import atomic_write_json
 
 ATTEMPT_FILE = "attempt.json"
+CODE_PATHS = ("rl_transformers", "envs", "offline_data", "pyproject.toml")
+"""What a run executes, relative to the checkout (the dependencies' versions: ``pyproject.toml``)."""
+
+
+def code_identity(root: Path | None = None) -> str | None:
+    """Git's object ids of :data:`CODE_PATHS` at HEAD in the checkout ``root`` (default: this one), or None
+    when any of them has uncommitted or untracked changes, or git cannot tell."""
+    from rl_transformers.study.launch import ROOT
+
+    base = ["git", "--no-optional-locks", "-C", str(root or ROOT)]
+    try:
+        changed = subprocess.run(
+            [*base, "status", "--porcelain", "--", *CODE_PATHS],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        objects = subprocess.run(
+            [*base, "rev-parse", *(f"HEAD:{path}" for path in CODE_PATHS)],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return None if changed or len(objects) != len(CODE_PATHS) else ",".join(objects)
 
 
 @dataclass(frozen=True)
@@ -68,7 +99,7 @@ def _verified_step(checkpoint: Path) -> int | None:
     return step if isinstance(step, int) and step > 0 else None
 
 
-def plan_attempt(job: dict[str, Any], run: Path, sha: str | None, machine: str) -> Attempt:
+def plan_attempt(job: dict[str, Any], run: Path, code: str | None, machine: str) -> Attempt:
     """Resume ``run`` (the job's run directory) when the previous attempt allows it (module docstring)."""
     from rl_transformers.study.records import expected_steps
     from rl_transformers.utils.checkpoint_load import latest_checkpoint
@@ -77,9 +108,8 @@ def plan_attempt(job: dict[str, Any], run: Path, sha: str | None, machine: str) 
     same = (
         before is not None
         and job["algo"] == "ppo"
-        and sha is not None
-        and not sha.endswith("-dirty")
-        and (before.get("key"), before.get("git_sha"), before.get("machine")) == (job["key"], sha, machine)
+        and code is not None
+        and (before.get("key"), before.get("code"), before.get("machine")) == (job["key"], code, machine)
     )
     checkpoint = latest_checkpoint(run) if same and run.is_dir() else None
     step = _verified_step(checkpoint) if checkpoint is not None else None
@@ -100,13 +130,13 @@ def finish_attempt(run: Path) -> None:
     (run.parent / ATTEMPT_FILE).unlink(missing_ok=True)
 
 
-def start_attempt(job: dict[str, Any], run: Path, attempt: Attempt, sha: str | None, machine: str) -> None:
+def start_attempt(job: dict[str, Any], run: Path, attempt: Attempt, code: str | None, machine: str) -> None:
     """Write ``attempt.json`` for the attempt that starts now."""
     atomic_write_json(
         run.parent / ATTEMPT_FILE,
         {
             "key": job["key"],
-            "git_sha": sha,
+            "code": code,
             "machine": machine,
             "started_at": time.time(),
             "credit_s": attempt.credit_s,

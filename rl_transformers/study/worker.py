@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rl_transformers.study.attempts import Attempt, finish_attempt, plan_attempt, start_attempt
+from rl_transformers.study.attempts import Attempt, code_identity, finish_attempt, plan_attempt, start_attempt
 from rl_transformers.study.records import UNKNOWN, machine_text
 from rl_transformers.utils.atomic import atomic_write_json
 from rl_transformers.utils.provenance import git_sha
@@ -255,14 +255,15 @@ def main(argv: list[str]) -> int:
     run = job_path.parent / "run"
     sha = git_sha()  # the code this run is about to run (``-dirty``: with uncommitted changes)
     host = machine_text()
-    attempt = plan_attempt(job, run, sha, host)
+    code = code_identity()
+    attempt = plan_attempt(job, run, code, host)
     if attempt.checkpoint is None:
         import shutil
 
         shutil.rmtree(run, ignore_errors=True)  # a previous attempt that cannot be continued
     else:
         print(f"resuming from {attempt.checkpoint} (step {attempt.resumed_from[-1]:,})", flush=True)
-    start_attempt(job, run, attempt, sha, host)
+    start_attempt(job, run, attempt, code, host)
     try:
         record = _dt(job, run) if job["algo"] == "dt" else _ppo(job, run, attempt)
     except Interrupted as err:

@@ -1,5 +1,5 @@
 """rl_transformers/study/attempts.py: an interrupted study run resumes from its checkpoint and logs what the
-uninterrupted run logs, with its wall time summed over attempts; any doubt (another commit, a dirty tree,
+uninterrupted run logs, with its wall time summed over attempts; any doubt (other or uncommitted code,
 another machine or job, a checkpoint this user did not sign) starts it over."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import pytest
 from rl_transformers.study import attempts, launch, suite, worker
 from rl_transformers.study.encoders import Encoder
 
-SHA = "0123456789abcdef0123456789abcdef01234567"
+CODE = "0123456789abcdef0123456789abcdef01234567"
+"""The code identity the tests' worker reports (a development checkout may have uncommitted changes)."""
 TMAZE = suite.tasks("ppo", ("TMaze10",))[0]
 GRU = Encoder("gru", "policy=gru;hidden_size=16", "baseline")
 SMALL = {"budget": 512, "eval_every": 128, "num_envs": 4, "eval_episodes": 2,
@@ -40,7 +41,7 @@ def interrupted(tmp_path: Path, monkeypatch) -> Path:
     """A job whose first attempt stopped after its second update (the trainer saved a checkpoint there)."""
     from rl_transformers.algos import ppo
 
-    monkeypatch.setattr(worker, "git_sha", lambda: SHA)
+    monkeypatch.setattr(worker, "code_identity", lambda: CODE)
     job_json = write_job(tmp_path / "interrupted")
     train = ppo.train
     with monkeypatch.context() as patch:
@@ -60,7 +61,7 @@ def test_an_interrupted_run_resumes_and_logs_what_the_whole_run_logs(
     credit = checkpoint.stat().st_mtime - first["started_at"]
     assert credit > 0
     job = json.loads(interrupted.read_text())
-    plan = attempts.plan_attempt(job, interrupted.parent / "run", SHA, first["machine"])
+    plan = attempts.plan_attempt(job, interrupted.parent / "run", CODE, first["machine"])
     assert (plan.checkpoint, plan.resumed_from) == (checkpoint, (256,))
     assert plan.credit_s == pytest.approx(credit)
 
@@ -74,7 +75,9 @@ def test_an_interrupted_run_resumes_and_logs_what_the_whole_run_logs(
     assert resumed["wall_s"] > credit  # the first attempt's time up to its checkpoint is counted
     # finished: run again (--rerun-encoders moves the result aside), it starts over
     assert not (interrupted.parent / attempts.ATTEMPT_FILE).exists()
-    assert attempts.plan_attempt(job, interrupted.parent / "run", SHA, first["machine"]) == attempts.Attempt()
+    assert (
+        attempts.plan_attempt(job, interrupted.parent / "run", CODE, first["machine"]) == attempts.Attempt()
+    )
 
 
 def test_a_checkpoint_at_the_whole_budget_is_not_resumed(interrupted: Path) -> None:
@@ -83,14 +86,14 @@ def test_a_checkpoint_at_the_whole_budget_is_not_resumed(interrupted: Path) -> N
     job = json.loads(interrupted.read_text())
     machine = json.loads((interrupted.parent / attempts.ATTEMPT_FILE).read_text())["machine"]
     run = interrupted.parent / "run"
-    assert attempts.plan_attempt(job, run, SHA, machine).checkpoint is not None
-    assert attempts.plan_attempt({**job, "budget": 256}, run, SHA, machine) == attempts.Attempt()
+    assert attempts.plan_attempt(job, run, CODE, machine).checkpoint is not None
+    assert attempts.plan_attempt({**job, "budget": 256}, run, CODE, machine) == attempts.Attempt()
 
 
 @pytest.mark.parametrize(
     "change",
     [
-        {"git_sha": "fedcba9876543210fedcba9876543210fedcba98"},  # another commit
+        {"code": "fedcba9876543210fedcba9876543210fedcba98"},  # other code
         {"machine": "another CPU"},
         {"key": "0000000000000000"},  # another job in the same directory
     ],
@@ -100,24 +103,53 @@ def test_a_run_starts_over_when_the_previous_attempt_differs(interrupted: Path, 
     run = interrupted.parent / "run"
     attempt_file = interrupted.parent / attempts.ATTEMPT_FILE
     before = json.loads(attempt_file.read_text())
-    assert attempts.plan_attempt(job, run, SHA, before["machine"]).checkpoint is not None
+    assert attempts.plan_attempt(job, run, CODE, before["machine"]).checkpoint is not None
     attempt_file.write_text(json.dumps({**before, **change}))
-    assert attempts.plan_attempt(job, run, SHA, before["machine"]) == attempts.Attempt()
+    assert attempts.plan_attempt(job, run, CODE, before["machine"]) == attempts.Attempt()
 
 
-def test_a_dirty_tree_or_a_foreign_checkpoint_starts_over(
+def test_uncommitted_code_or_a_foreign_checkpoint_starts_over(
     interrupted: Path, monkeypatch, tmp_path: Path
 ) -> None:
     job = json.loads(interrupted.read_text())
     run = interrupted.parent / "run"
     machine = json.loads((interrupted.parent / attempts.ATTEMPT_FILE).read_text())["machine"]
-    dirty = SHA + "-dirty"
-    attempts.start_attempt(job, run, attempts.Attempt(), dirty, machine)
-    assert attempts.plan_attempt(job, run, dirty, machine) == attempts.Attempt()
-    attempts.start_attempt(job, run, attempts.Attempt(), SHA, machine)
-    assert attempts.plan_attempt(job, run, SHA, machine).checkpoint is not None
+    attempts.start_attempt(job, run, attempts.Attempt(), None, machine)  # code_identity: uncommitted changes
+    assert attempts.plan_attempt(job, run, None, machine) == attempts.Attempt()
+    attempts.start_attempt(job, run, attempts.Attempt(), CODE, machine)
+    assert attempts.plan_attempt(job, run, CODE, machine).checkpoint is not None
     monkeypatch.setenv("RLT_HOME", str(tmp_path / "another_user"))  # another signing key
-    assert attempts.plan_attempt(job, run, SHA, machine) == attempts.Attempt()
+    assert attempts.plan_attempt(job, run, CODE, machine) == attempts.Attempt()
     # the worker then runs it from step 0: a complete record, not marked as resumed
     assert worker.main([str(interrupted)]) == 0
     assert "resumed_from" not in json.loads((interrupted.parent / "result.json").read_text())
+
+
+def test_code_identity_names_the_committed_code_and_refuses_uncommitted_changes(tmp_path: Path) -> None:
+    import subprocess
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    for path in attempts.CODE_PATHS:
+        target = tmp_path / path / "a.py" if "." not in path else tmp_path / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text("x = 1\n")
+    (tmp_path / "docs.md").write_text("results\n")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "code")
+    first = attempts.code_identity(tmp_path)
+    assert first is not None and len(first.split(",")) == len(attempts.CODE_PATHS)
+    (tmp_path / "docs.md").write_text("more results\n")  # a commit of records only
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "records")
+    assert attempts.code_identity(tmp_path) == first
+    (tmp_path / "rl_transformers" / "b.py").write_text("y = 2\n")  # untracked code is code too
+    assert attempts.code_identity(tmp_path) is None
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "more code")
+    second = attempts.code_identity(tmp_path)
+    assert second is not None and second != first
+    (tmp_path / "envs" / "a.py").write_text("x = 3\n")  # an edit, uncommitted
+    assert attempts.code_identity(tmp_path) is None
+    assert attempts.code_identity(tmp_path / "not_a_checkout") is None
