@@ -106,12 +106,16 @@ def test_the_page_names_the_recorded_machines_not_the_rebuilding_one() -> None:
         ({"curve": [[1.0, "x"]]}, "curve"),
         ({"parameters": -1}, "parameters -1"),
         ({"wall_s": "fast"}, "wall_s 'fast'"),
+        ({"resumed_from": [10**9]}, "resumed_from"),  # past the run's end
+        ({"resumed_from": [256, 128]}, "resumed_from"),  # not increasing
+        ({"resumed_from": "128"}, "resumed_from"),
     ],
     ids=lambda v: str(v)[:40],
 )
 def test_a_record_that_contradicts_its_job_is_refused(tmp_path: Path, changes: dict, says: str) -> None:
     job = launch.make_job(TMAZE, GRU, 0, "full", tmp_path / "runs")
     assert records.problem(finished(job), job.spec) is None  # the unchanged record is fine
+    assert records.problem(finished(job, resumed_from=[128, 4096]), job.spec) is None  # a resumed run's
     committed = tmp_path / "encoders.json"
     committed.write_text(json.dumps([finished(job, **changes)]))
     with pytest.raises(UserError, match="record 0 .* is refused: " + says.replace("(", r"\(")) as err:
