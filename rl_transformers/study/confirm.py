@@ -19,6 +19,7 @@ import concurrent.futures as cf
 import json
 import os
 import shlex
+import signal
 import sqlite3
 import statistics
 import subprocess
@@ -34,7 +35,7 @@ from rl_transformers.study.confirm_headline import write_headline
 from rl_transformers.study.encoders import Encoder, select
 from rl_transformers.study.progress import Progress
 from rl_transformers.utils.atomic import atomic_write_json
-from rl_transformers.utils.errors import UserError
+from rl_transformers.utils.errors import EXIT_INTERRUPTED, UserError
 
 ASSUMED_STEPS_PER_S = 1000.0
 """--dry-run's rate for an encoder no run has measured (env steps/s, one core, evaluations included)."""
@@ -128,6 +129,16 @@ def run_tune_command(args: list[str], log_path: Path) -> int:
         return subprocess.call([sys.executable, *args[1:]], cwd=launch.ROOT, env=env, stdout=out, stderr=out)
 
 
+def tune_outcome(code: int) -> str:
+    """How a tuning subprocess ended, by its exit code (Ctrl-C: ``scripts/tune.py`` exits 130, a signal's
+    default action gives minus its number): an interrupted study resumes from its SQLite file."""
+    if code == 0:
+        return "tuned"
+    if code in (EXIT_INTERRUPTED, -signal.SIGINT, -signal.SIGTERM):
+        return "interrupted (its finished trials are kept; run the stage again to resume)"
+    return f"FAILED ({code})"
+
+
 def tune_stage(
     cfg: ConfirmConfig, encoders: list[Encoder], tuned: dict[str, Any], log=print, runner=None
 ) -> None:
@@ -139,7 +150,7 @@ def tune_stage(
     def one(e: Encoder) -> str:
         args = tune_command(e, cfg.tune_out)
         code = runner(args, cfg.tune_out / f"{cp.study_name(e)}.log")
-        return f"  {'tuned' if code == 0 else f'FAILED ({code})'} {e.name}: {shlex.join(args)}"
+        return f"  {tune_outcome(code)} {e.name}: {shlex.join(args)}"
 
     with cf.ThreadPoolExecutor(max_workers=max(1, cfg.workers)) as pool:
         for line in pool.map(one, todo):

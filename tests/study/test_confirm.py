@@ -271,6 +271,15 @@ def test_the_tune_stage_runs_the_missing_studies_and_commits_their_results(tiny:
     )
 
 
+def test_an_interrupted_tuning_study_is_reported_as_resumable_not_failed() -> None:
+    import signal
+
+    assert confirm.tune_outcome(0) == "tuned"
+    for code in (130, -signal.SIGINT, -signal.SIGTERM):  # tune.py's Ctrl-C exit; killed by a signal
+        assert confirm.tune_outcome(code).startswith("interrupted") and "resume" in confirm.tune_outcome(code)
+    assert confirm.tune_outcome(1) == "FAILED (1)" and confirm.tune_outcome(2) == "FAILED (2)"
+
+
 def test_changed_tuning_settings_move_committed_results_aside(
     tiny: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
