@@ -42,23 +42,12 @@ def code_identity(root: Path | None = None) -> str | None:
     """Git's object ids of :data:`CODE_PATHS` at HEAD in the checkout ``root`` (default: this one), or None
     when any of them has uncommitted or untracked changes, or git cannot tell."""
     from rl_transformers.study.launch import ROOT
+    from rl_transformers.utils.provenance import git_output
 
-    base = ["git", "--no-optional-locks", "-C", str(root or ROOT)]
+    root = root or ROOT
     try:
-        changed = subprocess.run(
-            [*base, "status", "--porcelain", "--", *CODE_PATHS],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        objects = subprocess.run(
-            [*base, "rev-parse", *(f"HEAD:{path}" for path in CODE_PATHS)],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.split()
+        changed = git_output(root, "status", "--porcelain", "--", *CODE_PATHS)
+        objects = git_output(root, "rev-parse", *(f"HEAD:{path}" for path in CODE_PATHS), timeout=5).split()
     except (OSError, subprocess.SubprocessError):
         return None
     return None if changed or len(objects) != len(CODE_PATHS) else ",".join(objects)

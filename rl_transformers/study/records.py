@@ -108,9 +108,10 @@ def problem(record: Any, spec: dict[str, Any]) -> str | None:
     if success is not None and not (_number(success) and 0.0 <= success <= 1.0):
         return f"success {success!r} is not a rate in [0, 1]"
     resumed = record.get("resumed_from")  # study/attempts.py: the steps an interrupted run resumed from
+    end = steps if isinstance(steps, (int, float)) else 0  # a number here (checked above)
     if resumed is not None and not (
         isinstance(resumed, list)
-        and all(isinstance(s, int) and not isinstance(s, bool) and 0 < s < steps for s in resumed)
+        and all(isinstance(s, int) and not isinstance(s, bool) and 0 < s < end for s in resumed)
         and resumed == sorted(set(resumed))
     ):
         return f"resumed_from {resumed!r} is not a list of increasing steps inside the run"

@@ -33,6 +33,7 @@ __all__ = [
     "SYSTEM_INFO_FILE",
     "device_name",
     "finish_machine_info",
+    "git_output",
     "git_sha",
     "machine_info",
     "read_invocations",
@@ -46,26 +47,25 @@ SYSTEM_INFO_FILE = "system_info.json"
 """File of a run directory holding one :func:`machine_info` record (plus the command) per invocation."""
 
 
+def git_output(directory: Path | str, *args: str, timeout: float = 10) -> str:
+    """The stripped stdout of ``git -C directory args`` (``--no-optional-locks``, so it never takes the index
+    lock a user's ``git commit`` needs); raises ``OSError`` / ``subprocess.SubprocessError`` on failure."""
+    base = ["git", "--no-optional-locks", "-C", str(directory)]
+    return subprocess.run(
+        [*base, *args], capture_output=True, text=True, timeout=timeout, check=True
+    ).stdout.strip()
+
+
 def git_sha(directory: Path | str = PACKAGE_DIR) -> str | None:
     """HEAD of the git checkout containing ``directory`` (+ ``-dirty``), or None outside a checkout.
 
-    ``git --no-optional-locks`` so a run starting never takes the index lock a user's ``git commit`` needs;
-    when the status check fails or times out the commit is still returned, marked ``-status-unknown``."""
-    base = ["git", "--no-optional-locks", "-C", str(directory)]
+    When the status check fails or times out the commit is still returned, marked ``-status-unknown``."""
     try:
-        sha = subprocess.run(
-            [*base, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
-        ).stdout.strip()
+        sha = git_output(directory, "rev-parse", "HEAD", timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
     try:
-        dirty = subprocess.run(
-            [*base, "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
+        dirty = git_output(directory, "status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return sha + "-status-unknown"
     return sha + ("-dirty" if dirty else "")
