@@ -7,9 +7,11 @@ by P(candidate > GTrXL) of the normalized final score with its 95 % stratified-b
 of three seeds of the noisy rung), so the longer rungs' results did not choose it: a candidate *qualifies* when, on every rung that separated and was not stopped, its interval does not
 lie wholly below 0.5 (it is nowhere worse than the default), and on at least one such rung it lies wholly above
 0.5 (it is somewhere better). If several qualify, the one above on more rungs wins, then the higher mean P.
-The decision waits until both cells of every such rung have all their seeds: until then it is "pending". A rung
-that did not separate (every cell at random, at the maximum or memoryless) is left out, as in the verdict: a tie
-there says nothing.
+The decision waits until both cells of every such rung have all their seeds and until whether each rung
+separated is settled (:func:`~rl_transformers.study.confirm_report.settled_rungs`: all its runs finished, or
+cells with all their seeds already separate it, which no further run can undo): until then it is "pending". A
+rung that did not separate (every cell at random, at the maximum or memoryless) is left out, as in the verdict:
+a tie there says nothing.
 """
 
 from __future__ import annotations
@@ -50,10 +52,10 @@ def decision(
     by_cell: dict[tuple[str, str, str], list[dict[str, Any]]],
     unseparated: frozenset[str],
     stopped: frozenset[str],
-    complete: bool,
+    settled: frozenset[str],
 ) -> str:
-    """The rule of this module's docstring as one sentence. ``complete``: every planned run of the study has
-    finished (until then a rung's separation, which all its rows decide, is not final)."""
+    """The rule of this module's docstring as one sentence. ``settled``: the rungs whose separation no further
+    run can change (:func:`~rl_transformers.study.confirm_report.settled_rungs`)."""
     seeds = len(cp.SEEDS)
     live = [r.name for r in cp.RUNGS if r.name not in stopped]
     waiting = [
@@ -62,8 +64,10 @@ def decision(
     ]  # fmt: skip
     if waiting:
         return f"**Decision**: pending ({len(waiting)} of {len(live)} rungs still running: {', '.join(waiting)})."
-    if not complete:
-        return "**Decision**: pending (the other rows' runs decide which rungs separated)."
+    unsettled = [t for t in live if t not in settled]
+    if unsettled:
+        return (f"**Decision**: pending (the other rows' runs of {', '.join(unsettled)} decide whether "
+                f"{'it' if len(unsettled) == 1 else 'they'} separated).")  # fmt: skip
     rungs = [t for t in live if t not in unseparated]
     qualified: list[tuple[int, float, str]] = []
     for e in cp.CANDIDATES:
@@ -89,7 +93,7 @@ def candidate_lines(
     reps: int,
     unseparated: frozenset[str] = frozenset(),
     stopped: frozenset[str] = frozenset(),
-    complete: bool = False,
+    settled: frozenset[str] = frozenset(),
 ) -> list[str]:
     """The page's section: the rule, one row per candidate (a column per rung), the decision."""
     if not cp.CANDIDATES:
@@ -104,7 +108,7 @@ def candidate_lines(
         "mean P. Fixed on 2026-11-27, before the longer rungs ran; method: "
         "`rl_transformers/study/confirm_candidates.py`.",
         "",
-        decision(comps, by_cell, unseparated, stopped, complete),
+        decision(comps, by_cell, unseparated, stopped, settled),
         "",
         "| candidate | " + " | ".join(r.name + note(r.name, unseparated, stopped) for r in cp.RUNGS) + " |",
         "|---|" + "---|" * len(cp.RUNGS),

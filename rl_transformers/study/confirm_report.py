@@ -63,20 +63,42 @@ def separation(found: Sequence[dict[str, Any]]) -> dict[str, str | None]:
     mean final score within :data:`SEPARATION` of the random score or of the maximum (issue 27.4), or, where a
     memoryless policy beats random (``Rung.memoryless``: T-Maze), none more than that above it."""
     by_cell = cells(found)
-    out: dict[str, str | None] = {}
-    for r in cp.RUNGS:
-        means = [
-            statistics.fmean(final(x) for x in recs) for (t, _, _), recs in by_cell.items() if t == r.name
-        ]
-        out[r.name] = None
-        if means and all(abs(m - r.low) <= SEPARATION for m in means):
-            out[r.name] = f"every encoder within {SEPARATION} of the random score {r.low:g}"
-        elif means and all(abs(m - r.high) <= SEPARATION for m in means):
-            out[r.name] = f"every encoder within {SEPARATION} of the maximum {r.high:g}"
-        elif means and r.memoryless is not None and all(m <= r.memoryless + SEPARATION for m in means):
-            out[r.name] = (f"no encoder more than {SEPARATION} above the best memoryless score {r.memoryless:g}: "
-                           "nothing was remembered")  # fmt: skip
-    return out
+    return {r.name: _unseparated(r, _means(by_cell, r.name)) for r in cp.RUNGS}
+
+
+def _means(
+    by_cell: dict[tuple[str, str, str], list[dict[str, Any]]], task: str, seeds: int = 0
+) -> list[float]:
+    """Mean final score of each cell of ``task`` with at least ``seeds`` records."""
+    return [statistics.fmean(final(x) for x in recs) for (t, _, _), recs in by_cell.items()
+            if t == task and len(recs) >= seeds]  # fmt: skip
+
+
+def _unseparated(r: cp.Rung, means: list[float]) -> str | None:
+    """Why cells with these means did not separate, or None when they did (or there are none)."""
+    if means and all(abs(m - r.low) <= SEPARATION for m in means):
+        return f"every encoder within {SEPARATION} of the random score {r.low:g}"
+    if means and all(abs(m - r.high) <= SEPARATION for m in means):
+        return f"every encoder within {SEPARATION} of the maximum {r.high:g}"
+    if means and r.memoryless is not None and all(m <= r.memoryless + SEPARATION for m in means):
+        return (f"no encoder more than {SEPARATION} above the best memoryless score {r.memoryless:g}: "
+                "nothing was remembered")  # fmt: skip
+    return None
+
+
+def settled_rungs(found: Sequence[dict[str, Any]], per_rung: int) -> frozenset[str]:
+    """Rungs whose :func:`separation` no further run can change: all ``per_rung`` runs finished, or the cells
+    that have all their seeds already separate it (each "did not separate" rule needs *every* cell inside one
+    band, so cells outside it stay outside whatever the other cells score)."""
+    by_cell, seeds = cells(found), len(cp.SEEDS)
+
+    def settled(r: cp.Rung) -> bool:
+        if sum(len(v) for (t, _, _), v in by_cell.items() if t == r.name) >= per_rung:
+            return True
+        complete = _means(by_cell, r.name, seeds)
+        return bool(complete) and _unseparated(r, complete) is None
+
+    return frozenset(r.name for r in cp.RUNGS if settled(r))
 
 
 def protocol_runs_per_rung(rows: int, candidates: int) -> int:
@@ -282,8 +304,9 @@ def markdown(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned: d
     rows = [*table, *candidates]
     complete = len(found) >= expected and n_tuned == len(table)
     by_cell, unseparated = cells(found), frozenset(t for t, why in separation(found).items() if why)
+    settled = settled_rungs(found, per_rung) if n_tuned == len(table) else frozenset()
     shown = (  # issue 27.5's decision, when the candidate defaults are in the study
-        [*confirm_candidates.candidate_lines(by_cell, REPS, unseparated, frozenset(stopped), complete), ""]
+        [*confirm_candidates.candidate_lines(by_cell, REPS, unseparated, frozenset(stopped), settled), ""]
         if candidates
         else []
     )

@@ -26,7 +26,8 @@ def runs(scores: dict[str, dict[str, float]]) -> list[dict]:
 def decide(found: list[dict], unseparated: frozenset[str] = frozenset(), stopped: frozenset[str] = frozenset(),
            complete: bool = True) -> str:  # fmt: skip
     by_cell = cells(found)
-    return cc.decision(cc.candidate_comparisons(by_cell, reps=50), by_cell, unseparated, stopped, complete)
+    settled = frozenset(r.name for r in cp.RUNGS) if complete else frozenset()
+    return cc.decision(cc.candidate_comparisons(by_cell, reps=50), by_cell, unseparated, stopped, settled)
 
 
 def test_a_candidate_above_on_one_rung_and_tied_elsewhere_qualifies() -> None:
@@ -65,12 +66,25 @@ def test_the_decision_waits_for_every_seed_and_for_the_whole_study() -> None:
     assert f"`{ROPE}` qualifies" in decide(
         missing, stopped=frozenset({"TMaze400"})
     )  # stopped: not waited for
-    assert "pending (the other rows' runs decide" in decide(found, complete=False)
+    text = decide(found, complete=False)
+    assert (
+        text.startswith("**Decision**: pending (the other rows' runs of RepeatPreviousEasy, ")
+        and "TMaze400" in text
+    )
+    by_cell = cells(found)  # one rung left to settle: the decision names it and waits for it only
+    comps, rungs = cc.candidate_comparisons(by_cell, reps=50), frozenset(r.name for r in cp.RUNGS)
+    left = cc.decision(comps, by_cell, frozenset(), frozenset(), rungs - {"RepeatPreviousHard"})
+    assert (
+        left
+        == "**Decision**: pending (the other rows' runs of RepeatPreviousHard decide whether it separated)."
+    )
+    assert f"`{ROPE}` qualifies" in cc.decision(comps, by_cell, frozenset(), frozenset(), rungs)
 
 
 def test_the_section_shows_a_row_per_candidate_and_marks_left_out_rungs() -> None:
     found = runs({"RepeatPreviousMedium": {cc.DEFAULT: -0.5, ROPE: 1.0}})
-    lines = cc.candidate_lines(cells(found), 50, frozenset({"TMaze100"}), frozenset({"TMaze400"}), True)
+    everything = frozenset(r.name for r in cp.RUNGS)
+    lines = cc.candidate_lines(cells(found), 50, frozenset({"TMaze100"}), frozenset({"TMaze400"}), everything)
     assert lines[0] == "## Candidate defaults against GTrXL's default"
     header = next(line for line in lines if line.startswith("| candidate |"))
     assert "TMaze100 (did not separate)" in header and "TMaze400 (stopped)" in header

@@ -50,6 +50,41 @@ def test_tasks_where_every_encoder_is_at_random_or_at_the_max_do_not_separate(mo
     assert cp.rung("RepeatPreviousHard").memoryless is None  # no better than random without memory
 
 
+def test_a_rung_is_settled_once_complete_cells_separate_it_or_all_its_runs_finished() -> None:
+    """Whether a rung separated is final before the study ends when cells with all their seeds already
+    separate it (no other cell can pull them back into a band); a rung that looks unseparated is final only
+    when every run is in. Checked against :func:`separation` of every way the missing runs could come out."""
+    hard, per_rung = "RepeatPreviousHard", 6  # here: 2 cells x 3 seeds
+    seeds = cp.SEEDS
+    one_complete = [record(hard, "a", cp.UNTUNED, s, v) for s, v in zip(seeds, (0.0, 0.3, -0.5))]
+    chance = [record(hard, "b", cp.UNTUNED, 0, -0.5)]
+    assert confirm_report.settled_rungs(one_complete + chance, per_rung) == {hard}
+    for rest in (-0.5, 1.0):  # however cell b's missing seeds score, the rung separated
+        filled = chance + [record(hard, "b", cp.UNTUNED, s, rest) for s in seeds[1:]]
+        assert confirm_report.separation(one_complete + filled)[hard] is None
+    # a complete cell inside the random band settles nothing: cell b could still separate the rung or not
+    at_chance = [record(hard, "a", cp.UNTUNED, s, -0.5) for s in seeds]
+    assert confirm_report.settled_rungs(at_chance + chance, per_rung) == frozenset()
+    assert (
+        confirm_report.separation(
+            at_chance + chance + [record(hard, "b", cp.UNTUNED, s, 1.0) for s in seeds[1:]]
+        )[hard]
+        is None
+    )
+    assert confirm_report.separation(
+        at_chance + chance + [record(hard, "b", cp.UNTUNED, s, -0.5) for s in seeds[1:]]
+    )[hard]
+    # every run in: settled whichever way it went
+    assert confirm_report.settled_rungs(
+        at_chance + [record(hard, "b", cp.UNTUNED, s, -0.5) for s in seeds], per_rung
+    ) == {hard}
+    # incomplete cells alone settle nothing, however far they are from the bands
+    assert (
+        confirm_report.settled_rungs([record(hard, "a", cp.UNTUNED, 0, 1.0), *chance], per_rung)
+        == frozenset()
+    )
+
+
 def test_the_documents_auc_is_the_closed_form_on_the_rungs_scale() -> None:
     """The curve starts at the random score at step 0 and holds its last value: RepeatPreviousEasy (random -0.5,
     max 1) at the max from half the budget on gives 0.5 * 1 / 2 + 0.5 * 1 = 0.75; T-Maze 10 halfway between
