@@ -7,6 +7,8 @@ by P(candidate > GTrXL) of the normalized final score with its 95 % stratified-b
 of three seeds of the noisy rung), so the longer rungs' results did not choose it: a candidate *qualifies* when, on every rung that separated and was not stopped, its interval does not
 lie wholly below 0.5 (it is nowhere worse than the default), and on at least one such rung it lies wholly above
 0.5 (it is somewhere better). If several qualify, the one above on more rungs wins, then the higher mean P.
+A qualifying candidate then faces the issue's condition for a default change: the README's PPO results
+(T-Maze, CartPoleNoVel) re-run with it; the page says whether the library default follows it (:func:`applied`).
 The decision waits until both cells of every such rung have all their seeds and until whether each rung
 separated is settled (:func:`~rl_transformers.study.confirm_report.settled_rungs`: all its runs finished, or
 cells with all their seeds already separate it, which no further run can undo): until then it is "pending". A
@@ -80,8 +82,24 @@ def decision(
                 "stays.")  # fmt: skip
     above, mean_p, name = max(qualified)
     spec = next(e.spec for e in cp.CANDIDATES if e.name == name)
-    return (f"**Decision**: `{name}` qualifies (above the default on {above} of {len(rungs)} separating rungs, "
-            f"nowhere below; mean P {mean_p:.2f}): `{spec}` becomes GTrXL's default.")  # fmt: skip
+    text = (f"**Decision**: `{name}` qualifies (above the default on {above} of {len(rungs)} separating rungs, "
+            f"nowhere below; mean P {mean_p:.2f}): `{spec}` is the ladder's choice for GTrXL's default")  # fmt: skip
+    return text + (". Applied." if applied(spec) else NOT_APPLIED)
+
+
+NOT_APPLIED = (", not applied: re-run with it, the README's PPO results put it below the default "
+               "(docs/encoder_study_v2.md, \"The default-change check\").")  # fmt: skip
+"""Said while the library default is not the qualifying candidate: issue 27.5 changes a default only after the
+README's T-Maze and CartPoleNoVel results are re-run with it, and that check (2026-11-28) found ``rope`` far below
+``xl_relative`` on CartPoleNoVel."""
+
+
+def applied(spec: str) -> bool:
+    """Whether the library's default policy is the study's base with ``spec`` applied."""
+    from rl_transformers.policies.gtrxl import PolicyConfig
+    from rl_transformers.study.encoders import policy_config
+
+    return bool(policy_config(spec) == PolicyConfig())
 
 
 def note(rung: str, unseparated: frozenset[str], stopped: frozenset[str]) -> str:
