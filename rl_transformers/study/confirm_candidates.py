@@ -83,12 +83,12 @@ def decision(
     above, mean_p, name = max(qualified)
     spec = next(e.spec for e in cp.CANDIDATES if e.name == name)
     text = (f"**Decision**: `{name}` qualifies (above the default on {above} of {len(rungs)} separating rungs, "
-            f"nowhere below; mean P {mean_p:.2f}): `{spec}` is the ladder's choice for GTrXL's default")  # fmt: skip
-    return text + (". Applied." if applied(spec) else NOT_APPLIED)
+            f"nowhere below; mean P {mean_p:.2f}): `{spec}`")  # fmt: skip
+    return text + (" is GTrXL's default." if applied(spec) else NOT_APPLIED)
 
 
-NOT_APPLIED = (", not applied: re-run with it, the README's PPO results put it below the default "
-               "(docs/encoder_study_v2.md, \"The default-change check\").")  # fmt: skip
+NOT_APPLIED = (", not applied: the README's tasks, re-run with it, fell below the default "
+               "(encoder_study_v2.md).")  # fmt: skip
 """Said while the library default is not the qualifying candidate: issue 27.5 changes a default only after the
 README's T-Maze and CartPoleNoVel results are re-run with it, and that check (2026-11-28) found ``rope`` far below
 ``xl_relative`` on CartPoleNoVel."""

@@ -74,8 +74,7 @@ def headline(page: str) -> list[str]:
         lines.append(f"- {family}, {label.strip('*').lower()}: {rest}")
     decided = page_decision(page)
     if decided is not None:
-        names = ", ".join(f"`{e.name}`" for e in cp.CANDIDATES)
-        lines.append(f"- GTrXL's default against the candidates ({names}): {decided}")
+        lines.append(f"- Candidate defaults: {decided}")
     return [*lines, END]
 
 

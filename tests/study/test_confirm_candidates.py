@@ -34,8 +34,9 @@ def test_a_candidate_above_on_one_rung_and_tied_elsewhere_qualifies() -> None:
     found = runs({"RepeatPreviousMedium": {cc.DEFAULT: -0.5, ROPE: 1.0, CRITIC: -0.5}})
     text = decide(found)
     assert f"`{ROPE}` qualifies (above the default on 1 of {len(cp.RUNGS)} separating rungs" in text
-    assert "`position=rope` is the ladder's choice for GTrXL's default" in text
-    assert text.endswith(". Applied." if cc.applied("position=rope") else cc.NOT_APPLIED)
+    assert text.endswith(
+        "`position=rope` is GTrXL's default." if cc.applied("position=rope") else cc.NOT_APPLIED
+    )
 
 
 def test_the_decision_says_whether_the_library_default_follows_it(monkeypatch) -> None:
@@ -43,10 +44,10 @@ def test_the_decision_says_whether_the_library_default_follows_it(monkeypatch) -
 
     found = runs({"RepeatPreviousMedium": {cc.DEFAULT: -0.5, ROPE: 1.0, CRITIC: -0.5}})
     assert not cc.applied("position=rope") and not cc.applied("critic=separate")  # xl_relative, shared
-    assert cc.applied("") and decide(found).endswith("below the default (docs/encoder_study_v2.md, "
-                                                      '"The default-change check").')  # fmt: skip
+    assert cc.applied("") and decide(found).endswith("`position=rope`, not applied: the README's tasks, re-run "
+                                                      "with it, fell below the default (encoder_study_v2.md).")  # fmt: skip
     monkeypatch.setattr(gtrxl.PolicyConfig, "__eq__", lambda a, b: True)  # every config "is" the default
-    assert decide(found).endswith("`position=rope` is the ladder's choice for GTrXL's default. Applied.")
+    assert decide(found).endswith("`position=rope` is GTrXL's default.")
 
 
 def test_below_anywhere_disqualifies_and_then_the_default_stays() -> None:

@@ -42,10 +42,10 @@ def test_the_headline_copies_the_status_and_the_verdict_lines_of_the_page() -> N
     tmaze = next(v for v in verdict if v.startswith("- T-Maze, untuned"))
     assert "memory 30: `x` above GRU, 0 of 1 below" in tmaze
     assert tmaze.removeprefix("- T-Maze, untuned: ") in text  # copied, not recomputed
-    assert not any(line.startswith("- GTrXL's default") for line in lines)  # no candidates here: no decision
+    assert not any(line.startswith("- Candidate defaults") for line in lines)  # no candidates here: no decision
     with_candidates = headline.headline(page(cp.CANDIDATES))
     assert with_candidates[-2] == (
-        "- GTrXL's default against the candidates (`gtrxl_rope`, `gtrxl_critic`): pending (9 of 9 rungs still "
+        "- Candidate defaults: pending (9 of 9 rungs still "
         "running: " + ", ".join(r.name for r in cp.RUNGS) + ")."
     )
     complete = text.replace(headline.page_status(text), "Complete")
