@@ -20,6 +20,9 @@ def test_ctrl_c_on_the_memory_probe_prints_one_line_and_exits_130(tmp_path: Path
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "RLT_DEBUG": "0", "PYTHONPATH": str(ROOT)},
+        # as from a terminal: a test run started in the background (`cmd &` without job control) inherits
+        # SIGINT ignored, and Python then installs no KeyboardInterrupt handler in the child
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert proc.stdout is not None
     first = proc.stdout.readline()  # the cell has started: main() is running
