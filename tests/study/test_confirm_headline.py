@@ -42,7 +42,9 @@ def test_the_headline_copies_the_status_and_the_verdict_lines_of_the_page() -> N
     tmaze = next(v for v in verdict if v.startswith("- T-Maze, untuned"))
     assert "memory 30: `x` above GRU, 0 of 1 below" in tmaze
     assert tmaze.removeprefix("- T-Maze, untuned: ") in text  # copied, not recomputed
-    assert not any(line.startswith("- Candidate defaults") for line in lines)  # no candidates here: no decision
+    assert not any(
+        line.startswith("- Candidate defaults") for line in lines
+    )  # no candidates here: no decision
     with_candidates = headline.headline(page(cp.CANDIDATES))
     assert with_candidates[-2] == (
         "- Candidate defaults: pending (9 of 9 rungs still "
