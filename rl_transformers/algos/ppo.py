@@ -63,6 +63,7 @@ from rl_transformers.algos.ppo_checkpoint import checkpoint_state, restore_check
 from rl_transformers.algos.ppo_config import TrainConfig, resume_config
 from rl_transformers.algos.ppo_logging import record_update
 from rl_transformers.algos.ppo_update import make_adam, train_epochs, update_obs_norm
+from rl_transformers.algos.reward_norm import RewardNorm
 from rl_transformers.algos.rollout import collect_rollout, reset_loop
 from rl_transformers.algos.run import Run
 from rl_transformers.algos.storage import RolloutStorage
@@ -152,6 +153,10 @@ class PPOTrainer:
         seed_everything(cfg.seed + rank, cfg.torch_deterministic)
         self.generator = torch.Generator().manual_seed(cfg.seed + rank)
         self.loop = reset_loop(self.envs, self.policy, cfg.seed + rank * cfg.num_envs, self.device)
+        self.reward_norm = (
+            RewardNorm(cfg.num_envs, ppo.gamma, ppo.norm_reward_clip) if ppo.norm_reward else None
+        )
+        """Reward scaler of this rank's envs (``ppo.norm_reward``), saved in checkpoints; None: raw rewards."""
         self.batch_size = ppo.num_steps * cfg.num_envs * self.dist.world_size
         self.num_updates = cfg.total_timesteps // self.batch_size
         if self.num_updates < 1:
@@ -201,6 +206,7 @@ class PPOTrainer:
     def train_epochs(self, collect_info: bool = False) -> dict[str, float]:
         """PPO epochs over the stored rollout; returns the update's mean statistics
         (:func:`~rl_transformers.algos.ppo_update.train_epochs`)."""
+        clip = self.cfg.ppo.clip_at(self.learning_rate())
         return train_epochs(
             self.policy,
             self.optimizer,
@@ -210,6 +216,7 @@ class PPOTrainer:
             self.dist,
             self.global_step,
             collect_info,
+            clip,
         )
 
     # -- logging --------------------------------------------------------------------------------------------
@@ -221,7 +228,7 @@ class PPOTrainer:
             episode_returns=self.episode_returns,
             episode_lengths=self.episode_lengths,
             learning_rate=lr,
-            clip_range=ppo.clip_coef,
+            clip_range=ppo.clip_at(lr),
             n_gradient_steps=self.update * ppo.update_epochs * ppo.num_minibatches,
             fps=fps,
             update=self.update,
@@ -302,6 +309,7 @@ class PPOTrainer:
                     ppo.gae_lambda,
                     env_id=cfg.env_id,
                     global_step=self.global_step,
+                    reward_norm=self.reward_norm,
                 )
                 for ret, length in episodes:
                     self.episode_returns.append(ret)

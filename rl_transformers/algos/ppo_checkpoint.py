@@ -81,6 +81,7 @@ def checkpoint_state(tr: PPOTrainer) -> dict[str, Any]:
         "generator": tr.generator.get_state(),
         "episode_returns": list(tr.episode_returns),
         "episode_lengths": list(tr.episode_lengths),
+        "reward_norm": None if tr.reward_norm is None else tr.reward_norm.state_dict(),
         RESUME_BLOB: blob,
     }
 
@@ -105,6 +106,7 @@ def restore_checkpoint(tr: PPOTrainer, ckpt: dict[str, Any], source: str | Path 
     tr.episode_returns.extend(float(r) for r in ckpt.get("episode_returns", []))
     tr.episode_lengths.extend(int(n) for n in ckpt.get("episode_lengths", []))
     _restore_schedule(tr, ckpt)
+    _restore_reward_norm(tr, ckpt, source)
     exact = _restore_envs(tr, ckpt, source)
     if exact:
         try:
@@ -115,8 +117,21 @@ def restore_checkpoint(tr: PPOTrainer, ckpt: dict[str, Any], source: str | Path 
     else:  # fresh episodes; different seeds than the start so no episode repeats
         seed = tr.cfg.seed + tr.dist.rank * tr.cfg.num_envs + 7919 * tr.update
         tr.loop = reset_loop(tr.envs, tr.policy, seed, tr.device)
+        if tr.reward_norm is not None:
+            tr.reward_norm.restart_episodes()
         seed_everything(seed, tr.cfg.torch_deterministic)
         tr.generator.manual_seed(seed)
+
+
+def _restore_reward_norm(tr: PPOTrainer, ckpt: dict[str, Any], source: str | Path) -> None:
+    """The reward scaler's statistics (``ppo.norm_reward``); a checkpoint without them starts fresh ones."""
+    saved = ckpt.get("reward_norm")
+    if tr.reward_norm is None or saved is None:
+        return
+    try:
+        tr.reward_norm.load_state_dict(saved, f"checkpoint {source}")
+    except ValueError as err:
+        raise UserError(str(err)) from None
 
 
 def _restore_schedule(tr: PPOTrainer, ckpt: dict[str, Any]) -> None:

@@ -57,8 +57,11 @@ class PPOConfig:
     """GAE λ."""
     clip_coef: float = 0.2
     """Clipping ε of the probability ratio (and of the value change when clip_vloss)."""
+    anneal_clip: bool = False
+    """Anneal the clip range with the learning rate (clip_coef x lr / learning_rate: linearly to 0 under
+    anneal_lr), as rl-zoo's ``clip_range: lin_0.2``; needs anneal_lr."""
     clip_vloss: bool = True
-    """Clip the value update around the rollout's values."""
+    """Clip the value update around the rollout's values (SB3's default does not: clip_range_vf=None)."""
     vf_coef: float = 0.5
     """Value-loss weight."""
     ent_coef: float = 0.01
@@ -69,6 +72,12 @@ class PPOConfig:
     """Stop the update's epochs once the approximate KL exceeds 1.5 x this (None: never)."""
     norm_adv: bool = True
     """Normalise advantages per minibatch."""
+    norm_reward: bool = False
+    """Scale rewards by the running std of the discounted return before GAE (algos/reward_norm.py), as SB3's
+    VecNormalize(norm_reward=True), which rl-zoo's ``normalize: True`` turns on. Logged and evaluated returns
+    stay in the env's units."""
+    norm_reward_clip: float = 10.0
+    """Clip of the scaled rewards (±)."""
     aux_coef: float = 1.0
     """Default weight of backbone aux losses (ACT ponder cost, routing commitment, ...)."""
     aux_weights: dict[str, float] = field(default_factory=dict)
@@ -87,12 +96,17 @@ class PPOConfig:
             )
         for name in ("gamma", "gae_lambda"):
             check_number(f"{name} ({flag('ppo.' + name)})", getattr(self, name), low=0.0, high=1.0)
-        for name in ("learning_rate", "adam_eps", "clip_coef", "max_grad_norm"):
+        for name in ("learning_rate", "adam_eps", "clip_coef", "max_grad_norm", "norm_reward_clip"):
             check_positive(f"{name} ({flag('ppo.' + name)})", getattr(self, name))
         for name in ("vf_coef", "aux_coef"):
             check_number(f"{name} ({flag('ppo.' + name)})", getattr(self, name), low=0.0)
         check_positive("target_kl (--ppo.target-kl)", self.target_kl, optional=True)
         check_int("info_every (--ppo.info-every)", self.info_every, 0)
+        if self.anneal_clip and not self.anneal_lr:
+            raise UserError(
+                "anneal_clip (--ppo.anneal-clip) follows the learning rate's anneal; drop --ppo.no-anneal-lr "
+                "or --ppo.anneal-clip"
+            )
         if self.anneal_horizon is not None:
             check_int("anneal_horizon (--ppo.anneal-horizon)", self.anneal_horizon, 1)
             if not self.anneal_lr:
@@ -106,6 +120,10 @@ class PPOConfig:
         if self.anneal_horizon is None:
             raise ValueError("horizon_rate needs anneal_horizon")
         return self.learning_rate * max(0.0, 1.0 - step / self.anneal_horizon)
+
+    def clip_at(self, lr: float) -> float:
+        """The clip range when the learning rate is ``lr`` (annealed with it under ``anneal_clip``)."""
+        return self.clip_coef * lr / self.learning_rate if self.anneal_clip else self.clip_coef
 
     def aux_weight(self, name: str) -> float:
         return self.aux_weights.get(name, self.aux_coef)

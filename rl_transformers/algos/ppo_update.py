@@ -34,23 +34,26 @@ def ppo_loss(
     aux_losses: dict[str, torch.Tensor],
     batch: SequenceBatch,
     ppo: PPOConfig,
+    clip: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped-surrogate PPO loss of one minibatch and its logged terms.
 
     L = E[max(-A r, -A clip(r, 1-ε, 1+ε))] - c_ent H + c_v · ½ E[max((V-R)², (V_clip-R)²)] + Σ w_k aux_k, with
-    r = exp(log π - log π_old), A normalised per minibatch, V_clip = V_old + clip(V - V_old, -ε, ε).
+    r = exp(log π - log π_old), A normalised per minibatch, V_clip = V_old + clip(V - V_old, -ε, ε); ε is
+    ``clip`` (the update's annealed range) or ``ppo.clip_coef``.
     """
+    eps = ppo.clip_coef if clip is None else clip
     logratio = new_log_prob - batch.log_probs
     ratio = logratio.exp()
     with torch.no_grad():
         approx_kl = ((ratio - 1) - logratio).mean()  # Schulman's k3 estimator of KL(old || new)
-        clip_frac = ((ratio - 1.0).abs() > ppo.clip_coef).float().mean()
+        clip_frac = ((ratio - 1.0).abs() > eps).float().mean()
     adv = batch.advantages
     if ppo.norm_adv and adv.numel() > 1:
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - ppo.clip_coef, 1 + ppo.clip_coef)).mean()
+    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - eps, 1 + eps)).mean()
     if ppo.clip_vloss:
-        v_clipped = batch.values + (new_value - batch.values).clamp(-ppo.clip_coef, ppo.clip_coef)
+        v_clipped = batch.values + (new_value - batch.values).clamp(-eps, eps)
         v_loss = 0.5 * torch.max((new_value - batch.returns) ** 2, (v_clipped - batch.returns) ** 2).mean()
     else:
         v_loss = 0.5 * ((new_value - batch.returns) ** 2).mean()
@@ -116,11 +119,12 @@ def train_epochs(
     dist: DistContext,
     global_step: int,
     collect_info: bool = False,
+    clip: float | None = None,
 ) -> dict[str, float]:
     """PPO epochs over the stored rollout; returns the update's mean statistics (loss terms, ``grad_norm``,
     ``explained_variance``, ``n_steps`` and, with ``collect_info``, the backbone's ``info:<name>``
-    diagnostics of the first minibatch). A non-finite loss or gradient norm raises :class:`NonFiniteError`
-    (``global_step``: where, for the message)."""
+    diagnostics of the first minibatch); ``clip``: this update's clip range (default ``ppo.clip_coef``). A
+    non-finite loss or gradient norm raises :class:`NonFiniteError` (``global_step``: where, for the message)."""
     stats: dict[str, list[float]] = defaultdict(list)
     infos: dict[str, list[float]] = defaultdict(list)
     params = [p for p in policy.parameters() if p.requires_grad]
@@ -130,7 +134,7 @@ def train_epochs(
             policy.collect_info = collect_info and epoch == 0 and i == 0
             new_lp, entropy, new_v, aux, info = evaluate_minibatch(policy, mb)
             policy.collect_info = False
-            loss, terms = ppo_loss(new_lp, entropy, new_v, aux, mb, ppo)
+            loss, terms = ppo_loss(new_lp, entropy, new_v, aux, mb, ppo, clip)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             loss_value = terms["loss"]

@@ -20,6 +20,7 @@ from gymnasium import spaces
 from gymnasium.vector.utils import concatenate, create_empty_array
 from torch import Tensor
 
+from rl_transformers.algos.reward_norm import RewardNorm
 from rl_transformers.algos.storage import RolloutStorage
 from rl_transformers.backbone.state import State, cat_rows
 from rl_transformers.policies.encoders import Obs, obs_to_tensor
@@ -73,6 +74,7 @@ def collect_rollout(
     gae_lambda: float,
     env_id: str | None = None,
     global_step: int = 0,
+    reward_norm: RewardNorm | None = None,
     *,
     _per_step_bootstrap: bool = False,
 ) -> tuple[LoopState, list[tuple[float, int]]]:
@@ -80,7 +82,9 @@ def collect_rollout(
 
     Acting runs under ``torch.inference_mode`` with one token per env per step and the carried state. A NaN /
     infinite observation or reward from the envs raises :class:`NonFiniteError` naming the env (``env_id``),
-    its vector index and the step (``global_step``: the run's step when the rollout started).
+    its vector index and the step (``global_step``: the run's step when the rollout started). With
+    ``reward_norm`` the stored rewards are scaled (:mod:`~rl_transformers.algos.reward_norm`); the returned
+    episodes keep the env's rewards.
 
     Truncation bootstraps V(final observation | pre-reset state) are computed after the last step, all in one
     batched forward per state shape (the weights do not change during a rollout; every row is evaluated from
@@ -122,7 +126,7 @@ def collect_rollout(
                     pending.append(_Bootstrap(step, idx, final_obs, rows))
         done = terminated | truncated
         storage.insert_policy(step, obs, out.action, out.log_prob, out.value, starts)
-        rewards[step] = reward
+        rewards[step] = reward if reward_norm is None else reward_norm(reward, done)
         terminated_all[step] = terminated
         truncated_all[step] = truncated
         ep_return += reward

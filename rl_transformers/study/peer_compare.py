@@ -1,0 +1,197 @@
+"""Side-by-side runs of this library's policies and sb3-contrib's RecurrentPPO (``scripts/compare_peer.py``).
+
+One record per (arm, seed), ``<out>/<arm>/s<seed>.json``, written atomically once the run is evaluated, so an
+interrupted comparison resumes where it stopped. A library arm is a ``scripts/train_gtrxl.py`` run with the
+flags of :data:`ARMS` in a subprocess (one torch thread, no evaluation during training), then
+``scripts/evaluate.py --episodes N`` on its final checkpoint; the peer arm is :func:`~.peer_ppo.run_peer`.
+Both evaluate the final policy greedily on fresh episodes. CPU seconds are the training process's own
+(user + system), so env steps per CPU-second compare the two implementations on one machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rl_transformers.utils.atomic import atomic_write_json
+
+ROOT = Path(__file__).resolve().parents[2]
+ZOO_CARTPOLE_NOVEL = [
+    "--num-envs",
+    "8",
+    "--ppo.num-steps",
+    "32",
+    "--ppo.seq-len",
+    "32",
+    "--ppo.num-minibatches",
+    "1",
+    "--ppo.update-epochs",
+    "20",
+    "--ppo.gamma",
+    "0.98",
+    "--ppo.gae-lambda",
+    "0.8",
+    "--ppo.learning-rate",
+    "1e-3",
+    "--ppo.ent-coef",
+    "0",
+]
+ARMS: dict[str, list[str]] = {
+    "lstm_zoo": [
+        *ZOO_CARTPOLE_NOVEL,
+        *["--policy", "lstm", "--no-match-params", "--hidden-size", "64", "--critic", "separate"],
+        *["--norm-obs", "--ppo.norm-reward", "--ppo.anneal-clip", "--ppo.no-clip-vloss"],
+    ],
+    "lstm_zoo_raw": [
+        *ZOO_CARTPOLE_NOVEL,
+        *["--policy", "lstm", "--no-match-params", "--hidden-size", "64", "--critic", "separate"],
+    ],
+    "gtrxl": [],
+}
+"""Library arms: train_gtrxl.py flags after the env id, seed and budget. ``lstm_zoo``: rl-zoo's CartPoleNoVel
+recipe with every zoo convention this library has an option for (VecNormalize of observations and rewards,
+annealed clip range, no value clipping); ``lstm_zoo_raw``: the zoo's numbers without those conventions;
+``gtrxl``: the library's defaults (and the task's recipe where one applies)."""
+
+
+def _child_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _run(cmd: list[str], log: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "PYTHONPATH": str(ROOT)}
+    with log.open("w") as fh:
+        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:3])} ... failed with exit {proc.returncode}; log: {log}")
+
+
+def run_library_arm(
+    arm: str, env_id: str, seed: int, steps: int, episodes: int, extra: tuple[str, ...], work: Path
+) -> dict[str, Any]:
+    """Train and evaluate one library arm; the record's fields (see the module docstring)."""
+    root = work / f"{arm}-s{seed}"
+    train = [
+        sys.executable,
+        str(ROOT / "scripts" / "train_gtrxl.py"),
+        "--env-id",
+        env_id,
+        "--seed",
+        str(seed),
+    ]
+    train += ["--total-timesteps", str(steps), "--eval-every", "0", "--threads", "1", "--run-root", str(root)]
+    train += [*ARMS[arm], *extra]
+    cpu0, wall0 = _child_cpu(), time.perf_counter()
+    _run(train, work / f"{arm}-s{seed}.train.log")
+    cpu, wall = _child_cpu() - cpu0, time.perf_counter() - wall0
+    (run_dir,) = [p.parent for p in root.rglob("config.json")]
+    _run(
+        [sys.executable, str(ROOT / "scripts" / "evaluate.py"), str(run_dir), "--episodes", str(episodes)],
+        work / f"{arm}-s{seed}.eval.log",
+    )
+    evaluated = json.loads((run_dir / "eval" / "evaluate-last.json").read_text(encoding="utf-8"))
+    config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+    params = _parameters(work / f"{arm}-s{seed}.train.log")
+    return {
+        "arm": arm,
+        "flags": [*ARMS[arm], *extra],
+        "env_id": env_id,
+        "seed": seed,
+        "total_timesteps": int(evaluated["step"]),
+        "returns": [float(r) for r in evaluated["results"][0]["returns"]],
+        "parameters": params,
+        "cpu_seconds": cpu,
+        "wall_seconds": wall,
+        "config": config,
+    }
+
+
+def _parameters(log: Path) -> int | None:
+    """The parameter count train_gtrxl.py printed first ("ppo: 71,107 parameters; ...")."""
+    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.startswith("ppo: ") and " parameters" in line:
+            return int(line.split()[1].replace(",", ""))
+    return None
+
+
+def run_peer_arm(env_id: str, seed: int, steps: int, episodes: int) -> dict[str, Any]:
+    import torch
+
+    from rl_transformers.study.peer_ppo import run_peer
+
+    torch.set_num_threads(1)
+    result = run_peer(env_id, seed, episodes, steps)
+    return {
+        "arm": "peer",
+        "peer": "sb3-contrib RecurrentPPO, rl-zoo ppo_lstm.yml",
+        "zoo_key": result.zoo_key,
+        "env_id": env_id,
+        "seed": seed,
+        "total_timesteps": result.total_timesteps,
+        "returns": result.returns,
+        "parameters": result.parameters,
+        "cpu_seconds": result.cpu_seconds,
+        "wall_seconds": result.wall_seconds,
+    }
+
+
+def run_arms(
+    env_id: str,
+    arms: tuple[str, ...],
+    seeds: tuple[int, ...],
+    steps: int,
+    episodes: int,
+    out: Path,
+    extra: tuple[str, ...] = (),
+) -> None:
+    """Every (arm, seed) whose record is missing, seed-major (so a stopped comparison has whole seeds)."""
+    for seed in seeds:
+        for arm in arms:
+            path = out / arm / f"s{seed}.json"
+            if path.exists():
+                continue
+            print(f"{arm} seed {seed} ...", flush=True)
+            if arm == "peer":
+                record = run_peer_arm(env_id, seed, steps, episodes)
+            else:
+                with tempfile.TemporaryDirectory(prefix="rlt-peer-") as tmp:
+                    record = run_library_arm(arm, env_id, seed, steps, episodes, extra, Path(tmp))
+            atomic_write_json(path, record)
+            print(f"  mean {np.mean(record['returns']):.1f}", flush=True)
+
+
+def load_records(out: Path) -> dict[str, list[dict[str, Any]]]:
+    """{arm: records sorted by seed} of a records directory."""
+    arms: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted(out.glob("*/s*.json")):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        arms.setdefault(path.parent.name, []).append(record)
+    return {arm: sorted(rs, key=lambda r: r["seed"]) for arm, rs in sorted(arms.items())}
+
+
+def report(out: Path, solved: float = 475.0) -> str:
+    """Markdown table: per-seed final greedy means, seeds at or above ``solved``, parameters, env steps per
+    CPU-second."""
+    lines = [f"| arm | parameters | per-seed mean return | seeds ≥ {solved:g} | mean | steps / CPU-s |"]
+    lines.append("|---|---|---|---|---|---|")
+    for arm, records in load_records(out).items():
+        means = [float(np.mean(r["returns"])) for r in records]
+        per_seed = " / ".join(f"{m:.0f}" for m in means)
+        rate = np.mean([r["total_timesteps"] / max(r["cpu_seconds"], 1e-9) for r in records])
+        hits = sum(m >= solved for m in means)
+        params = records[0].get("parameters")
+        lines.append(
+            f"| {arm} | {params if params is not None else '?'} | {per_seed} | {hits} of {len(means)} "
+            f"| {np.mean(means):.1f} | {rate:.0f} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,57 @@
+"""This library's policies side by side with sb3-contrib's RecurrentPPO under rl-zoo's published recipe: the same
+task, seeds and evaluation protocol (the final policy, greedy, --episodes fresh episodes), in one command.
+
+    pip install -e ".[peers]"                                  # sb3-contrib and rl_zoo3
+    python scripts/compare_peer.py --arms peer lstm_zoo gtrxl --seeds 0 1 2 3 4 5 6 7 8 9 --out runs/peer
+    python scripts/compare_peer.py --report-only --out runs/peer    # the table from the records
+
+Each (arm, seed) is one record ``<out>/<arm>/s<seed>.json`` (written atomically): a second invocation skips the
+finished ones, so an interrupted comparison resumes. Arms (:data:`rl_transformers.study.peer_compare.ARMS`):
+``peer`` is RecurrentPPO with the zoo's ``ppo_lstm.yml`` entry for the task; the others are
+``scripts/train_gtrxl.py`` runs, each with the flags listed there, run in a subprocess (one torch thread).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tyro
+
+from rl_transformers.study.peer_compare import ARMS, report, run_arms
+from rl_transformers.utils.errors import run_cli
+
+
+@dataclass
+class CompareConfig:
+    env_id: str = "rlt/CartPoleNoVel-v0"
+    """Task (the peer needs an rl-zoo entry for it: rl_transformers.study.peer_ppo.ZOO_KEYS)."""
+    arms: tuple[str, ...] = ("peer", "lstm_zoo", "gtrxl")
+    """Which runs: peer, or arms of rl_transformers.study.peer_compare.ARMS."""
+    seeds: tuple[int, ...] = (0, 1, 2)
+    """Training seeds (the same for every arm)."""
+    total_timesteps: int = 100_000
+    """Env steps per run."""
+    episodes: int = 50
+    """Greedy evaluation episodes of the final policy."""
+    out: Path = Path("runs/peer")
+    """Records directory (resumable)."""
+    report_only: bool = False
+    """Only print the table of the records in --out."""
+    extra: tuple[str, ...] = field(default_factory=tuple)
+    """Extra train_gtrxl.py flags for every library arm (e.g. --extra=--ppo.update-epochs=10)."""
+
+
+def main(cfg: CompareConfig) -> None:
+    if not cfg.report_only:
+        unknown = [a for a in cfg.arms if a != "peer" and a not in ARMS]
+        if unknown:
+            print(f"error: unknown arm(s) {unknown}; valid: ['peer', *{sorted(ARMS)}]", file=sys.stderr)
+            raise SystemExit(2)
+        run_arms(cfg.env_id, cfg.arms, cfg.seeds, cfg.total_timesteps, cfg.episodes, cfg.out, cfg.extra)
+    print(report(cfg.out))
+
+
+if __name__ == "__main__":
+    run_cli(lambda: main(tyro.cli(CompareConfig)))
