@@ -72,6 +72,17 @@ def _init_linear(layer: nn.Linear, gain: float) -> nn.Linear:
     return layer
 
 
+def _mlp(d_in: int, hidden: tuple[int, ...]) -> nn.Module:
+    """Linear -> ReLU per entry of ``hidden`` (orthogonal, gain √2, as CleanRL's heads); identity when empty."""
+    if not hidden:
+        return nn.Identity()
+    layers: list[nn.Module] = []
+    for width in hidden:
+        layers += [_init_linear(nn.Linear(d_in, width), 2**0.5), nn.ReLU()]
+        d_in = width
+    return nn.Sequential(*layers)
+
+
 class ActorCritic(nn.Module):
     """Encoder -> core -> (actor head, critic head), with a per-env state carried by the caller."""
 
@@ -81,13 +92,19 @@ class ActorCritic(nn.Module):
         action_space: spaces.Space,
         core: Core,
         log_std_init: float = 0.0,
+        head_hidden: tuple[int, ...] = (),
+        obs_encoder: str = "mlp",
     ) -> None:
         super().__init__()
         self.observation_space = observation_space
         self.action_space = action_space
-        self.encoder = make_encoder(observation_space, core.d_in)
+        self.encoder = make_encoder(observation_space, core.d_in, obs_encoder)
         self.core = core
         width = core.d_out // 2 if isinstance(core, TwinCore) else core.d_out
+        self.actor_body = _mlp(width, head_hidden)
+        self.critic_body = _mlp(width, head_hidden)
+        """Hidden layers of each head on the core's features (``PolicyConfig.head_hidden``; empty: identity)."""
+        width = head_hidden[-1] if head_hidden else width
         self.actor: ActionHead = make_action_head(action_space, width, log_std_init)
         self.critic = _init_linear(nn.Linear(width, 1), 1.0)
         self.detach_critic = False
@@ -164,11 +181,14 @@ class ActorCritic(nn.Module):
 
     def head_inputs(self, y: Tensor) -> tuple[Tensor, Tensor]:
         """(actor features, critic features) of core features ``y`` (..., d_out): the halves of a
-        :class:`TwinCore`'s, else ``y`` for both (the critic's detached with ``detach_critic``)."""
+        :class:`TwinCore`'s, else ``y`` for both (the critic's detached with ``detach_critic``), each through
+        its head's hidden layers."""
         if isinstance(self.core, TwinCore):
             d = y.shape[-1] // 2
-            return y[..., :d], y[..., d:]
-        return y, (y.detach() if self.detach_critic else y)
+            y_actor, y_critic = y[..., :d], y[..., d:]
+        else:
+            y_actor, y_critic = y, (y.detach() if self.detach_critic else y)
+        return self.actor_body(y_actor), self.critic_body(y_critic)
 
     def to_env(self, action: Tensor) -> np.ndarray:
         """Actions for ``env.step`` (NumPy, Box actions clipped to the bounds)."""

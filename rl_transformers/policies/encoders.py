@@ -88,6 +88,30 @@ class MLPEncoder(nn.Module):
         return self.net(x.reshape(*lead, -1).to(cast(nn.Linear, self.net[0]).weight.dtype))
 
 
+class FlattenEncoder(nn.Module):
+    """No learned encoder: the trailing ``shape`` dims flattened, as SB3's ``FlattenExtractor`` (the policy's
+    core reads the observation itself)."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.shape = tuple(shape)
+        self.d_out = int(np.prod(self.shape)) if self.shape else 1
+
+    def forward(self, x: Tensor) -> Tensor:
+        lead = x.shape[: x.dim() - len(self.shape)]
+        return x.reshape(*lead, self.d_out).float()
+
+
+def flat_size(observation_space: spaces.Space) -> int:
+    """Width of :class:`FlattenEncoder`'s output (Box / MultiBinary observations; ValueError otherwise)."""
+    if not isinstance(observation_space, (spaces.Box, spaces.MultiBinary)) or image_layout(observation_space):
+        raise ValueError(
+            f"obs_encoder='none' needs a flat Box or MultiBinary observation space, got {observation_space!r}; "
+            "use obs_encoder='mlp' (the default)"
+        )
+    return int(np.prod(observation_space.shape)) if observation_space.shape else 1
+
+
 class RunningNorm(nn.Module):
     """Observation normalisation by a running mean / variance: ``clip((x - mean) / sqrt(var + eps))``.
 
@@ -208,9 +232,14 @@ class CompositeEncoder(nn.Module):
         return self.out(torch.cat(parts, dim=-1))
 
 
-def make_encoder(observation_space: spaces.Space, d_out: int) -> nn.Module:
-    """The encoder for ``observation_space`` mapping observations to ``(*batch, d_out)`` features."""
+def make_encoder(observation_space: spaces.Space, d_out: int, kind: str = "mlp") -> nn.Module:
+    """The encoder for ``observation_space`` mapping observations to ``(*batch, d_out)`` features (``kind``
+    "none": :class:`FlattenEncoder`, whose width ``d_out`` must be :func:`flat_size`)."""
     space = observation_space
+    if kind == "none":
+        if d_out != flat_size(space):
+            raise ValueError(f"a flattening encoder of {space!r} has width {flat_size(space)}, not {d_out}")
+        return FlattenEncoder(tuple(cast(spaces.Box, space).shape))
     if d_out < 1:
         raise ValueError(f"d_out must be >= 1, got {d_out}")
     layout = image_layout(space)

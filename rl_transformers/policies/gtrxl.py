@@ -33,6 +33,7 @@ from rl_transformers.policies.cores import (
     bounded_backbone,
     replay_exactness,
 )
+from rl_transformers.policies.encoders import flat_size
 from rl_transformers.policies.packing import Packing
 from rl_transformers.policies.recurrent import MLPCore, RecurrentCore
 
@@ -96,6 +97,15 @@ class PolicyConfig:
     update from its rollout, saved in checkpoints), as SB3's VecNormalize / CleanRL's continuous PPO do."""
     norm_obs_clip: float = 10.0
     """Clip of the normalised observations (±)."""
+    head_hidden: tuple[int, ...] = ()
+    """Hidden layers (Linear -> ReLU) of the actor head and of the critic head on the core's features, each
+    head its own (SB3's net_arch=dict(pi=[64], vf=[64]) is (64,)); empty: linear heads."""
+    obs_encoder: Literal["mlp", "none"] = "mlp"
+    """Encoder of an lstm / gru / mlp core's input: mlp (Linear -> ReLU -> Linear to the core's width), or
+    none: the flat Box observation itself (SB3's FlattenExtractor: the recurrent core reads the observation)."""
+    rnn_init: Literal["orthogonal", "torch"] = "orthogonal"
+    """Initial weights of the lstm / gru cores: orthogonal with zero biases (CleanRL's), or PyTorch's own
+    uniform initialisation (SB3's ortho_init=False, as rl-zoo's recurrent recipes set)."""
 
     def __post_init__(self) -> None:
         if self.kind not in ("transformer", "lstm", "gru", "mlp"):
@@ -107,6 +117,16 @@ class PolicyConfig:
             raise ValueError(f"critic {self.critic!r} is not one of {sorted(CRITICS)}")
         if not self.norm_obs_clip > 0:
             raise ValueError(f"norm_obs_clip must be > 0, got {self.norm_obs_clip!r}")
+        if any(not isinstance(w, int) or w < 1 for w in self.head_hidden):
+            raise ValueError(f"head_hidden must be positive widths, got {self.head_hidden!r}")
+        if self.obs_encoder not in ("mlp", "none"):
+            raise ValueError(f"obs_encoder {self.obs_encoder!r} is not one of ['mlp', 'none']")
+        if self.obs_encoder == "none" and self.kind == "transformer":
+            raise ValueError(
+                "obs_encoder='none' is for lstm / gru / mlp cores; the transformer needs its encoder"
+            )
+        if self.rnn_init not in ("orthogonal", "torch"):
+            raise ValueError(f"rnn_init {self.rnn_init!r} is not one of ['orthogonal', 'torch']")
         if self.hidden_size is not None and self.hidden_size < 1:
             raise ValueError(f"hidden_size must be >= 1 or None, got {self.hidden_size!r}")
 
@@ -128,6 +148,7 @@ class GTrXLPolicy(ActorCritic):
         bound_context: bool = True,
         log_std_init: float = 0.0,
         critic: str = "shared",
+        head_hidden: tuple[int, ...] = (),
     ) -> None:
         cfg = backbone if backbone is not None else gtrxl_backbone()
         if bound_context:
@@ -144,7 +165,7 @@ class GTrXLPolicy(ActorCritic):
             return TransformerCore(cfg)
 
         core = TwinCore(build(), build()) if critic == "separate" else build()
-        super().__init__(observation_space, action_space, core, log_std_init)
+        super().__init__(observation_space, action_space, core, log_std_init, head_hidden)
         self.backbone_config = cfg
 
     @property
@@ -168,18 +189,23 @@ def make_policy(
             bound_context=config.bound_context,
             log_std_init=config.log_std_init,
             critic=config.critic,
+            head_hidden=config.head_hidden,
         )
     else:
         kind = config.kind
 
+        d_in = flat_size(observation_space) if config.obs_encoder == "none" else config.width
+
         def build() -> Core:
             if kind == "mlp":
-                return MLPCore(config.width, config.width, config.mlp_layers)
+                return MLPCore(d_in, config.width, config.mlp_layers)
             assert kind in ("lstm", "gru")
-            return RecurrentCore(kind, config.width, config.width, config.rnn_layers)
+            return RecurrentCore(kind, d_in, config.width, config.rnn_layers, config.rnn_init)
 
         core = TwinCore(build(), build()) if config.critic == "separate" else build()
-        policy = ActorCritic(observation_space, action_space, core, config.log_std_init)
+        policy = ActorCritic(
+            observation_space, action_space, core, config.log_std_init, config.head_hidden, config.obs_encoder
+        )
     policy.detach_critic = config.critic == "detached"
     if config.norm_obs:
         policy.enable_obs_norm(config.norm_obs_clip)

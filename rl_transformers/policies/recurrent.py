@@ -38,7 +38,14 @@ class NoState(State):
 class RecurrentCore(Core):
     """A stacked LSTM or GRU over the chunk, started from the carried state."""
 
-    def __init__(self, kind: Literal["lstm", "gru"], d_in: int, hidden: int, n_layers: int = 1) -> None:
+    def __init__(
+        self,
+        kind: Literal["lstm", "gru"],
+        d_in: int,
+        hidden: int,
+        n_layers: int = 1,
+        init: Literal["orthogonal", "torch"] = "orthogonal",
+    ) -> None:
         super().__init__()
         if kind not in ("lstm", "gru"):
             raise ValueError(f"recurrent kind {kind!r} is not one of ['gru', 'lstm']")
@@ -46,6 +53,8 @@ class RecurrentCore(Core):
         self.d_in, self.d_out, self.n_layers = d_in, hidden, n_layers
         rnn_cls = nn.LSTM if kind == "lstm" else nn.GRU
         self.rnn = rnn_cls(d_in, hidden, num_layers=n_layers, batch_first=True)
+        if init == "torch":  # PyTorch's uniform(-1/sqrt(hidden), 1/sqrt(hidden)) as constructed
+            return
         for name, p in self.rnn.named_parameters():
             if "bias" in name:
                 nn.init.zeros_(p)

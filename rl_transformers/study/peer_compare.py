@@ -49,6 +49,7 @@ ARMS: dict[str, list[str]] = {
     "lstm_zoo": [
         *ZOO_CARTPOLE_NOVEL,
         *["--policy", "lstm", "--no-match-params", "--hidden-size", "64", "--critic", "separate"],
+        *["--obs-encoder", "none", "--head-hidden", "64", "--rnn-init", "torch", "--ppo.vf-coef", "1.0"],
         *["--norm-obs", "--ppo.norm-reward", "--ppo.anneal-clip", "--ppo.no-clip-vloss"],
     ],
     "lstm_zoo_raw": [
@@ -58,9 +59,11 @@ ARMS: dict[str, list[str]] = {
     "gtrxl": [],
 }
 """Library arms: train_gtrxl.py flags after the env id, seed and budget. ``lstm_zoo``: rl-zoo's CartPoleNoVel
-recipe with every zoo convention this library has an option for (VecNormalize of observations and rewards,
-annealed clip range, no value clipping); ``lstm_zoo_raw``: the zoo's numbers without those conventions;
-``gtrxl``: the library's defaults (and the task's recipe where one applies)."""
+recipe with the peer's network (an LSTM of 64 on the observation, a critic LSTM, one hidden layer of 64 in each
+head, PyTorch's initialisation: 43,331 parameters, the peer's count) and every zoo convention (VecNormalize of
+observations and rewards, annealed clip range, no value clipping, SB3's value loss without the ½, hence
+vf_coef 1.0 for the zoo's 0.5); ``lstm_zoo_raw``: the zoo's numbers on the library's LSTM policy without those
+conventions; ``gtrxl``: the library's defaults (and the task's recipe where one applies)."""
 
 
 def _child_cpu() -> float:
