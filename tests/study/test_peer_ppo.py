@@ -1,0 +1,71 @@
+"""The peer runner: the zoo's recipe read as data, and the side-by-side command on a tiny budget."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rl_transformers.study.peer_ppo import parse_policy_kwargs, peer_model_kwargs, schedule, zoo_recipe
+from rl_transformers.utils.errors import UserError
+
+
+def test_policy_kwargs_are_parsed_as_data() -> None:
+    from torch import nn
+
+    text = (
+        "dict(ortho_init=False, activation_fn=nn.ReLU, lstm_hidden_size=64, net_arch=dict(pi=[64], vf=[64]))"
+    )
+    assert parse_policy_kwargs(text) == {
+        "ortho_init": False,
+        "activation_fn": nn.ReLU,
+        "lstm_hidden_size": 64,
+        "net_arch": {"pi": [64], "vf": [64]},
+    }
+    for bad in ("__import__('os').system('true')", "dict(a=open('x'))", "dict(a=nn.Module)", "[1, 2]"):
+        with pytest.raises(UserError, match="policy_kwargs"):
+            parse_policy_kwargs(bad)
+
+
+def test_zoo_schedules() -> None:
+    assert schedule("lin_0.001")(0.25) == pytest.approx(0.00025)
+    assert schedule(0.2) == 0.2
+
+
+def test_recipe_from_a_file_and_unknown_entries(tmp_path: Path) -> None:
+    path = tmp_path / "ppo_lstm.yml"
+    path.write_text("Task-v0:\n  n_steps: 32\n  learning_rate: lin_0.001\n  normalize: True\n")
+    recipe = zoo_recipe("Task-v0", path)
+    kwargs = peer_model_kwargs(recipe)
+    assert kwargs["n_steps"] == 32 and kwargs["learning_rate"](1.0) == pytest.approx(1e-3)
+    with pytest.raises(UserError, match="'Other-v0' is not in"):
+        zoo_recipe("Other-v0", path)
+    path.write_text("Task-v0:\n  frame_stack: 4\n")
+    with pytest.raises(UserError, match="frame_stack"):
+        zoo_recipe("Task-v0", path)
+
+
+def test_installed_zoo_recipe_is_the_published_one() -> None:
+    pytest.importorskip("rl_zoo3", reason="the peers extra (rl_zoo3) is not installed")
+    recipe = zoo_recipe("CartPoleNoVel-v1")
+    assert (recipe["n_envs"], recipe["n_steps"], recipe["batch_size"], recipe["n_epochs"]) == (8, 32, 256, 20)
+    assert (recipe["gamma"], recipe["gae_lambda"], recipe["learning_rate"]) == (0.98, 0.8, "lin_0.001")
+
+
+def test_compare_command_on_a_tiny_budget(tmp_path: Path) -> None:
+    pytest.importorskip("sb3_contrib", reason="the peers extra (sb3-contrib) is not installed")
+    from rl_transformers.study.peer_compare import report, run_arms
+
+    run_arms("rlt/CartPoleNoVel-v0", ("peer", "lstm_zoo"), (0,), 512, 2, tmp_path)
+    records = {p.parent.name: json.loads(p.read_text()) for p in tmp_path.glob("*/s0.json")}
+    assert set(records) == {"peer", "lstm_zoo"}
+    assert records["peer"]["parameters"] == records["lstm_zoo"]["parameters"] == 43_331
+    for record in records.values():
+        assert len(record["returns"]) == 2 and all(r >= 1 for r in record["returns"])
+        assert record["cpu_seconds"] > 0
+    table = report(tmp_path)
+    assert "| peer | 43331 |" in table and "| lstm_zoo | 43331 |" in table
+    mtime = (tmp_path / "peer" / "s0.json").stat().st_mtime
+    run_arms("rlt/CartPoleNoVel-v0", ("peer",), (0,), 512, 2, tmp_path)  # finished records are kept
+    assert (tmp_path / "peer" / "s0.json").stat().st_mtime == mtime
