@@ -7,6 +7,7 @@
     python scripts/train_gtrxl.py --policy lstm                      # baseline, sized to GTrXL's parameters
     python scripts/train_gtrxl.py --policy gru --no-match-params     # baseline of width backbone.d_model
     python scripts/train_gtrxl.py --resume runs/ppo/rlt-TMaze-v0/<run>/   # continue a run
+    python scripts/train_gtrxl.py --env-id rlt/CartPoleNoVel-v0 --recipe none  # library defaults, no recipe
     torchrun --nproc_per_node 2 scripts/train_gtrxl.py --threads 1   # data-parallel PPO (gloo on CPU)
 
 Writes runs/ppo/<env>/<YYYYmmdd-HHMMSS>-s<seed>/ (config.json, TensorBoard events, progress.jsonl, checkpoints/),
@@ -15,13 +16,16 @@ start (with --policy lstm|gru|mlp also the transformer policy's: --match-params,
 baseline's hidden size to it within 10 %, as the encoder study does) and a JSON summary at the end (the last
 logged rollout/ep_rew_mean and eval/mean_reward). Ctrl-C saves a checkpoint and exits; a non-finite loss stops
 the run and keeps the last good checkpoint. The run flags (--run-root, --seed, --threads, --device, --resume,
---verbose, --progress, --allow-env-modules) are the same as train_dt.py's.
+--verbose, --progress, --allow-env-modules) are the same as train_dt.py's. A task with an entry in
+rl_transformers/algos/ppo_recipes.yml (per env id and policy, as rl-zoo's hyperparameter files) starts from it:
+the entry is printed, flags given override it, --recipe none opts out, --recipe FILE reads another file.
 """
 
 from __future__ import annotations
 
 import sys
 
+from rl_transformers.algos import recipes
 from rl_transformers.algos.lifecycle import summary_text
 from rl_transformers.algos.ppo import TrainConfig, train
 from rl_transformers.algos.ppo_config import RESUME_PER_INVOCATION
@@ -33,9 +37,18 @@ from rl_transformers.utils.resume import parse_cli  # --resume: flags default to
 
 
 def main() -> int:
-    cfg = parse_cli(
-        TrainConfig, per_invocation=RESUME_PER_INVOCATION, registry=cli_registry(), description=__doc__
-    )
+    def parse(**defaults: object) -> TrainConfig:
+        return parse_cli(
+            TrainConfig,
+            per_invocation=RESUME_PER_INVOCATION,
+            registry=cli_registry(),
+            description=__doc__,
+            **defaults,
+        )
+
+    cfg = parse()
+    if cfg.resume is None:  # a fresh run takes its task's recipe (a resumed one keeps its saved config)
+        cfg = recipes.resolve(cfg, lambda defaults: parse(default=defaults))
     cfg = match_run_config(cfg)  # --match-params: lstm / gru / mlp sized to the transformer's parameter count
     try:
         result = train(cfg)
