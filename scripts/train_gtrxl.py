@@ -24,6 +24,7 @@ the entry is printed, flags given override it, --recipe none opts out, --recipe 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from rl_transformers.algos import recipes
 from rl_transformers.algos.lifecycle import summary_text
@@ -37,18 +38,19 @@ from rl_transformers.utils.resume import parse_cli  # --resume: flags default to
 
 
 def main() -> int:
-    def parse(**defaults: object) -> TrainConfig:
+    def parse(default: TrainConfig | None = None) -> TrainConfig:
+        extra: dict[str, Any] = {} if default is None else {"default": default}
         return parse_cli(
             TrainConfig,
             per_invocation=RESUME_PER_INVOCATION,
             registry=cli_registry(),
             description=__doc__,
-            **defaults,
+            **extra,
         )
 
     cfg = parse()
     if cfg.resume is None:  # a fresh run takes its task's recipe (a resumed one keeps its saved config)
-        cfg = recipes.resolve(cfg, lambda defaults: parse(default=defaults))
+        cfg = recipes.resolve(cfg, parse)
     cfg = match_run_config(cfg)  # --match-params: lstm / gru / mlp sized to the transformer's parameter count
     try:
         result = train(cfg)
