@@ -64,15 +64,20 @@ _MINIGRID = "envs.minigrid_adapter:make_minigrid_memory"
 _POPGYM = "envs.popgym_adapter:make_popgym"
 
 
-def _tmaze(name: str, length: int) -> MemoryTask:
+def _tmaze(name: str, length: int, penalty_on: str = "lag") -> MemoryTask:
+    kwargs: dict[str, Any] = {"corridor_length": length}
+    which = "passive T-Maze"
+    if penalty_on == "action":
+        kwargs["penalty_on"] = "action"
+        which = "passive T-Maze, AMAGO's recoverable penalty (each non-east move)"
     return MemoryTask(
         id=f"rlt/{name}-v0",
-        description=f"passive T-Maze, corridor {length}: cue at t=0, turn to the cued side at the junction",
+        description=f"{which}, corridor {length}: cue at t=0, turn to the cued side at the junction",
         memory=f"1 bit for {length} steps",
-        random_score=random_policy_return(length),
+        random_score=random_policy_return(length, penalty_on=penalty_on),
         optimal_score=1.0,
         entry_point=_TMAZE,
-        kwargs={"corridor_length": length},
+        kwargs=kwargs,
     )
 
 
@@ -80,6 +85,9 @@ _CORE_TASKS: tuple[MemoryTask, ...] = (
     _tmaze("TMazeShort", 5),
     _tmaze("TMaze", 10),
     _tmaze("TMazeLong", 100),
+    _tmaze("TMazeAlt", 10, "action"),
+    _tmaze("TMazeAltLong", 100, "action"),
+    _tmaze("TMazeAltVeryLong", 400, "action"),
     MemoryTask(
         id="rlt/CartPoleNoVel-v0",
         description="CartPole-v1 observing [x, theta] only (velocities hidden)",

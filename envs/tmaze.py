@@ -13,11 +13,22 @@ the optimal schedule (x < t), so a random policy earns about -1 and exploring th
 ``penalty=0`` the reward is Bakker's sparse one. The memory needed is exactly L steps (the cue at t = 0 is
 used at t = L); a memoryless policy reaches the junction but can only guess, succeeding half of the time.
 
+``penalty_on="action"`` is the recoverable variant of AMAGO (Grigsby et al. 2024, arXiv 2310.09971, its
+``TMazeAltPassive``): the penalty is charged for each non-east action of the first L steps, wherever the agent
+stands, so a mistake costs once instead of on every later step. Under Ni et al.'s ``penalty_on="lag"`` (the
+default) a policy that moves east with probability p reaches the junction on schedule with probability p^L
+(0.37 for p = 0.99 at L = 100) and every step behind schedule keeps costing, so its return and gradients are
+dominated by the exploration of the corridor rather than by memory; with ``"action"`` each wrong move is
+charged exactly once, at the step that made it, and the policy's east probability is learnt from a clean
+per-step signal. The horizon (L + 1) is the same in both, so either variant's solution is the same policy.
+
 Scores (undiscounted return): optimal = ``goal_reward`` = 1 (east L times, then the cued turn: no penalty);
 best memoryless = 0.5 (right schedule, coin-flip turn). Uniform random, exactly: the agent is on schedule at
 step t only if it moved east t times in a row (probability 4^-t), and succeeds only from the junction at
 t = L with the one correct move, so ``E[return] = penalty * sum_{t=1..L} (1 - 4^-t) + goal_reward * 4^-(L+1)``
-(:func:`random_policy_return`): -0.9332, -0.9667, -0.9967 for L = 5, 10, 100 with the default penalty.
+(:func:`random_policy_return`): -0.9332, -0.9667, -0.9967 for L = 5, 10, 100 with the default penalty. With
+``penalty_on="action"`` a random policy pays for 3/4 of its L corridor moves: ``E[return] = 0.75 L penalty +
+goal_reward * 4^-(L+1)`` = -0.75 (+ 4^-(L+1)) with the default penalty.
 
 Spaces: observation ``Box(float32, (2,))`` = ``[cue, at_junction]`` with cue in {-1, 0, +1} (non-zero only at
 t = 0) and at_junction in {0, 1}; action ``Discrete(4)``: 0 east (forward), 1 north, 2 west, 3 south. Moves
@@ -44,6 +55,8 @@ class TMazeEnv(gym.Env[np.ndarray, np.int64]):
         penalty: reward of each of the first L steps on which the agent is behind schedule (x < t);
             ``None`` means Ni et al.'s ``-1/L`` (sum over an idle episode = -1); 0 disables it. Must be <= 0.
         goal_reward: reward for standing on the cued goal at the last step; > 0.
+        penalty_on: "lag" (Ni et al.: each of the first L steps on which x < t) or "action" (AMAGO's
+            recoverable variant: each non-east action of the first L steps).
         render_mode: ``None``, ``"ansi"`` (a text picture of the maze) or ``"rgb_array"`` (an image, 16 px per
             cell: corridor grey, agent blue, cued goal green, other arm red; used for videos and by SB3's
             ``make_vec_env``, which asks for ``rgb_array``).
@@ -57,6 +70,7 @@ class TMazeEnv(gym.Env[np.ndarray, np.int64]):
         penalty: float | None = None,
         goal_reward: float = 1.0,
         render_mode: str | None = None,
+        penalty_on: str = "lag",
     ) -> None:
         if int(corridor_length) != corridor_length or corridor_length < 1:
             raise ValueError(f"corridor_length must be an integer >= 1, got {corridor_length!r}")
@@ -64,11 +78,14 @@ class TMazeEnv(gym.Env[np.ndarray, np.int64]):
             raise ValueError(f"penalty must be <= 0 (a cost for lagging behind), got {penalty!r}")
         if goal_reward <= 0:
             raise ValueError(f"goal_reward must be > 0, got {goal_reward!r}")
+        if penalty_on not in ("lag", "action"):
+            raise ValueError(f"penalty_on must be 'lag' or 'action', got {penalty_on!r}")
         if render_mode not in (None, *self.metadata["render_modes"]):
             raise ValueError(f"render_mode={render_mode!r}; valid: None, {self.metadata['render_modes']}")
         self.corridor_length = int(corridor_length)
         self.penalty = -1.0 / self.corridor_length if penalty is None else float(penalty)
         self.goal_reward = float(goal_reward)
+        self.penalty_on = penalty_on
         self.render_mode = render_mode
         self.horizon = self.corridor_length + 1
         self.observation_space = spaces.Box(
@@ -116,7 +133,8 @@ class TMazeEnv(gym.Env[np.ndarray, np.int64]):
         self._t += 1
         info: dict[str, Any] = {}
         if self._t < self.horizon:
-            reward = self.penalty if self._x < self._t else 0.0
+            behind = a != EAST if self.penalty_on == "action" else self._x < self._t
+            reward = self.penalty if behind else 0.0
             terminated = False
         else:
             success = self._y == self._goal
@@ -158,10 +176,12 @@ class TMazeEnv(gym.Env[np.ndarray, np.int64]):
 
 
 def random_policy_return(
-    corridor_length: int, penalty: float | None = None, goal_reward: float = 1.0
+    corridor_length: int, penalty: float | None = None, goal_reward: float = 1.0, penalty_on: str = "lag"
 ) -> float:
     """Exact expected return of the uniformly random policy on :class:`TMazeEnv` (see the module docstring)."""
     length = int(corridor_length)
     step_penalty = -1.0 / length if penalty is None else float(penalty)
+    if penalty_on == "action":
+        return step_penalty * 0.75 * length + goal_reward * 0.25 ** (length + 1)
     on_schedule = sum(0.25**t for t in range(1, length + 1))
     return step_penalty * (length - on_schedule) + goal_reward * 0.25 ** (length + 1)

@@ -59,6 +59,18 @@ NOTES = """
   et al., every step spent behind the optimal schedule costs −1/L; `penalty=0.0` gives Bakker's sparse reward.
   `info["success"]` is set at the end, and `reset(options={"goal": ±1})` fixes the goal. The best memory-less
   policy scores 0.5.
+- **What Ni et al.'s T-Maze tests, and the recoverable variant.** Under Ni et al.'s penalty a step behind
+  schedule can never be made up: it costs on that step and on every later corridor step, and the agent can no
+  longer reach the junction in time. A policy that moves east with probability p is on schedule at the
+  junction with probability p^L (0.37 for p = 0.99 at L = 100, 0.018 at L = 400), so a stochastic policy rarely
+  sees the memory question at all on long corridors: the long ids test exploration of the corridor as much as
+  memory, and PPO stalls there until its entropy has collapsed. `rlt/TMazeAlt-v0` / `TMazeAltLong-v0` /
+  `TMazeAltVeryLong-v0` (corridors 10 / 100 / 400; `penalty_on="action"` on any T-Maze id) follow AMAGO
+  (Grigsby et al. 2024, arXiv 2310.09971, `TMazeAltPassive`): each non-east move of the first L steps costs
+  −1/L once, at the step that made it. The horizon and the optimal policy are the same; a random policy
+  scores −0.75 + 4^−(L+1), a lagging agent pays only for its own wrong moves, and the per-step signal teaches
+  "walk east" without the compounding cost. Both variants stay: Ni et al.'s for comparison with their numbers,
+  AMAGO's to measure memory length.
 - **CartPole NoVel / NoPos**: CartPole-v1 observing only `[x, theta]` or only `[x_dot, theta_dot]`, with the
   500-step limit. NoVel needs the last one or two observations (finite differences). NoPos needs the integral
   of the velocity history.

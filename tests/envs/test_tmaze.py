@@ -176,3 +176,49 @@ def test_ansi_render_draws_agent() -> None:
     picture = env.render()
     lines = picture.splitlines()
     assert lines[1] == "NA.." and lines[0] == "   G" and lines[2] == "   x"
+
+
+def test_recoverable_variant_charges_each_wrong_move_once() -> None:
+    """AMAGO's penalty, by hand on corridor 4 (penalty -1/4): only non-east moves of the first L steps cost."""
+    env = TMazeEnv(corridor_length=4, penalty_on="action")
+    # optimal: east 4 times, then the cued turn: no cost, goal reward 1
+    _, rewards, _, info = run(env, [EAST] * 4 + [NORTH], goal=1)
+    np.testing.assert_allclose(rewards, [0, 0, 0, 0, 1.0])
+    assert info["success"] is True
+    # lagging then catching up: one west at t=1 costs once, the east moves after it cost nothing (Ni et al.'s
+    # variant charges every later corridor step instead); the junction is then out of reach in time
+    _, rewards, _, info = run(env, [WEST, EAST, EAST, EAST, NORTH], goal=1)
+    np.testing.assert_allclose(rewards, [-0.25, 0, 0, 0, 0])
+    _, lag_rewards, _, _ = run(TMazeEnv(corridor_length=4), [WEST, EAST, EAST, EAST, NORTH], goal=1)
+    np.testing.assert_allclose(lag_rewards, [-0.25, -0.25, -0.25, -0.25, 0])
+    assert info["success"] is False
+    # bumping the wall at the junction turn (the last step) is never charged; a wrong turn scores 0
+    _, rewards, _, info = run(env, [EAST] * 4 + [SOUTH], goal=1)
+    np.testing.assert_allclose(rewards, [0, 0, 0, 0, 0])
+    assert info["success"] is False
+
+
+@pytest.mark.parametrize("length", [1, 2, 3, 4])
+def test_recoverable_random_return_matches_exhaustive_enumeration(length: int) -> None:
+    env = TMazeEnv(corridor_length=length, penalty_on="action")
+    totals = []
+    for goal in (1, -1):
+        for actions in itertools.product(range(4), repeat=length + 1):
+            _, rewards, _, _ = run(env, actions, goal=goal)
+            totals.append(rewards.sum())
+    expected = random_policy_return(length, penalty_on="action")
+    assert np.mean(totals) == pytest.approx(expected, abs=1e-12)
+    assert expected == pytest.approx(-0.75 + 0.25 ** (length + 1))
+
+
+def test_recoverable_ids_and_bad_option() -> None:
+    for env_id, length in (
+        ("rlt/TMazeAlt-v0", 10),
+        ("rlt/TMazeAltLong-v0", 100),
+        ("rlt/TMazeAltVeryLong-v0", 400),
+    ):
+        env = gym.make(env_id).unwrapped
+        assert (env.corridor_length, env.penalty_on) == (length, "action")
+        assert envs.MEMORY_TASKS[env_id].random_score == pytest.approx(-0.75 + 0.25 ** (length + 1))
+    with pytest.raises(ValueError, match="penalty_on must be 'lag' or 'action'"):
+        TMazeEnv(penalty_on="lagging")
