@@ -4,6 +4,8 @@ task, seeds and evaluation protocol (the final policy, greedy, --episodes fresh 
     pip install -e ".[peers]"                                  # sb3-contrib and rl_zoo3
     python scripts/compare_peer.py --arms peer lstm_zoo gtrxl --seeds 0 1 2 3 4 5 6 7 8 9 --out runs/peer
     python scripts/compare_peer.py --report-only --out runs/peer    # the table from the records
+    python scripts/compare_peer.py --report-only --out experiments/peer_cartpole_novel/records \
+        --preamble experiments/peer_cartpole_novel/preamble.md --page docs/results/learning.md --readme README.md
 
 Each (arm, seed) is one record ``<out>/<arm>/s<seed>.json`` (written atomically): a second invocation skips the
 finished ones, so an interrupted comparison resumes. Arms (:data:`rl_transformers.study.peer_compare.ARMS`):
@@ -19,7 +21,9 @@ from pathlib import Path
 
 import tyro
 
-from rl_transformers.study.peer_compare import ARMS, report, run_arms
+from rl_transformers.study.peer_compare import ARMS, run_arms
+from rl_transformers.study.peer_report import load_records, render, replace_block, summarise, table
+from rl_transformers.utils.atomic import atomic_write_text
 from rl_transformers.utils.errors import run_cli
 
 
@@ -41,6 +45,16 @@ class CompareConfig:
     """Only print the table of the records in --out."""
     extra: tuple[str, ...] = field(default_factory=tuple)
     """Extra train_gtrxl.py flags for every library arm (e.g. --extra=--ppo.update-epochs=10)."""
+    solved: float = 475.0
+    """Return at which a seed counts as solved (CartPole's reward threshold)."""
+    reference: str = "peer"
+    """Arm the others are tested against (exact permutation test, Holm-corrected)."""
+    preamble: Path | None = None
+    """With --page: the page's text above the table (task, commands, machine)."""
+    page: Path | None = None
+    """Write the results page (preamble + table) here."""
+    readme: Path | None = None
+    """Rewrite this file's <!-- learning:start --> ... <!-- learning:end --> block with the table."""
 
 
 def main(cfg: CompareConfig) -> None:
@@ -50,7 +64,14 @@ def main(cfg: CompareConfig) -> None:
             print(f"error: unknown arm(s) {unknown}; valid: ['peer', *{sorted(ARMS)}]", file=sys.stderr)
             raise SystemExit(2)
         run_arms(cfg.env_id, cfg.arms, cfg.seeds, cfg.total_timesteps, cfg.episodes, cfg.out, cfg.extra)
-    print(report(cfg.out))
+    rows = table(summarise(load_records(cfg.out)), cfg.solved, cfg.reference)
+    print("\n".join(rows))
+    if cfg.page is not None:
+        preamble = cfg.preamble.read_text(encoding="utf-8") if cfg.preamble is not None else "# Results\n"
+        atomic_write_text(cfg.page, render(cfg.out, cfg.solved, cfg.reference, preamble))
+    if cfg.readme is not None:
+        text = cfg.readme.read_text(encoding="utf-8")
+        atomic_write_text(cfg.readme, replace_block(text, "learning", "\n".join(rows)))
 
 
 if __name__ == "__main__":

@@ -80,6 +80,21 @@ under the zoo's recipe and conventions; ``gtrxl_norm``: the library's PPO defaul
 VecNormalize-style observation and reward scaling."""
 
 
+def provenance() -> dict[str, Any]:
+    """What a record says of the code and machine that made it (commit + ``-dirty`` for uncommitted code)."""
+    import shlex
+
+    import torch
+
+    from rl_transformers.utils.provenance import device_name, git_sha
+
+    return {
+        "git_sha": git_sha(ROOT),
+        "machine": device_name(torch.device("cpu")),
+        "command": shlex.join(["python", *sys.argv]),
+    }
+
+
 def _child_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -183,32 +198,6 @@ def run_arms(
             else:
                 with tempfile.TemporaryDirectory(prefix="rlt-peer-") as tmp:
                     record = run_library_arm(arm, env_id, seed, steps, episodes, extra, Path(tmp))
+            record |= provenance()
             atomic_write_json(path, record)
             print(f"  mean {np.mean(record['returns']):.1f}", flush=True)
-
-
-def load_records(out: Path) -> dict[str, list[dict[str, Any]]]:
-    """{arm: records sorted by seed} of a records directory."""
-    arms: dict[str, list[dict[str, Any]]] = {}
-    for path in sorted(out.glob("*/s*.json")):
-        record = json.loads(path.read_text(encoding="utf-8"))
-        arms.setdefault(path.parent.name, []).append(record)
-    return {arm: sorted(rs, key=lambda r: r["seed"]) for arm, rs in sorted(arms.items())}
-
-
-def report(out: Path, solved: float = 475.0) -> str:
-    """Markdown table: per-seed final greedy means, seeds at or above ``solved``, parameters, env steps per
-    CPU-second."""
-    lines = [f"| arm | parameters | per-seed mean return | seeds ≥ {solved:g} | mean | steps / CPU-s |"]
-    lines.append("|---|---|---|---|---|---|")
-    for arm, records in load_records(out).items():
-        means = [float(np.mean(r["returns"])) for r in records]
-        per_seed = " / ".join(f"{m:.0f}" for m in means)
-        rate = np.mean([r["total_timesteps"] / max(r["cpu_seconds"], 1e-9) for r in records])
-        hits = sum(m >= solved for m in means)
-        params = records[0].get("parameters")
-        lines.append(
-            f"| {arm} | {params if params is not None else '?'} | {per_seed} | {hits} of {len(means)} "
-            f"| {np.mean(means):.1f} | {rate:.0f} |"
-        )
-    return "\n".join(lines)

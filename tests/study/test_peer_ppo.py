@@ -55,7 +55,8 @@ def test_installed_zoo_recipe_is_the_published_one() -> None:
 
 def test_compare_command_on_a_tiny_budget(tmp_path: Path) -> None:
     pytest.importorskip("sb3_contrib", reason="the peers extra (sb3-contrib) is not installed")
-    from rl_transformers.study.peer_compare import report, run_arms
+    from rl_transformers.study.peer_compare import run_arms
+    from rl_transformers.study.peer_report import load_records, summarise, table
 
     run_arms("rlt/CartPoleNoVel-v0", ("peer", "lstm_zoo"), (0,), 512, 2, tmp_path)
     records = {p.parent.name: json.loads(p.read_text()) for p in tmp_path.glob("*/s0.json")}
@@ -64,8 +65,9 @@ def test_compare_command_on_a_tiny_budget(tmp_path: Path) -> None:
     for record in records.values():
         assert len(record["returns"]) == 2 and all(r >= 1 for r in record["returns"])
         assert record["cpu_seconds"] > 0
-    table = report(tmp_path)
-    assert "| peer | 43331 |" in table and "| lstm_zoo | 43331 |" in table
+        assert record["git_sha"] and record["machine"] and "command" in record
+    rows = "\n".join(table(summarise(load_records(tmp_path)), 475.0, "peer"))
+    assert "| peer | 43331 | 1 |" in rows and "| lstm_zoo | 43331 | 1 |" in rows
     mtime = (tmp_path / "peer" / "s0.json").stat().st_mtime
     run_arms("rlt/CartPoleNoVel-v0", ("peer",), (0,), 512, 2, tmp_path)  # finished records are kept
     assert (tmp_path / "peer" / "s0.json").stat().st_mtime == mtime

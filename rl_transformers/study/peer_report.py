@@ -1,0 +1,123 @@
+"""The results page of a side-by-side comparison (``scripts/compare_peer.py``), generated from its records.
+
+Per arm: every seed's final greedy mean return, the seeds at or above the task's solved threshold, the
+interquartile mean with a 95 % stratified-bootstrap interval (``rliable``, Agarwal et al. 2021, arXiv
+2108.13264; one task, so the strata are the seeds), the parameter count and env steps per CPU-second. Each
+other arm is compared with a reference arm by an exact two-sided permutation test of the difference in means
+(every split of the pooled seeds; Holm's correction over the comparisons made), so "X differs from Y" is read
+off a test that can tell, not off overlapping means. The page and the README block are pure functions of the
+records: a clone at any path rebuilds them byte for byte.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rl_transformers.study.aggregate import iqm_intervals
+
+
+@dataclass(frozen=True)
+class ArmSummary:
+    arm: str
+    seeds: list[int]
+    means: list[float]
+    parameters: int | None
+    steps_per_cpu_s: float
+    iqm: tuple[float, float, float]
+    commits: list[str]
+
+
+def load_records(records: Path) -> dict[str, list[dict[str, Any]]]:
+    """{arm: its records sorted by seed} of ``records/<arm>/s<seed>.json``."""
+    arms: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted(records.glob("*/s*.json")):
+        arms.setdefault(path.parent.name, []).append(json.loads(path.read_text(encoding="utf-8")))
+    return {arm: sorted(rs, key=lambda r: int(r["seed"])) for arm, rs in sorted(arms.items())}
+
+
+def exact_permutation_p(a: list[float], b: list[float]) -> float:
+    """Two-sided p of the difference in means over every split of the pooled values into groups of
+    len(a) and len(b) (the observed split included); ties count as at least as extreme."""
+    pooled = np.asarray([*a, *b], dtype=np.float64)
+    n, total = len(a), float(np.sum(pooled))
+    observed = abs(np.mean(a) - np.mean(b))
+    count = extreme = 0
+    for idx in itertools.combinations(range(len(pooled)), n):
+        s = float(pooled[list(idx)].sum())
+        diff = abs(s / n - (total - s) / len(b))
+        extreme += int(diff >= observed - 1e-12)
+        count += 1
+    return extreme / count
+
+
+def holm(pvalues: dict[str, float]) -> dict[str, float]:
+    """Holm-Bonferroni adjusted p-values (monotone, capped at 1)."""
+    order = sorted(pvalues, key=lambda k: pvalues[k])
+    m, running, out = len(order), 0.0, {}
+    for i, key in enumerate(order):
+        running = max(running, min(1.0, (m - i) * pvalues[key]))
+        out[key] = running
+    return out
+
+
+def summarise(arms: dict[str, list[dict[str, Any]]]) -> dict[str, ArmSummary]:
+    scores = {arm: np.array([[float(np.mean(r["returns"]))] for r in rs]) for arm, rs in arms.items()}
+    intervals = iqm_intervals(scores)
+    out = {}
+    for arm, rs in arms.items():
+        rate = float(np.mean([r["total_timesteps"] / max(float(r["cpu_seconds"]), 1e-9) for r in rs]))
+        out[arm] = ArmSummary(
+            arm,
+            [int(r["seed"]) for r in rs],
+            [float(np.mean(r["returns"])) for r in rs],
+            rs[0].get("parameters"),
+            rate,
+            intervals[arm],
+            sorted({str(r.get("git_sha", "?"))[:7] for r in rs}),
+        )
+    return out
+
+
+def table(summaries: dict[str, ArmSummary], solved: float, reference: str | None) -> list[str]:
+    """Markdown rows: one per arm, plus the permutation test against ``reference`` where it has records."""
+    tests = {}
+    if reference in summaries:
+        ref = summaries[reference].means
+        raw = {a: exact_permutation_p(s.means, ref) for a, s in summaries.items() if a != reference}
+        tests = holm(raw)
+    head = "| arm | parameters | seeds | final greedy return per seed | solved (≥ {:g}) | IQM [95 % CI] |"
+    head += f" vs {reference}: Holm p |" if tests else ""
+    head += " env steps / CPU-s | code |"
+    lines = [head.format(solved), "|" + "---|" * (8 if tests else 7)]
+    for arm, s in summaries.items():
+        per_seed = " / ".join(f"{m:.0f}" for m in s.means)
+        iqm = f"{s.iqm[0]:.1f} [{s.iqm[1]:.1f}, {s.iqm[2]:.1f}]"
+        solved_n = f"{sum(m >= solved for m in s.means)} of {len(s.means)}"
+        row = f"| {arm} | {s.parameters if s.parameters is not None else '?'} | {len(s.seeds)} | {per_seed} |"
+        row += f" {solved_n} | {iqm} |"
+        if tests:
+            row += f" {tests[arm]:.3g} |" if arm in tests else " – |"
+        lines.append(row + f" {s.steps_per_cpu_s:.0f} | {', '.join(s.commits)} |")
+    return lines
+
+
+def render(records: Path, solved: float, reference: str | None, preamble: str) -> str:
+    """The page: ``preamble`` (the experiment's own text: task, command, machine) and the table."""
+    summaries = summarise(load_records(records))
+    return preamble.rstrip() + "\n\n" + "\n".join(table(summaries, solved, reference)) + "\n"
+
+
+def replace_block(text: str, name: str, block: str) -> str:
+    """``text`` with the lines between ``<!-- name:start -->`` and ``<!-- name:end -->`` set to ``block``."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    if start not in text or end not in text:
+        raise ValueError(f"no {start} ... {end} block")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{block.rstrip()}\n{end}{tail}"

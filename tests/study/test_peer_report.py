@@ -1,0 +1,83 @@
+"""The comparison page from hand-built records: the exact permutation test against scipy's, Holm by hand, the
+IQM against rliable called directly, and a byte-for-byte rebuild at another path."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rl_transformers.study.peer_report import (
+    exact_permutation_p,
+    holm,
+    load_records,
+    render,
+    replace_block,
+    summarise,
+)
+
+pytest.importorskip("rliable")
+
+
+def _records(root: Path, arm: str, means: list[float], steps: int = 1000, cpu: float = 2.0) -> None:
+    for seed, mean in enumerate(means):
+        record = {"arm": arm, "seed": seed, "returns": [mean - 1, mean + 1], "total_timesteps": steps}
+        record |= {"cpu_seconds": cpu, "parameters": 10, "git_sha": "abcdef0123"}
+        (root / arm).mkdir(parents=True, exist_ok=True)
+        (root / arm / f"s{seed}.json").write_text(json.dumps(record))
+
+
+def test_exact_permutation_p_equals_scipy() -> None:
+    from scipy.stats import permutation_test
+
+    a, b = [500.0, 480.0, 500.0, 490.0], [300.0, 500.0, 200.0, 250.0, 410.0]
+    ref = permutation_test(  # the |difference in means| statistic: a two-sided test as one tail
+        (a, b),
+        lambda x, y: abs(np.mean(x) - np.mean(y)),
+        permutation_type="independent",
+        n_resamples=np.inf,
+        alternative="greater",
+    )
+    assert exact_permutation_p(a, b) == pytest.approx(ref.pvalue)
+    assert exact_permutation_p([1.0, 2.0], [1.0, 2.0]) == 1.0
+    # complete separation of 3 against 3: 2 of the 20 splits are as extreme
+    assert exact_permutation_p([9.0, 8.0, 7.0], [1.0, 2.0, 3.0]) == pytest.approx(0.1)
+
+
+def test_holm_by_hand() -> None:
+    adjusted = holm({"a": 0.01, "b": 0.04, "c": 0.03})
+    assert adjusted == pytest.approx({"a": 0.03, "c": 0.06, "b": 0.06})
+    assert holm({"a": 0.6, "b": 0.9}) == pytest.approx({"a": 1.0, "b": 1.0})
+
+
+def test_iqm_equals_rliable(tmp_path: Path) -> None:
+    from rliable import metrics
+
+    means = [500.0, 120.0, 480.0, 300.0, 499.0, 10.0, 450.0, 470.0]
+    _records(tmp_path, "x", means)
+    summary = summarise(load_records(tmp_path))["x"]
+    assert summary.iqm[0] == pytest.approx(metrics.aggregate_iqm(np.array(means)[:, None]))
+    assert summary.iqm[1] <= summary.iqm[0] <= summary.iqm[2]
+    assert summary.steps_per_cpu_s == 500.0 and summary.commits == ["abcdef0"]
+
+
+def test_page_rebuilds_byte_for_byte_elsewhere(tmp_path: Path) -> None:
+    _records(tmp_path / "a" / "records", "peer", [500.0, 500.0, 499.0])
+    _records(tmp_path / "a" / "records", "lstm", [500.0, 200.0, 480.0])
+    page = render(tmp_path / "a" / "records", 475.0, "peer", "# Title\n\nText.\n")
+    assert "| lstm | 10 | 3 | 500 / 200 / 480 | 2 of 3 |" in page and "| peer |" in page
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    assert render(tmp_path / "b" / "records", 475.0, "peer", "# Title\n\nText.\n") == page
+
+
+def test_readme_block() -> None:
+    text = "intro\n<!-- learning:start -->\nold\n<!-- learning:end -->\noutro\n"
+    assert (
+        replace_block(text, "learning", "new")
+        == "intro\n<!-- learning:start -->\nnew\n<!-- learning:end -->\noutro\n"
+    )
+    with pytest.raises(ValueError, match="no <!-- other:start -->"):
+        replace_block(text, "other", "x")
