@@ -69,6 +69,7 @@ from rl_transformers.utils import (
     linear_warmup,
     restore_rng_state,
     seed_everything,
+    warmup_cosine,
 )
 from rl_transformers.utils.resume import merge_resume
 
@@ -175,8 +176,12 @@ class DTTrainer:
             betas=config.betas,
             fused=device.type in FUSED_ADAMW_DEVICES or None,  # one kernel per step, the same AdamW update
         )
-        warmup = config.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: linear_warmup(s, warmup))
+        warmup, total = config.warmup_steps, config.total_steps
+        if config.lr_decay == "cosine":
+            factor = lambda s: warmup_cosine(s, warmup, total)  # noqa: E731
+        else:
+            factor = lambda s: linear_warmup(s, warmup)  # noqa: E731
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
         self.step = 0
         if resumed is not None:
             restore_checkpoint(self, resumed.checkpoint)

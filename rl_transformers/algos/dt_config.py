@@ -88,6 +88,10 @@ class DTConfig(RunConfig):
     """AdamW betas."""
     warmup_steps: int = 10_000
     """Linear learning-rate warm-up (lr · min((step + 1) / warmup, 1))."""
+    lr_decay: Literal["none", "cosine"] = "none"
+    """After the warm-up: none keeps the rate (the Decision Transformer paper's schedule), cosine decays it to 0
+    at total_steps, so a late update cannot undo what the model found (a resume with another --total-steps
+    re-times the decay)."""
     max_grad_norm: float = 0.25
     """Gradient-norm clipping threshold."""
     aux_coef: float = 1.0
@@ -136,6 +140,7 @@ class DTConfig(RunConfig):
         )
         check_choice("algo", self.algo, ("dt", "bc"))
         check_choice("padding", self.padding, Padding)
+        check_choice("lr_decay", self.lr_decay, ("none", "cosine"))
         check_choice("window_starts", self.window_starts, ("uniform", "aligned"))
         if self.window_starts == "aligned" and self.padding != "right":
             raise UserError(

@@ -33,6 +33,7 @@ from rl_transformers.utils.training import (
     linear_warmup,
     seed_everything,
     set_threads,
+    warmup_cosine,
 )
 
 __all__ = [
@@ -59,4 +60,5 @@ __all__ = [
     "seed_everything",
     "set_threads",
     "to_jsonable",
+    "warmup_cosine",
 ]

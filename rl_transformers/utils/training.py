@@ -193,6 +193,18 @@ def linear_schedule(start: float, end: float, fraction: float) -> float:
     return start + (end - start) * fraction
 
 
+def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
+    """:func:`linear_warmup`, then a cosine decay from 1 to 0 at ``total_steps`` (Loshchilov & Hutter 2017,
+    arXiv 1608.03983, without restarts): ``0.5 (1 + cos(π (step - warmup) / (total - warmup)))``."""
+    import math
+
+    if step < warmup_steps:
+        return linear_warmup(step, warmup_steps)
+    span = max(total_steps - warmup_steps, 1)
+    progress = min(max(step - warmup_steps, 0) / span, 1.0)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 def linear_warmup(step: int, warmup_steps: int) -> float:
     """Learning-rate factor rising linearly to 1 over ``warmup_steps`` (``(step + 1) / warmup_steps``),
     then 1; the Decision Transformer schedule. ``warmup_steps <= 0`` means no warm-up."""

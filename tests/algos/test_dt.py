@@ -340,3 +340,25 @@ def test_success_rate_from_episode_flags() -> None:
     got = eval_scalars([EvalResult(1.0, np.zeros(4), np.ones(4, dtype=np.int64), flags)], no_refs)
     assert got["eval/success_rate@1"] == 0.5 and got["eval/success_rate"] == 0.5
     assert "eval/success_rate" not in eval_scalars([EvalResult(1.0, np.zeros(2), np.ones(2))], no_refs)
+
+
+def test_cosine_decay_is_the_logged_rate_and_resumes(dataset: Path, tmp_path: Path) -> None:
+    """lr_decay='cosine': the logged rate follows warm-up then cosine to 0; a resume continues it bit-exactly."""
+    import math
+
+    config = tiny_config(dataset, tmp_path / "full", lr_decay="cosine", eval_every=0, save_every=4)
+    full = train(config)
+    rates = [r["train/learning_rate"] for r in progress_rows(full.run_dir) if "train/learning_rate" in r]
+    factors = [
+        min((s + 1) / 4, 1.0) if s < 4 else 0.5 * (1 + math.cos(math.pi * (s - 4) / 4)) for s in range(8)
+    ]
+    assert len(rates) == 8
+    # each row logs the rate the next update will use: factors of steps 1..8 (0 at the end)
+    assert rates == pytest.approx([1e-3 * f for f in factors[1:]] + [0.0], abs=1e-12)
+    copy = tmp_path / "copy"
+    shutil.copytree(full.run_dir, copy)
+    for name in ("step_8.pt", "last.pt", "best.pt", "index.json"):
+        (copy / "checkpoints" / name).unlink(missing_ok=True)
+    resumed = train(dataclasses.replace(config, resume=copy / "checkpoints" / "step_4.pt"))
+    for (name, pa), pb in zip(full.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(pa, pb), name

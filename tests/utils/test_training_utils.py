@@ -22,6 +22,7 @@ from rl_transformers.utils import (
     linear_warmup,
     seed_everything,
     set_threads,
+    warmup_cosine,
 )
 
 
@@ -127,3 +128,13 @@ def test_linear_schedules() -> None:
     assert linear_schedule(2.0, 4.0, -1.0) == 2.0
     assert [linear_warmup(s, 4) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
     assert linear_warmup(0, 0) == 1.0
+
+
+def test_warmup_cosine_by_hand() -> None:
+    import math
+
+    # warm-up 2 of 10 steps, then 0.5 (1 + cos(pi (s - 2) / 8)) down to 0 at step 10, and 0 beyond
+    got = [warmup_cosine(s, 2, 10) for s in range(12)]
+    expected = [0.5, 1.0] + [0.5 * (1 + math.cos(math.pi * (s - 2) / 8)) for s in range(2, 10)] + [0.0, 0.0]
+    assert got == pytest.approx(expected, abs=1e-12)
+    assert got[6] == pytest.approx(0.5) and warmup_cosine(0, 0, 1) == 1.0
