@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rl_transformers.backbone import BackboneConfig, registry
+from rl_transformers.backbone import Backbone, BackboneConfig, registry
 from rl_transformers.backbone.context import ForwardContext
 
 D_MODEL = 8
@@ -174,3 +174,34 @@ def check_all(m: Any, naive: Reference) -> None:
     check_carried_state(m)
     check_reset_rows(m)
     check_reset_cuts(m)
+
+
+def check_backbone(name: str, **options: Any) -> None:
+    """Inside a 2-layer backbone: a window with episode starts (``Backbone.forward(starts=...)``) from a carried
+    state == one token per call with ``reset`` at the starts, outputs and the next chunk; and under bfloat16
+    the state's floating tensors stay float32 (a KV cache's keys / values excepted)."""
+    torch.manual_seed(0)
+    cfg = BackboneConfig(d_model=16, n_layers=2, n_heads=2, attention=name, position="none",
+                         attention_options=options)  # fmt: skip
+    bb = Backbone(cfg).double().eval()
+    assert bb.segments_unsupported is None
+    g = torch.Generator().manual_seed(2)
+    warm, x, nxt = (torch.randn(3, n, 16, generator=g, dtype=torch.float64) for n in (5, 10, 4))
+    starts = random_starts(3, 10)
+    with torch.no_grad():
+        state = bb(warm).state
+        out = bb(x, state=state, starts=starts)
+        ys, s = [], state
+        for t in range(10):
+            step = bb(x[:, t : t + 1], state=s, reset=starts[:, t])
+            ys.append(step.y)
+            s = step.state
+        torch.testing.assert_close(out.y, torch.cat(ys, 1), rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(bb(nxt, state=out.state).y, bb(nxt, state=s).y, rtol=1e-10, atol=1e-10)
+        half = Backbone(cfg).to(torch.bfloat16)
+        layers = half(x[:, :3].to(torch.bfloat16)).state.layers
+    for layer in layers:
+        for f in dataclasses.fields(layer):
+            value = getattr(layer, f.name)
+            if isinstance(value, Tensor) and value.is_floating_point() and f.name not in ("k", "v"):
+                assert value.dtype == torch.float32, f"{f.name}: {value.dtype}"

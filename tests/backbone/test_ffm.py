@@ -73,3 +73,7 @@ def test_bad_options_are_refused() -> None:
         )
     with pytest.raises(ValueError, match=r"memory=None"):
         BackboneConfig(attention="ffm", position="none", memory="xl")
+
+
+def test_inside_a_backbone() -> None:
+    rc.check_backbone("ffm")

@@ -97,3 +97,7 @@ def test_memory_and_bad_options_are_refused() -> None:
         BackboneConfig(attention="fox", attention_options={"sink": -1})
     with pytest.raises(ValueError, match="max_cache"):
         BackboneConfig(attention="fox", attention_options={"max_cache": 0})
+
+
+def test_inside_a_backbone() -> None:
+    rc.check_backbone("fox")

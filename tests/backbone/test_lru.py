@@ -70,3 +70,7 @@ def test_matches_lru_pytorch() -> None:
         want = ref(x.float())
         got, _ = rc.parallel(m, x)
     torch.testing.assert_close(got.float(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_inside_a_backbone() -> None:
+    rc.check_backbone("lru")

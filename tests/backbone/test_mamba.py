@@ -84,3 +84,7 @@ def test_matches_mambapy() -> None:
             y, cache = ref.step(x[:, t], cache)
             ys.append(y)
     torch.testing.assert_close(got, torch.stack(ys, 1), rtol=1e-10, atol=1e-10)
+
+
+def test_inside_a_backbone() -> None:
+    rc.check_backbone("mamba")

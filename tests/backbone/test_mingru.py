@@ -62,3 +62,7 @@ def test_matches_mingru_pytorch() -> None:
             y, prev = ref(x[:, t : t + 1], prev, return_next_prev_hidden=True)
             ys.append(y)
         torch.testing.assert_close(got_step, torch.cat(ys, 1), rtol=1e-10, atol=1e-10)
+
+
+def test_inside_a_backbone() -> None:
+    rc.check_backbone("mingru")
