@@ -156,7 +156,15 @@ class RecurrentMixer(Attention):
 
     @classmethod
     def check_config(cls, cfg: Any, options: Any) -> None:
-        super().check_config(cfg, options)
+        from rl_transformers.backbone import registry
+
+        kind = registry.get("position", cfg.position).cls.kind
+        if kind not in cls.position_kinds:
+            raise ValueError(
+                f"attention {cls.registry_name!r} is a recurrent mixer (no queries or keys) and cannot use position "
+                f"{cfg.position!r} (a {kind!r} scheme); the recurrence orders the tokens: use position='none' "
+                f"(--backbone.position none), or an input scheme such as 'sinusoidal'"
+            )
         if cfg.memory is not None:
             raise ValueError(
                 f"attention {cls.registry_name!r} is a recurrent mixer whose state is its memory; it takes no "
