@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from rl_transformers.backbone import BackboneConfig
+from rl_transformers.backbone.attention import fox as fox_module
 from tests.backbone import invariants as inv
 from tests.backbone import recurrent_checks as rc
 
@@ -62,6 +63,17 @@ def test_fox_matches_its_definition(options: dict) -> None:
     rc.check_carried_state(m, same_tensors=False)
     rc.check_reset_rows(m)
     rc.check_reset_cuts(m)
+
+
+@pytest.mark.parametrize("options", [{}, {"max_cache": 2, "sink": 1}], ids=["plain", "window-sink"])
+def test_query_blocks_change_nothing(monkeypatch: pytest.MonkeyPatch, options: dict) -> None:
+    """Blocks of 3 queries (each over the keys it may see) == the definition, values and gradients."""
+    monkeypatch.setattr(fox_module, "QUERY_BLOCK", 3)
+    m = rc.make_mixer("fox", **options)
+    with torch.no_grad():
+        m.f_proj.bias.fill_(-1.0)
+    rc.check_reference(m, naive)
+    rc.check_carried_state(m, same_tensors=False)
 
 
 def test_gates_of_one_give_causal_softmax_attention() -> None:

@@ -31,14 +31,15 @@ from rl_transformers.backbone.attention.base import (
     Attention,
     attention_entropy,
     key_segments,
-    same_segment,
-    visible_mask,
 )
-from rl_transformers.backbone.attention.full import SinkSlots, check_sink, window_limit
+from rl_transformers.backbone.attention.full import SinkSlots, check_sink
 from rl_transformers.backbone.context import ForwardContext
 from rl_transformers.backbone.position.base import Position
 from rl_transformers.backbone.registry import Capabilities, register
 from rl_transformers.backbone.state import State
+
+QUERY_BLOCK = 512
+"""Queries per block of the dense computation (each block sees only the keys up to its last query)."""
 
 
 @dataclass
@@ -119,18 +120,42 @@ class FoxAttention(Attention):
             v = torch.cat([state.v.to(v.dtype), v], dim=2)
             k_pos, k_valid = torch.cat([state.pos, pos], 1), torch.cat([state.valid, valid], 1)
             key_c = torch.cat([-state.decay.to(cum.dtype), cum], dim=-1)  # bias r_j + c_i = c_i - (-r_j)
-        bias = cum[..., :, None] - key_c[..., None, :]  # (B, H, T, S)
-        out = self._attend(q, k, v, pos, k_pos, k_valid, bias, ctx)
+        t, s = q.shape[2], k.shape[2]
+        window = self.options.max_cache
+        outs = []
+        for r0 in range(0, t, QUERY_BLOCK):  # blocks of queries: O(QUERY_BLOCK · S) memory
+            r1 = min(t, r0 + QUERY_BLOCK)
+            lo, hi = (0 if window is None else max(0, s - t + r0 - window)), s - t + r1  # keys a row may see
+            bias = cum[..., r0:r1, None] - key_c[..., None, lo:hi]  # (B, H, T_block, S_block)
+            mask = self._mask(r0, r1, t, lo, hi, k_valid, ctx)
+            rows, keys = slice(r0, r1), slice(lo, hi)
+            outs.append(
+                self._attend(
+                    q[:, :, rows], k[:, :, keys], v[:, :, keys], pos[:, rows], k_pos[:, keys], bias, mask, ctx
+                )
+            )
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
         y = self.o_proj(self.merge_heads(out))
         if not isinstance(state, FoxState):
             return y, state
         return y, self._new_state(k, v, k_pos, k_valid, cum[..., -1:] - key_c, ctx, state)
 
-    def _mask(self, t: int, k_valid: Tensor, ctx: ForwardContext) -> Tensor:
+    def _mask(
+        self, r0: int, r1: int, t: int, lo: int, hi: int, k_valid: Tensor, ctx: ForwardContext
+    ) -> Tensor:
+        """(B, 1, r1 - r0, hi - lo) bool: query rows r0..r1 of the T new tokens may see keys lo..hi of the S
+        (bottom-right aligned): valid and not later (always itself), within ``max_cache``, of the own episode."""
         s = k_valid.shape[1]
-        mask = window_limit(visible_mask(t, k_valid, True), t, self.options.max_cache)
-        same = same_segment(ctx, s)
-        return mask if same is None else mask & same
+        i = torch.arange(r0, r1, device=k_valid.device)[:, None] + (s - t)
+        j = torch.arange(lo, hi, device=k_valid.device)[None, :]
+        allowed = k_valid[:, None, None, lo:hi] & (j <= i)
+        if self.options.max_cache is not None:
+            allowed = allowed & (i - j <= self.options.max_cache)
+        allowed = allowed | (j == i)
+        if ctx.segment is not None:
+            own = ctx.segment[:, None, r0:r1, None] == key_segments(ctx, s)[:, None, None, lo:hi]
+            allowed = allowed & own
+        return allowed
 
     def _attend(
         self,
@@ -139,12 +164,12 @@ class FoxAttention(Attention):
         v: Tensor,
         q_pos: Tensor,
         k_pos: Tensor,
-        k_valid: Tensor,
         bias: Tensor,
+        mask: Tensor,
         ctx: ForwardContext,
     ) -> Tensor:
-        """(B, H, T, D): softmax over the keys with the forget-gate bias (and the sink slots)."""
-        mask = self._mask(q.shape[2], k_valid, ctx)
+        """(B, H, T, D): softmax over the keys (a bottom-right aligned suffix of them) with the forget-gate bias
+        (and the sink slots)."""
         if not (self.position.modifies_scores or ctx.collect_info or self.sinks is not None):
             float_mask = bias.to(q.dtype).masked_fill(~mask, float("-inf"))
             dropout_p = self.attn_dropout.p if self.training else 0.0
