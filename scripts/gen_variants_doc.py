@@ -291,7 +291,7 @@ META: dict[str, dict[str, dict[str, str]]] = {
         "adaptive_span": {"paper": "Sukhbaatar et al. 2019, arXiv 1905.07799 (soft ramp, L1 span penalty, dynamic span)",
                           "cost": "O(L·(z + R))", "stream": "cache of max_span + R keys"},
         "fox": {"paper": "Lin et al. 2025, arXiv 2503.02130 (forgetting attention: cumulative log forget-gate bias; optional sinks)",
-                "cost": "O(T·S·D)", "stream": "KV cache + log-gates since each key"},
+                "cost": "O(T·S·D) / O(512·S)", "stream": "KV cache + log-gates since each key"},
         "lru": {"paper": "Orvieto et al. 2023, arXiv 2303.06349 (complex diagonal λ, γ normalisation, ring init)",
                 "cost": "O(L·N·d) / O(N) state", "approx": "recurrent, not attention", "stream": "state h"},
         "mingru": {"paper": "Feng et al. 2024, arXiv 2410.01201 (minGRU, positive candidate g)",

@@ -5,16 +5,17 @@ biased by the log-gates accumulated between key and query:
 
     y_i = Σ_{j ≤ i} softmax_j(q_i · k_j / √D + Σ_{l=j+1..i} log f_l) v_j,
 
-so a key's weight decays with every forget gate after it (f ≡ 1 is causal softmax attention). The bias is
-D_ij = c_i - c_j with c the running sum of log f; the attention is exact under its own bias (a dense masked
-softmax, or SDPA with an additive float mask when the position scheme leaves the logits alone). Position schemes
-of every kind compose with it (the paper's default uses none: the gates order the keys). Acting keeps the exact
-KV cache (:class:`FoxState`), and with each cached key r_j = Σ_{l=j+1..last} log f_l, the log-gates since that
-key, in float32 and kept relative to the last token so they never drift; ``max_cache`` bounds the cache (a
-window of max_cache + 1 keys, in full and chunked runs alike). A padded token's gate is 1 (it forgets nothing);
-keys of an earlier episode are masked (``ForwardContext.segment``) and the running sum restarts there. ``sink`` adds learned sink slots (see
-``full``), which take no forget-gate bias. An XL memory does not fold in (its tokens have no gates): memory must
-be None. Cost: O(T·S·D) time, O(T·S) memory; state O(S·D) per head.
+so a key's weight decays with every forget gate after it (f ≡ 1 is causal softmax attention). The bias is D_ij =
+c_i - c_j with c the running sum of log f; the attention is exact under its own bias (a dense masked softmax, or
+SDPA with an additive float mask when the position scheme leaves the logits alone). Position schemes of every
+kind compose with it (the paper's default uses none: the gates order the keys). Acting keeps the exact KV cache
+(:class:`FoxState`), and with each cached key r_j = Σ_{l=j+1..last} log f_l, the log-gates since that key, in
+float32 and kept relative to the last token so they never drift; ``max_cache`` bounds the cache (a window of
+max_cache + 1 keys, in full and chunked runs alike). A padded token's gate is 1 (it forgets nothing); keys of an
+earlier episode are masked (``ForwardContext.segment``) and the running sum restarts there. ``sink`` adds
+learned sink slots (see ``full``), which take no forget-gate bias. An XL memory does not fold in (its tokens
+have no gates): memory must be None. Cost: O(T·S·D) time, O(min(T, 512)·S) memory (blocks of queries); state
+O(S·D) per head.
 """
 
 from __future__ import annotations
