@@ -88,3 +88,24 @@ def test_matches_mambapy() -> None:
 
 def test_inside_a_backbone() -> None:
     rc.check_backbone("mamba")
+
+
+@pytest.mark.parametrize("d_conv", [4, 1])
+def test_padded_tokens_leave_the_state_as_it_is(d_conv: int) -> None:
+    """Right padding, then a next chunk == the same real tokens without padding: the convolution's carried
+    inputs skip the padded ones, the scan's state stays."""
+    m = rc.make_mixer("mamba", d_state=3, d_conv=d_conv)
+    x = torch.randn(2, 6, rc.D_MODEL, dtype=torch.float64)
+    pad = torch.randn(2, 3, rc.D_MODEL, dtype=torch.float64)
+    nxt = torch.randn(2, 4, rc.D_MODEL, dtype=torch.float64)
+    valid = torch.tensor([[True] * 6 + [False] * 3, [True] * 6 + [False] * 3])
+    with torch.no_grad():
+        y, state = rc.parallel(m, x)
+        ctx = rc.context(None, 9, 2, valid)
+        y_pad, state_pad = m(torch.cat([x, pad], 1), ctx, m.init_state(2, None, torch.float64))
+        torch.testing.assert_close(y_pad[:, :6], y, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(state_pad.conv, state.conv, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(state_pad.h, state.h, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(
+            rc.parallel(m, nxt, None, state_pad)[0], rc.parallel(m, nxt, None, state)[0]
+        )

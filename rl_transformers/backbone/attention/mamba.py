@@ -130,11 +130,29 @@ class MambaMixer(RecurrentMixer):
                 same = seg_ext[:, k - 1 - lag : k - 1 - lag + t] == seg
                 shifted = shifted * same[..., None].to(u.dtype)
             out = out + shifted * w[:, k - 1 - lag]
-        carried = ext[:, ext.shape[1] - (k - 1) :]
-        if seg_ext is not None and seg is not None:  # inputs from before a row's last start are dropped
-            keep = seg_ext[:, seg_ext.shape[1] - (k - 1) :] == seg[:, -1:]
-            carried = carried * keep[..., None].to(u.dtype)
-        return out, carried
+        return out, self._carried(ext, seg_ext, seg, None if ctx.all_valid else ctx.valid)
+
+    def _carried(
+        self, ext: Tensor, seg_ext: Tensor | None, seg: Tensor | None, valid: Tensor | None
+    ) -> Tensor:
+        """The last K - 1 inputs of ``ext`` (B, K - 1 + T, E) that the next call's convolution reads: inputs of a
+        row's last episode only, padded tokens skipped (a padded token leaves the state as it is)."""
+        b, n, _ = ext.shape
+        k1 = self.options.d_conv - 1
+        if valid is None:
+            carried = ext[:, n - k1 :]
+            if seg_ext is not None and seg is not None:  # inputs from before a row's last start are dropped
+                carried = carried * (seg_ext[:, n - k1 :] == seg[:, -1:])[..., None].to(ext.dtype)
+            return carried
+        keep = torch.cat([valid.new_ones(b, k1), valid], dim=1)  # the carried inputs count as real
+        if seg_ext is not None and seg is not None:
+            keep = keep & (seg_ext == seg[:, -1:])
+        order = torch.where(keep, torch.arange(n, device=ext.device), -1)
+        last = order.topk(k1, dim=1).values.flip(
+            1
+        )  # (B, K - 1) positions of the last kept inputs, oldest first
+        picked = ext.gather(1, last.clamp_min(0)[..., None].expand(-1, -1, ext.shape[2]))
+        return picked * (last >= 0)[..., None].to(ext.dtype)
 
     def forward(self, x: Tensor, ctx: ForwardContext, state: Any = None) -> tuple[Tensor, Any]:
         self.enter(x, ctx)
