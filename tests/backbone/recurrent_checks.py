@@ -168,8 +168,30 @@ def check_reset_cuts(m: Any, t: int = 10, cut: int = 4) -> None:
     assert (g[:, :cut].abs().sum(-1) > 0).all(), "without a reset the past should matter"
 
 
+def check_padding(m: Any, tol: float = 1e-10) -> None:
+    """Masked padding changes nothing for the real tokens: left padding from a fresh state, and right padding
+    followed by a next chunk from the returned state (a padded token leaves the state as it is)."""
+    x, nxt = torch.randn(2, 6, D_MODEL, dtype=torch.float64), torch.randn(2, 3, D_MODEL, dtype=torch.float64)
+    pad = torch.randn(2, 2, D_MODEL, dtype=torch.float64)
+    real, fake = torch.ones(2, 6, dtype=torch.bool), torch.zeros(2, 2, dtype=torch.bool)
+    with torch.no_grad():
+        y, state = parallel(m, x)
+        want_next = parallel(m, nxt, None, state)[0]
+        for valid, xs, cut in (
+            (torch.cat([fake, real], 1), [pad, x], slice(2, 8)),
+            (torch.cat([real, fake], 1), [x, pad], slice(0, 6)),
+        ):
+            y_pad, state_pad = m(
+                torch.cat(xs, 1), context(None, 8, 2, valid), m.init_state(2, None, torch.float64)
+            )
+            torch.testing.assert_close(y_pad[:, cut], y, rtol=tol, atol=tol)
+            got_next = parallel(m, nxt, None, state_pad)[0]
+            torch.testing.assert_close(got_next, want_next, rtol=tol, atol=tol, msg=tag("after padding"))
+
+
 def check_all(m: Any, naive: Reference) -> None:
     check_reference(m, naive)
+    check_padding(m)
     check_chunk_sizes(m)
     check_carried_state(m)
     check_reset_rows(m)
