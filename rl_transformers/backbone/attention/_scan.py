@@ -8,8 +8,9 @@ a_2 b_1 + b_2), recursively on the half-length sequence of pairs, then fills in 
 form of a parallel prefix scan: ⌈log2 C⌉ vectorised levels of halving size, O(C) work).
 The scan multiplies and adds only (no logarithm, no division), so it stays finite for any |a| ≤ 1, including
 the a_t = 0 that cuts the recurrence at an episode start: the gradient of every later h with respect to
-anything before the start is then exactly zero. Cost: O(T) elementwise work in O(log C) vectorised levels,
-one Python step per chunk.
+anything before the start is then exactly zero. Backward is the adjoint recurrence, the same scan run from the
+end (only a and h are kept for it). Cost: O(T) elementwise work in O(log C) vectorised levels, one Python step
+per chunk.
 
 :func:`restarts` turns ``ForwardContext.segment`` (rows restarting inside the window) into the tokens at which
 the recurrence restarts, and :class:`RecurrentMixer` is the base class of the mixers: no q / k / v projections
@@ -170,6 +171,12 @@ class RecurrentMixer(Attention):
                 f"attention {cls.registry_name!r} is a recurrent mixer whose state is its memory; it takes no "
                 f"memory module, got memory={cfg.memory!r}: set memory=None (--backbone.memory None)"
             )
+
+    def core(self, *args: Any, **kwargs: Any) -> tuple[Tensor, Any]:
+        raise NotImplementedError(
+            f"attention {self.registry_name!r} is a recurrent mixer without queries, keys and values: it has no "
+            f"kernel on (q, k, v); call the layer (forward) on its input"
+        )
 
     def enter(self, x: Tensor, ctx: ForwardContext) -> None:
         """Record the input of this application (memory modules and depth controllers count them)."""

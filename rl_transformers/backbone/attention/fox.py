@@ -95,6 +95,12 @@ class FoxAttention(Attention):
                 f"the cache with attention_options max_cache instead"
             )
 
+    def core(self, *args: Any, **kwargs: Any) -> tuple[Tensor, Any]:
+        raise NotImplementedError(
+            "attention 'fox' computes its forget gates from the layer input: it has no kernel on (q, k, v) "
+            "alone; call the layer (forward) on its input"
+        )
+
     def init_state(self, batch: int, device: torch.device | None, dtype: torch.dtype) -> FoxState:
         h, d = self.n_heads, self.d_head
         return FoxState(
