@@ -88,3 +88,56 @@ def test_info_diagnostics_only_when_requested() -> None:
     bb.collect_info = True
     info = bb(x).info
     assert "backbone/attention_entropy/layer0" in info and "backbone/gate_openness/layer1" in info
+
+
+def test_without_sinks_there_are_no_sink_parameters() -> None:
+    """``sink`` = 0 (the default) adds nothing: the parameters of plain multi-head attention only."""
+    names = {n for n, _ in _layer().named_parameters()}
+    assert names == {f"{p}_proj.{w}" for p in "qkvo" for w in ("weight", "bias")}
+    assert {n for n, _ in _layer(sink=2).named_parameters()} - names == {"sinks.k", "sinks.v"}
+
+
+@pytest.mark.parametrize("position", ["none", "rope", "alibi"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_sinks_are_slots_prepended_to_the_keys(position: str, causal: bool) -> None:
+    """With sinks: the float64 reference over [sink keys; keys] and [sink values; values], the sink columns
+    visible to every query and free of position terms, inside a backbone with rope / alibi / padding."""
+    cfg = BackboneConfig(
+        d_model=16, n_layers=1, n_heads=2, position=position, causal=causal, attention_options={"sink": 3}
+    )
+    torch.manual_seed(0)
+    bb = Backbone(cfg).double()
+    att = bb.depth.blocks[0].attention
+    with torch.no_grad():
+        att.sinks.k.normal_()  # well away from zero: the slots take a visible share
+        att.sinks.v.normal_()
+    b, h, t, d = 2, 2, 6, 8
+    q, k, v = (torch.randn(b, h, t, d, dtype=torch.float64) for _ in range(3))
+    pos = torch.arange(t).expand(b, t)
+    valid = torch.tensor([[True] * t, [False, True, True, True, False, True]])
+    ctx = ForwardContext(pos=pos, valid=valid, causal=causal)
+    qr, kr = att.position.transform_q(q, pos, 0), att.position.transform_k(k, pos, 0)
+    got = att.attend(qr, kr, v, pos, pos, valid, ctx)
+    keys = torch.cat([att.sinks.k.expand(b, -1, -1, -1), kr], dim=2)
+    values = torch.cat([att.sinks.v.expand(b, -1, -1, -1), v], dim=2)
+    mask = torch.cat([torch.ones(b, 1, t, 3, dtype=torch.bool), visible_mask(t, valid, causal)], dim=-1)
+    bias = att.position.bias(pos, pos, 0)
+    if bias is not None:  # alibi's bias on the real keys only
+        bias = torch.cat([torch.zeros(*bias.shape[:-1], 3, dtype=bias.dtype), bias], dim=-1)
+    want = reference_attention(qr, keys, values, mask=mask, bias=bias)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    plain = _layer(causal=causal).double()
+    plain.load_state_dict(att.state_dict(), strict=False)
+    assert not torch.allclose(got, plain.attend(qr, kr, v, pos, pos, valid, ctx), atol=1e-3)
+
+
+@pytest.mark.parametrize("options", [{"sink": 2}, {"sink": 1, "max_cache": 3}])
+def test_sinks_stream_and_reset_exactly(options: dict) -> None:
+    bb = inv.tiny_backbone(attention="full", position="rope", attention_options=options)
+    inv.check_streaming(bb)
+    inv.check_reset(bb)
+
+
+def test_bad_sink_is_refused() -> None:
+    with pytest.raises(ValueError, match="sink must be a non-negative int"):
+        BackboneConfig(attention_options={"sink": -1})

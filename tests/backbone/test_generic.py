@@ -178,7 +178,7 @@ def test_available_lists_design_names() -> None:
         "full", "local", "block_local", "block_local_2d", "strided", "fixed", "blockwise", "longformer",
         "bigbird", "etc", "lsh", "routing", "linformer", "memory_compressed", "linear", "rfa", "performer",
         "gaussian_prior", "adaptive_span",
-    }  # fmt: skip
+    } | {"lru", "mingru", "mamba", "ffm", "fox"}  # fmt: skip
     assert set(names["memory"]) == {"xl", "compressive", "knn"}
     assert set(names["block"]) == {"post_ln", "pre_ln", "gtrxl", "rezero", "reversible"}
     assert set(names["depth"]) == {"fixed", "universal", "early_exit"}

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from rl_transformers.backbone import BackboneConfig, available, capabilities
+from rl_transformers.backbone import BackboneConfig, available, capabilities, registry
 from rl_transformers.policies.gtrxl import PolicyConfig, make_policy
 
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
@@ -43,7 +43,10 @@ CAUSAL = [a for a in available()["attention"] if capabilities("attention", a).ca
 @pytest.mark.parametrize("attention", CAUSAL)
 def test_acting_state_is_bounded_by_the_context(attention: str) -> None:
     torch.manual_seed(0)
-    cfg = BackboneConfig(d_model=16, n_layers=2, n_heads=2, attention=attention, memory=None, position="rope")
+    position = "rope" if "qk" in registry.get("attention", attention).cls.position_kinds else "none"
+    cfg = BackboneConfig(
+        d_model=16, n_layers=2, n_heads=2, attention=attention, memory=None, position=position
+    )
     policy = make_policy(PolicyConfig(backbone=cfg, context_len=CONTEXT), OBS, ACT).eval()
     state = policy.initial_state(3)
     obs = torch.zeros(3, 3)
