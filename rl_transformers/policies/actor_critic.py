@@ -127,6 +127,13 @@ class ActorCritic(nn.Module):
             )
         self.obs_norm = RunningNorm(tuple(space.shape), clip).to(next(self.parameters()).device)
 
+    def default_init_heads(self) -> None:
+        """PyTorch's default initialisation for the heads and their hidden layers (``PolicyConfig.init``)."""
+        for module in (self.actor_body, self.critic_body, self.actor.linear, self.critic):
+            for layer in module.modules():
+                if isinstance(layer, nn.Linear):
+                    layer.reset_parameters()
+
     def encode(self, obs: Obs) -> Tensor:
         """Encoder features of observations (normalised first when ``obs_norm`` is set)."""
         return self.encoder(obs if self.obs_norm is None else self.obs_norm(obs))

@@ -103,9 +103,10 @@ class PolicyConfig:
     obs_encoder: Literal["mlp", "none"] = "mlp"
     """Encoder of an lstm / gru / mlp core's input: mlp (Linear -> ReLU -> Linear to the core's width), or
     none: the flat Box observation itself (SB3's FlattenExtractor: the recurrent core reads the observation)."""
-    rnn_init: Literal["orthogonal", "torch"] = "orthogonal"
-    """Initial weights of the lstm / gru cores: orthogonal with zero biases (CleanRL's), or PyTorch's own
-    uniform initialisation (SB3's ortho_init=False, as rl-zoo's recurrent recipes set)."""
+    init: Literal["orthogonal", "torch"] = "orthogonal"
+    """Initial weights of the lstm / gru core and of the heads: orthogonal (CleanRL's: recurrent weights gain 1
+    with zero biases, actor 0.01, critic 1, head hidden layers √2), or PyTorch's own initialisation (SB3's
+    ortho_init=False, as rl-zoo's recurrent recipes set). The transformer backbone keeps its own."""
 
     def __post_init__(self) -> None:
         if self.kind not in ("transformer", "lstm", "gru", "mlp"):
@@ -125,8 +126,8 @@ class PolicyConfig:
             raise ValueError(
                 "obs_encoder='none' is for lstm / gru / mlp cores; the transformer needs its encoder"
             )
-        if self.rnn_init not in ("orthogonal", "torch"):
-            raise ValueError(f"rnn_init {self.rnn_init!r} is not one of ['orthogonal', 'torch']")
+        if self.init not in ("orthogonal", "torch"):
+            raise ValueError(f"init {self.init!r} is not one of ['orthogonal', 'torch']")
         if self.hidden_size is not None and self.hidden_size < 1:
             raise ValueError(f"hidden_size must be >= 1 or None, got {self.hidden_size!r}")
 
@@ -200,12 +201,14 @@ def make_policy(
             if kind == "mlp":
                 return MLPCore(d_in, config.width, config.mlp_layers)
             assert kind in ("lstm", "gru")
-            return RecurrentCore(kind, d_in, config.width, config.rnn_layers, config.rnn_init)
+            return RecurrentCore(kind, d_in, config.width, config.rnn_layers, config.init)
 
         core = TwinCore(build(), build()) if config.critic == "separate" else build()
         policy = ActorCritic(
             observation_space, action_space, core, config.log_std_init, config.head_hidden, config.obs_encoder
         )
+    if config.init == "torch":
+        policy.default_init_heads()
     policy.detach_critic = config.critic == "detached"
     if config.norm_obs:
         policy.enable_obs_norm(config.norm_obs_clip)

@@ -49,7 +49,7 @@ ARMS: dict[str, list[str]] = {
     "lstm_zoo": [
         *ZOO_CARTPOLE_NOVEL,
         *["--policy", "lstm", "--no-match-params", "--hidden-size", "64", "--critic", "separate"],
-        *["--obs-encoder", "none", "--head-hidden", "64", "--rnn-init", "torch", "--ppo.vf-coef", "1.0"],
+        *["--obs-encoder", "none", "--head-hidden", "64", "--init", "torch", "--ppo.vf-coef", "1.0"],
         *["--norm-obs", "--ppo.norm-reward", "--ppo.anneal-clip", "--ppo.no-clip-vloss"],
     ],
     "lstm_zoo_raw": [

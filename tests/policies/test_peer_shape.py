@@ -25,9 +25,7 @@ def test_peer_shaped_lstm_has_sb3_contribs_parameter_count() -> None:
     from torch import nn
 
     obs, act = _spaces()
-    ours = make_policy(
-        PolicyConfig(kind="lstm", obs_encoder="none", rnn_init="torch", **ZOO_KWARGS), obs, act
-    )
+    ours = make_policy(PolicyConfig(kind="lstm", obs_encoder="none", init="torch", **ZOO_KWARGS), obs, act)
     kwargs = {"lstm_hidden_size": 64, "enable_critic_lstm": True, "ortho_init": False}
     kwargs |= {"activation_fn": nn.ReLU, "net_arch": {"pi": [64], "vf": [64]}}
     peer = RecurrentPPO("MlpLstmPolicy", make_vec_env("rlt/CartPoleNoVel-v0", 1), policy_kwargs=kwargs)
@@ -50,14 +48,24 @@ def test_head_hidden_layers_feed_both_heads() -> None:
     assert policy.critic_body[0].weight.grad is not None and policy.actor_body[0].weight.grad is None
 
 
-def test_rnn_init_choices() -> None:
+def test_init_choices() -> None:
     obs, act = _spaces()
     base = {"kind": "lstm", "hidden_size": 16, "match_params": False}
     ortho = make_policy(PolicyConfig(**base), obs, act)
-    torch_init = make_policy(PolicyConfig(**base, rnn_init="torch"), obs, act)
+    torch_init = make_policy(PolicyConfig(**base, init="torch"), obs, act)
     assert float(ortho.core.rnn.bias_ih_l0.detach().abs().max()) == 0.0
     bias = torch_init.core.rnn.bias_ih_l0.detach()
     assert 0.0 < float(bias.abs().max()) <= 16**-0.5
+    # the heads: orthogonal gain 0.01 (near-uniform policy) against PyTorch's kaiming-uniform bound 1/sqrt(16)
+    small = ortho.actor.linear.weight.detach()
+    assert float(torch.linalg.matrix_norm(small, ord=2)) == pytest.approx(0.01, rel=1e-4)
+    big = torch_init.actor.linear.weight.detach()
+    assert float(big.abs().max()) <= 0.25 and float(torch.linalg.matrix_norm(big, ord=2)) > 0.05
+    assert (
+        float(torch_init.critic.bias.detach().abs().max())
+        > 0.0
+        == float(ortho.critic.bias.detach().abs().max())
+    )
 
 
 def test_obs_encoder_none_refuses_what_it_cannot_flatten() -> None:

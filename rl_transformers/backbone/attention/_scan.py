@@ -162,9 +162,9 @@ class RecurrentMixer(Attention):
         kind = registry.get("position", cfg.position).cls.kind
         if kind not in cls.position_kinds:
             raise ValueError(
-                f"attention {cls.registry_name!r} is a recurrent mixer (no queries or keys) and cannot use position "
-                f"{cfg.position!r} (a {kind!r} scheme); the recurrence orders the tokens: use position='none' "
-                f"(--backbone.position none), or an input scheme such as 'sinusoidal'"
+                f"attention {cls.registry_name!r} cannot use position {cfg.position!r} (a {kind!r} scheme): it is "
+                "a recurrent mixer (no queries or keys) whose recurrence orders the tokens; use position='none' "
+                "(--backbone.position none), or an input scheme such as 'sinusoidal'"
             )
         if cfg.memory is not None:
             raise ValueError(
