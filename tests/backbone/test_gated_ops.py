@@ -1,0 +1,192 @@
+"""The chunked operators of ``_gated_ops`` against the recurrences written as plain loops over tokens (float64):
+values and gradients of every input, with restarts at random positions inside chunks and a carried state, for
+every chunk size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rl_transformers.backbone.attention import _gated_ops as ops
+from tests.backbone.recurrent_checks import label
+
+torch.set_num_threads(1)
+F64 = torch.float64
+B, H, T, K, V = 2, 2, 13, 3, 4
+
+
+def _segments(seed: int = 0) -> torch.Tensor:
+    """(B, 1, T): row 0 continues its state throughout, row 1 restarts at random tokens (twice in a row once)."""
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.rand(B, T, generator=g) < 0.3
+    starts[0] = False
+    starts[1, 0] = False
+    starts[1, 5] = starts[1, 6] = True
+    return starts.long().cumsum(1)[:, None, :]
+
+
+def _restarts(segment: torch.Tensor) -> torch.Tensor:
+    """(B, 1, T) bool: the token's segment differs from the one before it."""
+    prev = torch.cat([torch.zeros_like(segment[..., :1]), segment[..., :-1]], -1)
+    return segment != prev
+
+
+def _inputs(seed: int, *shapes: tuple[int, ...]) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=g, dtype=F64).requires_grad_(True) for s in shapes]
+
+
+def _compare(fn, ref, inputs: list[torch.Tensor]) -> None:
+    got, want = fn(*inputs), ref(*inputs)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-11)
+    g = torch.Generator().manual_seed(9)
+    weights = [torch.randn(a.shape, generator=g, dtype=F64) for a in got]
+
+    def loss(outs) -> torch.Tensor:
+        return sum((a * w).sum() for a, w in zip(outs, weights))
+
+    ours = torch.autograd.grad(loss(got), inputs, allow_unused=True)
+    theirs = torch.autograd.grad(loss(want), inputs, allow_unused=True)
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        assert (a is None) == (b is None), i
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10, msg=label(f"input {i}"))
+
+
+def gated_loop(q, k, v, log_a, s0, segment):
+    restart = _restarts(segment)
+    s, outs = s0, []
+    for t in range(q.shape[-2]):
+        s = torch.where(restart[..., t, None, None], 0.0, s)
+        s = log_a[..., t, :, None].exp() * s + k[..., t, :, None] * v[..., t, None, :]
+        outs.append((q[..., t, None, :] @ s)[..., 0, :])
+    return torch.stack(outs, -2), s
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 5, 64])
+@pytest.mark.parametrize("diagonal", [True, False], ids=["key_decay", "scalar_decay"])
+def test_gated_chunked_equals_the_loop(chunk: int, diagonal: bool) -> None:
+    q, k, v, raw, s0 = _inputs(0, (B, H, T, K), (B, H, T, K), (B, H, T, V), (B, H, T, K if diagonal else 1),
+                               (B, H, K, V))  # fmt: skip
+    segment = _segments()
+
+    def fn(q, k, v, raw, s0):
+        return ops.gated_chunked(q, k, v, torch.nn.functional.logsigmoid(raw), s0, chunk, segment)
+
+    def ref(q, k, v, raw, s0):
+        return gated_loop(q, k, v, torch.nn.functional.logsigmoid(raw), s0, segment)
+
+    _compare(fn, ref, [q, k, v, raw, s0])
+
+
+def test_gated_chunked_without_segments_equals_the_loop() -> None:
+    q, k, v, raw, s0 = _inputs(1, (B, H, T, K), (B, H, T, K), (B, H, T, V), (B, H, T, K), (B, H, K, V))
+    zero = torch.zeros(B, 1, T, dtype=torch.long)
+    logsig = torch.nn.functional.logsigmoid
+    _compare(
+        lambda q, k, v, r, s: ops.gated_chunked(q, k, v, logsig(r), s, 4),
+        lambda q, k, v, r, s: gated_loop(q, k, v, logsig(r), s, zero),
+        [q, k, v, raw, s0],
+    )
+
+
+def delta_loop(q, k, v, beta, log_a, s0, segment):
+    """S_t = a_t (I - β_t k_t k_t^T) S_{t-1} + β_t k_t v_t^T (a_t = 1 without log_a)."""
+    restart = _restarts(segment)
+    s, outs = s0, []
+    eye = torch.eye(k.shape[-1], dtype=F64)
+    for t in range(q.shape[-2]):
+        s = torch.where(restart[..., t, None, None], 0.0, s)
+        kt, bt = k[..., t, :], beta[..., t, :, None]
+        a = 1.0 if log_a is None else log_a[..., t, :, None].exp()
+        s = (
+            a * (eye - bt * kt[..., :, None] * kt[..., None, :]) @ s
+            + bt * kt[..., :, None] * v[..., t, None, :]
+        )
+        outs.append((q[..., t, None, :] @ s)[..., 0, :])
+    return torch.stack(outs, -2), s
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 5, 64])
+@pytest.mark.parametrize("gated", [False, True], ids=["deltanet", "gated_deltanet"])
+def test_delta_chunked_equals_the_loop(chunk: int, gated: bool) -> None:
+    q, k, v, rb, ra, s0 = _inputs(2, (B, H, T, K), (B, H, T, K), (B, H, T, V), (B, H, T, 1), (B, H, T, 1),
+                                  (B, H, K, V))  # fmt: skip
+    segment = _segments(2)
+
+    def prep(k, rb, ra):
+        log_a = torch.nn.functional.logsigmoid(ra + 2.0) if gated else None
+        return torch.nn.functional.normalize(k, dim=-1), torch.sigmoid(rb), log_a
+
+    def fn(q, k, v, rb, ra, s0):
+        kn, beta, log_a = prep(k, rb, ra)
+        return ops.delta_chunked(q, kn, v, beta, log_a, s0, chunk, segment)
+
+    def ref(q, k, v, rb, ra, s0):
+        kn, beta, log_a = prep(k, rb, ra)
+        return delta_loop(q, kn, v, beta, log_a, s0, segment)
+
+    _compare(fn, ref, [q, k, v, rb, ra, s0])
+
+
+def mlstm_loop(q, k, v, log_f, log_i, c0, n0, segment, floor: float = 1.0):
+    """The unstabilised cell: C_t = f_t C_{t-1} + i_t k_t v_t^T, n_t = f_t n_{t-1} + i_t k_t,
+    h_t = C_t^T q_t / max(|n_t·q_t|, floor) (the paper's floor is 1)."""
+    restart = _restarts(segment)
+    c, n, hs = c0, n0, []
+    for t in range(q.shape[-2]):
+        c = torch.where(restart[..., t, None, None], 0.0, c)
+        n = torch.where(restart[..., t, None], 0.0, n)
+        f, i = log_f[..., t].exp(), log_i[..., t].exp()
+        c = f[..., None, None] * c + i[..., None, None] * k[..., t, :, None] * v[..., t, None, :]
+        n = f[..., None] * n + i[..., None] * k[..., t, :]
+        qt = q[..., t, :]
+        den = (n * qt).sum(-1, keepdim=True).abs().clamp_min(floor)
+        hs.append((qt[..., None, :] @ c)[..., 0, :] / den)
+    return torch.stack(hs, -2), c, n
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 5, 64])
+@pytest.mark.parametrize("forget", ["sigmoid", "exp"])
+def test_mlstm_chunked_equals_the_loop(chunk: int, forget: str) -> None:
+    q, k, v, rf, ri, c0, n0 = _inputs(3, (B, H, T, K), (B, H, T, K), (B, H, T, V), (B, H, T), (B, H, T),
+                                      (B, H, K, V), (B, H, K))  # fmt: skip
+    segment = _segments(3)
+    m0 = torch.tensor([[0.5, -1.0], [2.0, 0.0]], dtype=F64)  # a stabilised carried state: C = e^{m0} C̃
+
+    def gates(rf, ri):
+        log_f = torch.nn.functional.logsigmoid(rf + 1.0) if forget == "sigmoid" else 0.1 * rf
+        return log_f, 2.0 * ri
+
+    def fn(q, k, v, rf, ri, c0, n0):
+        log_f, log_i = gates(rf, ri)
+        h, (c, n, m) = ops.mlstm_chunked(q, k, v, log_f, log_i, (c0, n0, m0), chunk, segment)
+        return h, c * m.exp()[..., None, None], n * m.exp()[..., None]
+
+    def ref(q, k, v, rf, ri, c0, n0):
+        log_f, log_i = gates(rf, ri)
+        return mlstm_loop(
+            q, k, v, log_f, log_i, c0 * m0.exp()[..., None, None], n0 * m0.exp()[..., None], segment
+        )
+
+    _compare(fn, ref, [q, k, v, rf, ri, c0, n0])
+
+
+def test_mlstm_large_input_gates_stay_finite() -> None:
+    """Input-gate pre-activations of 800 overflow exp in float64 unstabilised; the chunked cell stays finite.
+    Scaling every i_t by e^{800} scales C and n alike, so h equals the loop on the unshifted gates with the floor
+    scaled by e^{-800} (0 in float64)."""
+    q, k, v, ri = _inputs(4, (B, H, T, K), (B, H, T, K), (B, H, T, V), (B, H, T))
+    segment = _segments(4)
+    log_f = torch.full((B, H, T), -0.1, dtype=F64)
+    empty = (
+        torch.zeros(B, H, K, V, dtype=F64),
+        torch.zeros(B, H, K, dtype=F64),
+        torch.zeros(B, H, dtype=F64),
+    )
+    h, (c, n, m) = ops.mlstm_chunked(q, k, v, log_f, 800.0 + ri, empty, 4, segment)
+    assert torch.isfinite(h).all() and torch.isfinite(c).all() and torch.isfinite(n).all()
+    assert torch.isfinite(m).all() and m.min() > 790
+    want, _, _ = mlstm_loop(q, k, v, log_f, ri, empty[0], empty[1], segment, floor=0.0)
+    torch.testing.assert_close(h, want, rtol=1e-9, atol=1e-11)
