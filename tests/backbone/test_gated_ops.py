@@ -190,3 +190,90 @@ def test_mlstm_large_input_gates_stay_finite() -> None:
     assert torch.isfinite(m).all() and m.min() > 790
     want, _, _ = mlstm_loop(q, k, v, log_f, ri, empty[0], empty[1], segment, floor=0.0)
     torch.testing.assert_close(h, want, rtol=1e-9, atol=1e-11)
+
+
+# -- optional: the pure-PyTorch reference functions of fla-core (package ``fla``) -------------------------------
+def _fla_naive(module: str):
+    """``fla/ops/<module>/naive.py`` loaded by path (importing ``fla`` itself needs triton, i.e. a GPU build)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("fla")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("fla-core (package fla) is not installed: pip install fla-core --no-deps")
+    path = Path(next(iter(spec.submodule_search_locations))) / "ops" / module / "naive.py"
+    if not path.exists():
+        pytest.skip(f"this fla-core has no {path}")
+    loaded = importlib.util.spec_from_file_location(f"_fla_naive_{module}", path)
+    assert loaded is not None and loaded.loader is not None
+    mod = importlib.util.module_from_spec(loaded)
+    try:
+        loaded.loader.exec_module(mod)
+    except ImportError as e:  # e.g. einops missing
+        pytest.skip(f"fla-core's {module} reference does not import: {e}")
+    return mod
+
+
+F32 = dict(rtol=1e-4, atol=1e-5)  # fla's references compute in float32
+
+
+def _f32(seed: int, *shapes: tuple[int, ...]) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=g) for s in shapes]
+
+
+def test_matches_fla_retention() -> None:
+    ref = _fla_naive("retention").naive_retention
+    q, k, v = _f32(10, (B, 4, T, K), (B, 4, T, K), (B, 4, T, V))
+    log_g = torch.log1p(-(2.0 ** (-5.0 - torch.arange(4.0))))[None, :, None, None].expand(B, 4, T, 1)
+    got, _ = ops.gated_chunked(q * K**-0.5, k, v, log_g, torch.zeros(B, 4, K, V), 4)
+    torch.testing.assert_close(got, ref(q, k, v), **F32)
+
+
+def test_matches_fla_gla() -> None:
+    ref = _fla_naive("gla").naive_recurrent_gla
+    q, k, v, raw, s0 = _f32(11, (B, T, H, K), (B, T, H, K), (B, T, H, V), (B, T, H, K), (B, H, K, V))
+    gk = torch.nn.functional.logsigmoid(raw)
+    want, s_want = ref(q, k, v, gk, initial_state=s0, output_final_state=True)
+    t = [z.transpose(1, 2) for z in (q, k, v, gk)]
+    got, s_got = ops.gated_chunked(t[0] * K**-0.5, t[1], t[2], t[3], s0, 4)
+    torch.testing.assert_close(got.transpose(1, 2), want, **F32)
+    torch.testing.assert_close(s_got, s_want, **F32)
+
+
+def test_matches_fla_simple_gla() -> None:
+    ref = _fla_naive("simple_gla").naive_recurrent_simple_gla
+    q, k, v, raw, s0 = _f32(12, (B, T, H, K), (B, T, H, K), (B, T, H, V), (B, T, H), (B, H, K, V))
+    g = torch.nn.functional.logsigmoid(raw)
+    want, s_want = ref(q, k, v, g, scale=1.0, initial_state=s0, output_final_state=True)
+    t = [z.transpose(1, 2) for z in (q, k, v)]
+    got, s_got = ops.gated_chunked(*t, g.transpose(1, 2)[..., None], s0, 5)
+    torch.testing.assert_close(got.transpose(1, 2), want, **F32)
+    torch.testing.assert_close(s_got, s_want, **F32)
+
+
+def test_matches_fla_delta_rule() -> None:
+    ref = _fla_naive("delta_rule").delta_rule_recurrence
+    q, k, v, raw, s0 = _f32(13, (B, H, T, K), (B, H, T, K), (B, H, T, V), (B, H, T), (B, H, K, V))
+    k, beta = torch.nn.functional.normalize(k, dim=-1), torch.sigmoid(raw)
+    want, s_want = ref(q, k, v, beta, initial_state=s0)
+    got, s_got = ops.delta_chunked(q * K**-0.5, k, v, beta[..., None], None, s0, 4)
+    torch.testing.assert_close(got, want, **F32)
+    torch.testing.assert_close(s_got, s_want, **F32)
+
+
+def test_matches_fla_gated_delta_rule() -> None:
+    ref = _fla_naive("gated_delta_rule").naive_recurrent_gated_delta_rule
+    q, k, v, rb, rg, s0 = _f32(
+        14, (B, T, H, K), (B, T, H, K), (B, T, H, V), (B, T, H), (B, T, H), (B, H, K, V)
+    )
+    k, beta, g = (
+        torch.nn.functional.normalize(k, dim=-1),
+        torch.sigmoid(rb),
+        torch.nn.functional.logsigmoid(rg),
+    )
+    want, s_want = ref(q, k, v, beta, g, scale=1.0, initial_state=s0, output_final_state=True)
+    t = [z.transpose(1, 2) for z in (q, k, v, beta, g)]
+    got, s_got = ops.delta_chunked(t[0], t[1], t[2], t[3][..., None], t[4][..., None], s0, 4)
+    torch.testing.assert_close(got.transpose(1, 2), want, **F32)
+    torch.testing.assert_close(s_got, s_want, **F32)
