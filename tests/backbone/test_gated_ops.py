@@ -214,7 +214,8 @@ def _fla_naive(module: str):
     return mod
 
 
-F32 = dict(rtol=1e-4, atol=1e-5)  # fla's references compute in float32
+def _close32(got: torch.Tensor, want: torch.Tensor) -> None:
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)  # fla's references compute in float32
 
 
 def _f32(seed: int, *shapes: tuple[int, ...]) -> list[torch.Tensor]:
@@ -227,7 +228,7 @@ def test_matches_fla_retention() -> None:
     q, k, v = _f32(10, (B, 4, T, K), (B, 4, T, K), (B, 4, T, V))
     log_g = torch.log1p(-(2.0 ** (-5.0 - torch.arange(4.0))))[None, :, None, None].expand(B, 4, T, 1)
     got, _ = ops.gated_chunked(q * K**-0.5, k, v, log_g, torch.zeros(B, 4, K, V), 4)
-    torch.testing.assert_close(got, ref(q, k, v), **F32)
+    _close32(got, ref(q, k, v))
 
 
 def test_matches_fla_gla() -> None:
@@ -237,8 +238,8 @@ def test_matches_fla_gla() -> None:
     want, s_want = ref(q, k, v, gk, initial_state=s0, output_final_state=True)
     t = [z.transpose(1, 2) for z in (q, k, v, gk)]
     got, s_got = ops.gated_chunked(t[0] * K**-0.5, t[1], t[2], t[3], s0, 4)
-    torch.testing.assert_close(got.transpose(1, 2), want, **F32)
-    torch.testing.assert_close(s_got, s_want, **F32)
+    _close32(got.transpose(1, 2), want)
+    _close32(s_got, s_want)
 
 
 def test_matches_fla_simple_gla() -> None:
@@ -248,8 +249,8 @@ def test_matches_fla_simple_gla() -> None:
     want, s_want = ref(q, k, v, g, scale=1.0, initial_state=s0, output_final_state=True)
     t = [z.transpose(1, 2) for z in (q, k, v)]
     got, s_got = ops.gated_chunked(*t, g.transpose(1, 2)[..., None], s0, 5)
-    torch.testing.assert_close(got.transpose(1, 2), want, **F32)
-    torch.testing.assert_close(s_got, s_want, **F32)
+    _close32(got.transpose(1, 2), want)
+    _close32(s_got, s_want)
 
 
 def test_matches_fla_delta_rule() -> None:
@@ -258,8 +259,8 @@ def test_matches_fla_delta_rule() -> None:
     k, beta = torch.nn.functional.normalize(k, dim=-1), torch.sigmoid(raw)
     want, s_want = ref(q, k, v, beta, initial_state=s0)
     got, s_got = ops.delta_chunked(q * K**-0.5, k, v, beta[..., None], None, s0, 4)
-    torch.testing.assert_close(got, want, **F32)
-    torch.testing.assert_close(s_got, s_want, **F32)
+    _close32(got, want)
+    _close32(s_got, s_want)
 
 
 def test_matches_fla_gated_delta_rule() -> None:
@@ -275,5 +276,5 @@ def test_matches_fla_gated_delta_rule() -> None:
     want, s_want = ref(q, k, v, beta, g, scale=1.0, initial_state=s0, output_final_state=True)
     t = [z.transpose(1, 2) for z in (q, k, v, beta, g)]
     got, s_got = ops.delta_chunked(t[0], t[1], t[2], t[3][..., None], t[4][..., None], s0, 4)
-    torch.testing.assert_close(got.transpose(1, 2), want, **F32)
-    torch.testing.assert_close(s_got, s_want, **F32)
+    _close32(got.transpose(1, 2), want)
+    _close32(s_got, s_want)
