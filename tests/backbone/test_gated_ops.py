@@ -248,7 +248,7 @@ def test_matches_fla_simple_gla() -> None:
     g = torch.nn.functional.logsigmoid(raw)
     want, s_want = ref(q, k, v, g, scale=1.0, initial_state=s0, output_final_state=True)
     t = [z.transpose(1, 2) for z in (q, k, v)]
-    got, s_got = ops.gated_chunked(*t, g.transpose(1, 2)[..., None], s0, 5)
+    got, s_got = ops.gated_chunked(t[0], t[1], t[2], g.transpose(1, 2)[..., None], s0, 5)
     _close32(got.transpose(1, 2), want)
     _close32(s_got, s_want)
 
