@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from rl_transformers.backbone.attention import _gated_ops as ops
 from tests.backbone.recurrent_checks import label
@@ -278,3 +279,29 @@ def test_matches_fla_gated_delta_rule() -> None:
     got, s_got = ops.delta_chunked(t[0], t[1], t[2], t[3][..., None], t[4][..., None], s0, 4)
     _close32(got.transpose(1, 2), want)
     _close32(s_got, s_want)
+
+
+def test_matches_mlstm_kernels_native_step() -> None:
+    """The mLSTM cell against the native PyTorch recurrent step of ``mlstm-kernels`` (xLSTM's kernels), float64,
+    its ε set to 0, from a stabilised carried state."""
+    native = pytest.importorskip(
+        "mlstm_kernels.torch.recurrent.native_step", reason="mlstm-kernels is not installed"
+    )
+    q, k, v, rf, ri, c0, n0 = _inputs(15, (B, H, T, K), (B, H, T, K), (B, H, T, V), (B, H, T), (B, H, T),
+                                      (B, H, K, V), (B, H, K))  # fmt: skip
+    m0 = torch.tensor([[0.5, -1.0], [2.0, 0.0]], dtype=F64)
+    with torch.no_grad():
+        state, hs = (c0, n0, m0[..., None]), []
+        for t in range(T):
+            h, state = native.mlstm_recurrent_step__native_fw(
+                *state, q[..., t, :], k[..., t, :], v[..., t, :], ri[..., t, None], rf[..., t, None], eps=0.0,
+                dtype_state=F64,
+            )  # fmt: skip
+            hs.append(h)
+        got, (c, n, m) = ops.mlstm_chunked(q * K**-0.5, k, v, F.logsigmoid(rf), ri, (c0, n0, m0), 4)
+    torch.testing.assert_close(got, torch.stack(hs, -2), rtol=1e-10, atol=1e-11)
+    scale, their_scale = m.exp(), state[2].exp()
+    torch.testing.assert_close(
+        c * scale[..., None, None], state[0] * their_scale[..., None], rtol=1e-10, atol=1e-11
+    )
+    torch.testing.assert_close(n * scale[..., None], state[1] * their_scale, rtol=1e-10, atol=1e-11)
