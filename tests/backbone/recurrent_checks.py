@@ -179,3 +179,39 @@ def check_reset_cuts(name: str, **options: Any) -> None:
         past = grad[:, :t].abs().max()
         assert (past == 0) if zero else (past > 1e-6), (restart is not None, past)
         assert grad[:, t:].abs().max() > 0
+
+
+def check_backbone_starts(name: str, **options: Any) -> None:
+    """Through a two-layer backbone from a carried state: ``forward(starts=...)`` == one token per call with
+    ``reset`` at the starts (outputs, and the returned state continues alike)."""
+    bb = backbone(name, n_layers=2, **options)
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(B, T, D_MODEL, generator=g, dtype=F64)
+    starts = random_starts(seed=7)
+    starts[1, 0] = True  # a restart at the window's first token
+    with torch.no_grad():
+        state = bb(torch.randn(B, 5, D_MODEL, generator=g, dtype=F64)).state
+        out = bb(x, state=state, starts=starts)
+        ys, s = [], state
+        for i in range(T):
+            step = bb(x[:, i : i + 1], state=s, reset=starts[:, i])
+            ys.append(step.y)
+            s = step.state
+        torch.testing.assert_close(out.y, torch.cat(ys, 1), rtol=1e-10, atol=1e-10)
+        nxt = torch.randn(B, 3, D_MODEL, generator=g, dtype=F64)
+        torch.testing.assert_close(bb(nxt, state=out.state).y, bb(nxt, state=s).y, rtol=1e-10, atol=1e-10)
+
+
+def check_low_precision(name: str, **options: Any) -> None:
+    """bfloat16 weights and inputs: the state stays float32, outputs are finite and near the float32 run."""
+    bb = backbone(name, n_layers=2, **options).float()
+    x = torch.randn(2, 40, D_MODEL)
+    with torch.no_grad():
+        want = bb(x).y
+        half = bb.to(torch.bfloat16)
+        out = half(x.to(torch.bfloat16))
+        assert out.y.dtype == torch.bfloat16 and torch.isfinite(out.y).all()
+        assert all(t.dtype == torch.float32 for layer in out.state.layers for t in _tensors(layer))
+        step = half(x[:, :1].to(torch.bfloat16), state=out.state)
+        assert torch.isfinite(step.y).all()
+    assert (out.y.float() - want).abs().max() < 0.1 * want.abs().max()

@@ -85,3 +85,11 @@ def test_writing_twice_under_one_key_replaces_the_value() -> None:
 def test_memory_is_refused() -> None:
     with pytest.raises(ValueError, match="memory=None"):
         BackboneConfig(attention="deltanet", position="none", memory="xl")
+
+
+def test_window_with_starts_equals_the_stream() -> None:
+    rc.check_backbone_starts("deltanet", chunk_size=4)
+
+
+def test_bfloat16_keeps_a_float32_state() -> None:
+    rc.check_low_precision("deltanet", chunk_size=16)

@@ -45,3 +45,11 @@ def test_reset_zeroes_the_rows() -> None:
 
 def test_a_restart_cuts_the_past() -> None:
     rc.check_reset_cuts("gated_deltanet", chunk_size=4)
+
+
+def test_window_with_starts_equals_the_stream() -> None:
+    rc.check_backbone_starts("gated_deltanet", chunk_size=4)
+
+
+def test_bfloat16_keeps_a_float32_state() -> None:
+    rc.check_low_precision("gated_deltanet", chunk_size=16)

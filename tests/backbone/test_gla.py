@@ -65,3 +65,11 @@ def test_options_are_checked() -> None:
         BackboneConfig(attention="gla", position="none", attention_options={"gate_rank": 0})
     with pytest.raises(ValueError, match="memory=None"):
         BackboneConfig(attention="gla", position="none", memory="xl")
+
+
+def test_window_with_starts_equals_the_stream() -> None:
+    rc.check_backbone_starts("gla", chunk_size=4)
+
+
+def test_bfloat16_keeps_a_float32_state() -> None:
+    rc.check_low_precision("gla", chunk_size=16)

@@ -68,3 +68,11 @@ def test_options_are_checked() -> None:
         BackboneConfig(attention="mamba2", position="none", attention_options={"d_conv": 0})
     with pytest.raises(ValueError, match="memory=None"):
         BackboneConfig(attention="mamba2", position="none", memory="xl")
+
+
+def test_window_with_starts_equals_the_stream() -> None:
+    rc.check_backbone_starts("mamba2", chunk_size=4)
+
+
+def test_bfloat16_keeps_a_float32_state() -> None:
+    rc.check_low_precision("mamba2", chunk_size=16)

@@ -86,3 +86,11 @@ def test_options_are_checked() -> None:
         BackboneConfig(attention="mlstm", position="none", attention_options={"forget_gate": "tanh"})
     with pytest.raises(ValueError, match="memory=None"):
         BackboneConfig(attention="mlstm", position="none", memory="xl")
+
+
+def test_window_with_starts_equals_the_stream() -> None:
+    rc.check_backbone_starts("mlstm", chunk_size=4)
+
+
+def test_bfloat16_keeps_a_float32_state() -> None:
+    rc.check_low_precision("mlstm", chunk_size=16)

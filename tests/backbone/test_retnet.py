@@ -62,3 +62,11 @@ def test_a_restart_cuts_the_past() -> None:
 def test_memory_is_refused() -> None:
     with pytest.raises(ValueError, match=r"memory=None"):
         BackboneConfig(attention="retnet", memory="xl", position="rope")
+
+
+def test_window_with_starts_equals_the_stream() -> None:
+    rc.check_backbone_starts("retnet", chunk_size=4)
+
+
+def test_bfloat16_keeps_a_float32_state() -> None:
+    rc.check_low_precision("retnet", chunk_size=16)
