@@ -305,3 +305,47 @@ def test_matches_mlstm_kernels_native_step() -> None:
         c * scale[..., None, None], state[0] * their_scale[..., None], rtol=1e-10, atol=1e-11
     )
     torch.testing.assert_close(n * scale[..., None], state[1] * their_scale, rtol=1e-10, atol=1e-11)
+
+
+def _stepped(fn, state, *seqs: torch.Tensor | None):
+    """fn(*token slices, state) -> (out, state) applied to one token at a time of each (..., T, ·) sequence."""
+    outs = []
+    for t in range(T):
+        out, state = fn(*(None if x is None else x[..., t : t + 1, :] for x in seqs), state)
+        outs.append(out)
+    return torch.cat(outs, -2), state
+
+
+def test_one_token_steps_equal_the_loops() -> None:
+    """The one-token path (acting) of each operator, stepped from a carried state, equals the loops."""
+    q, k, v, ra, rb, s0, n0 = _inputs(16, (B, H, T, K), (B, H, T, K), (B, H, T, V), (B, H, T, K), (B, H, T, 1),
+                                      (B, H, K, V), (B, H, K))  # fmt: skip
+    zero = torch.zeros(B, 1, T, dtype=torch.long)
+    log_a, beta, kn = F.logsigmoid(ra), torch.sigmoid(rb), F.normalize(k, dim=-1)
+
+    def gated(q_, k_, v_, a_, s):
+        return ops.gated_chunked(q_, k_, v_, a_, s, 64)
+
+    got, s = _stepped(gated, s0, q, k, v, log_a)
+    want, s_want = gated_loop(q, k, v, log_a, s0, zero)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-11)
+    torch.testing.assert_close(s, s_want, rtol=1e-10, atol=1e-11)
+
+    def delta(q_, k_, v_, b_, a_, s):
+        return ops.delta_chunked(q_, k_, v_, b_, a_, s, 64)
+
+    for gate in (None, log_a[..., :1]):
+        got, s = _stepped(delta, s0, q, kn, v, beta, gate)
+        want, s_want = delta_loop(q, kn, v, beta, gate, s0, zero)
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-11)
+        torch.testing.assert_close(s, s_want, rtol=1e-10, atol=1e-11)
+
+    def mlstm(q_, k_, v_, f_, i_, st):
+        return ops.mlstm_chunked(q_, k_, v_, f_[..., 0], i_[..., 0], st, 64)
+
+    log_f, log_i = F.logsigmoid(ra[..., :1] + 1.0), 2.0 * rb
+    got, (c, n, m) = _stepped(mlstm, (s0, n0, torch.zeros(B, H, dtype=F64)), q, k, v, log_f, log_i)
+    want, c_want, n_want = mlstm_loop(q, k, v, log_f[..., 0], log_i[..., 0], s0, n0, zero)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-11)
+    torch.testing.assert_close(c * m.exp()[..., None, None], c_want, rtol=1e-10, atol=1e-11)
+    torch.testing.assert_close(n * m.exp()[..., None], n_want, rtol=1e-10, atol=1e-11)

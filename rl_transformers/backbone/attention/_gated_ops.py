@@ -99,6 +99,9 @@ def gated_chunked(
     q: Tensor, k: Tensor, v: Tensor, log_a: Tensor, s0: Tensor, chunk: int, segment: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """S_t = diag(a_t) S_{t-1} + k_t v_t^T, out_t = q_t^T S_t, chunk by chunk: (out (..., T, V), S_T)."""
+    if q.shape[-2] == 1 and segment is None:  # one acting step: the recurrence itself
+        s = log_a[..., 0, :, None].exp() * s0 + k[..., 0, :, None] * v[..., 0, None, :]
+        return q @ s, s
     s, outs = s0, []
     for sl in _chunks(q.shape[-2], chunk):
         seg = None if segment is None else segment[..., sl]
@@ -123,6 +126,11 @@ def delta_chunked(
 
     beta (..., T, 1); log_a (..., T, 1) or None (a_t = 1, plain DeltaNet).
     """
+    if q.shape[-2] == 1 and segment is None:  # one acting step: the recurrence itself
+        s = s0 if log_a is None else log_a[..., 0, :, None].exp() * s0
+        u = beta[..., 0, :, None] * (v - k @ s)  # (..., 1, V): β (v - a S^T k)
+        s = s + k.transpose(-1, -2) @ u
+        return q @ s, s
     s, outs = s0, []
     for sl in _chunks(q.shape[-2], chunk):
         qc, kc, vc, bc = q[..., sl, :], k[..., sl, :], v[..., sl, :], beta[..., sl, :]
@@ -165,6 +173,14 @@ def mlstm_chunked(
     log_f, log_i (..., T): log forget gate (log σ(f̃) or f̃) and log input gate ĩ (-inf: no input).
     """
     c_s, n_s, m_s = state
+    if q.shape[-2] == 1 and segment is None:  # one acting step: eqs. 15-17 of the paper
+        lf, li = log_f[..., 0], log_i[..., 0]
+        m = torch.maximum(lf + m_s, li).detach()
+        f, i = torch.exp(lf + m_s - m), torch.exp(li - m)
+        c = f[..., None, None] * c_s + i[..., None, None] * k.transpose(-1, -2) @ v
+        n = f[..., None] * n_s + i[..., None] * k[..., 0, :]
+        den = torch.maximum((q[..., 0, :] * n).sum(-1).abs(), torch.exp(-m))
+        return (q @ c) / den[..., None, None], (c, n, m)
     s = torch.cat([c_s, n_s[..., None]], dim=-1)  # the normaliser rides as an extra value column
     v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
     d = v.shape[-1]
