@@ -4,7 +4,9 @@
 They take q, k, v from :class:`Attention`'s projections (B, H, T, D), read the layer input x (B, T, d) for their
 gates (``ForwardContext.attention_inputs``), and run a chunked operator of ``_gated_ops``. Rows restarting inside
 the window (``ForwardContext.segment``) restart the recurrence there, so they mask by segment. They keep their
-own state and take no memory module (``check_config`` asks for ``memory=None``). Padded tokens (``k_valid``
+own state and take no memory module (``check_config`` asks for ``memory=None``). Position kinds none, input
+and qk: the decay already orders the tokens, so the papers use none (RetNet: the xPos rotation, here ``rope``);
+``rope`` rotates q and k (mamba2: C and B) before the kernel. Padded tokens (``k_valid``
 False) neither write nor decay the state. States are kept in float32 or wider (``work_dtype``).
 """
 
@@ -54,7 +56,7 @@ class HeadNorm(nn.Module):
 class RecurrentMixer(Attention):
     """Base of the matrix-state mixers: state, segments, padding and the memory refusal."""
 
-    position_kinds = frozenset({"none"})
+    position_kinds = frozenset({"none", "input", "qk"})
     segment_masks = True
 
     @classmethod
@@ -74,10 +76,11 @@ class RecurrentMixer(Attention):
         kd, vd = self.state_shape()
         return MatrixState(s=torch.zeros(batch, self.n_heads, kd, vd, device=device, dtype=work_dtype(dtype)))
 
-    @staticmethod
-    def layer_input(ctx: ForwardContext) -> Tensor:
-        """x (B, T, d): the input of this attention application (its gates read it)."""
-        return ctx.attention_inputs[-1]
+    def layer_input(self, ctx: ForwardContext, v: Tensor) -> Tensor:
+        """x (B, T, d): the input of this attention application (its gates read it). When ``core`` runs on
+        q, k, v alone (no ``forward``: the kernel target of the attention benchmark), the values v (B, H, T, D)
+        merged over heads stand in."""
+        return ctx.attention_inputs[-1] if ctx.attention_inputs else self.merge_heads(v)
 
     @staticmethod
     def segments(ctx: ForwardContext) -> Tensor | None:

@@ -67,7 +67,7 @@ class DeltaNet(RecurrentMixer):
     ) -> tuple[Tensor, Any]:
         b = q.shape[0]
         wd = work_dtype(q.dtype)
-        x = self.layer_input(ctx)
+        x = self.layer_input(ctx, v)
         q, k = unit_features(q.to(wd)), unit_features(k.to(wd))
         beta = self.beta_proj(x).to(wd).sigmoid().transpose(1, 2)[..., None]  # (B, H, T, 1)
         log_a = self.log_decay(x)

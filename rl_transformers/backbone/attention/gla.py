@@ -78,7 +78,7 @@ class GatedLinearAttention(RecurrentMixer):
     ) -> tuple[Tensor, Any]:
         b, _, _, d = q.shape
         wd = work_dtype(q.dtype)
-        x = self.layer_input(ctx)
+        x = self.layer_input(ctx, v)
         q, k, log_a = q.to(wd) * d**-0.5, k.to(wd), self.log_decay(x).to(wd)
         if (keep := self.padding(ctx, k_valid)) is not None:
             k, log_a = k * keep, log_a * keep

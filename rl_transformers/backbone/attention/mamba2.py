@@ -122,7 +122,7 @@ class Mamba2(RecurrentMixer):
     ) -> tuple[Tensor, Any]:
         b, h, _, p = q.shape
         wd = work_dtype(q.dtype)
-        x_in = self.layer_input(ctx)
+        x_in = self.layer_input(ctx, v)
         keep, segment = self.padding(ctx, k_valid), self.segments(ctx)
         xbc = torch.cat([v, k, q], dim=-1).to(wd)
         if keep is not None:

@@ -97,7 +97,7 @@ class MLSTM(RecurrentMixer):
     ) -> tuple[Tensor, Any]:
         b, h, _, d = q.shape
         wd = work_dtype(q.dtype)
-        x = self.layer_input(ctx)
+        x = self.layer_input(ctx, v)
         log_i = self.i_proj(x).to(wd).transpose(1, 2)  # (B, H, T)
         f_pre = self.f_proj(x).to(wd).transpose(1, 2)
         log_f = F.logsigmoid(f_pre) if self.options.forget_gate == "sigmoid" else f_pre

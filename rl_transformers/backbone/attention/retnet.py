@@ -41,8 +41,6 @@ def retention_decays(n_heads: int) -> Tensor:
 class Retention(RecurrentMixer):
     """Multi-scale retention with a swish output gate and a per-head norm."""
 
-    position_kinds = frozenset({"none", "qk"})
-
     def __init__(self, cfg: Any, options: Any, position: Any, layer: int) -> None:
         super().__init__(cfg, options, position, layer)
         self.g_proj = nn.Linear(cfg.d_model, cfg.d_model)
@@ -70,5 +68,5 @@ class Retention(RecurrentMixer):
         out, s_end = ops.gated_chunked(
             q.to(wd), k, v.to(wd), log_a, s0, self.options.chunk_size, self.segments(ctx)
         )
-        gate = F.silu(self.split_heads(self.g_proj(self.layer_input(ctx))))
+        gate = F.silu(self.split_heads(self.g_proj(self.layer_input(ctx, v))))
         return gate * self.norm(out.to(q.dtype)), self.new_state(state, s_end)
