@@ -35,8 +35,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+Masks = tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]
 
-def _masks(seg: Tensor | None, prev: Tensor | None, c: int, device: torch.device, strict: bool = False):
+
+def _masks(
+    seg: Tensor | None, prev: Tensor | None, c: int, device: torch.device, strict: bool = False
+) -> Masks:
     """(pairs (..., C, C) or (C, C) bool, carried (..., C, 1) or None, tail (..., C, 1) or None, kept (..., 1, 1)
     or None) for one chunk; None where every entry is True (no restart)."""
     lower = torch.ones(c, c, dtype=torch.bool, device=device).tril(-1 if strict else 0)
@@ -67,7 +71,7 @@ def _scores(q: Tensor, k: Tensor, cum: Tensor, pairs: Tensor) -> Tensor:
 
 
 def _gated_step(
-    q: Tensor, k: Tensor, v: Tensor, cum: Tensor, s: Tensor, masks: tuple
+    q: Tensor, k: Tensor, v: Tensor, cum: Tensor, s: Tensor, masks: Masks
 ) -> tuple[Tensor, Tensor]:
     """One chunk of the gated recurrence: (out (..., C, V), state after the chunk (..., K, V))."""
     pairs, carried, tail, kept = masks
