@@ -177,8 +177,9 @@ def test_available_lists_design_names() -> None:
     assert set(names["attention"]) == {
         "full", "local", "block_local", "block_local_2d", "strided", "fixed", "blockwise", "longformer",
         "bigbird", "etc", "lsh", "routing", "linformer", "memory_compressed", "linear", "rfa", "performer",
-        "gaussian_prior", "adaptive_span",
-    } | {"lru", "mingru", "mamba", "ffm", "fox"}  # fmt: skip
+        "gaussian_prior", "adaptive_span", "retnet", "gla", "mamba2", "mlstm", "deltanet", "gated_deltanet",
+        "lru", "mingru", "mamba", "ffm", "fox",
+    }  # fmt: skip
     assert set(names["memory"]) == {"xl", "compressive", "knn"}
     assert set(names["block"]) == {"post_ln", "pre_ln", "gtrxl", "rezero", "reversible"}
     assert set(names["depth"]) == {"fixed", "universal", "early_exit"}
