@@ -67,8 +67,10 @@ def test_a_copy_at_another_path_restores_every_committed_record(tmp_path: Path) 
     seen = json.loads(out.stdout.splitlines()[-1])
     committed = json.loads(COMMITTED.read_text())
     assert seen["root"] == copy.as_posix()  # it really ran from the copy
-    assert seen["restored"] == len(committed) == len(seen["keys"])
-    assert sorted(r["key"] for r in committed) == seen["keys"]
+    # every committed record restores; the plan may hold more (the screening reads the registry, so a variant
+    # registered after it ran is planned without a record until it is run)
+    assert seen["restored"] == len(committed)
+    assert set(r["key"] for r in committed) <= set(seen["keys"])
 
 
 def test_every_committed_record_names_its_machine_and_commit() -> None:
