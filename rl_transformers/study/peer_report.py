@@ -33,11 +33,20 @@ class ArmSummary:
     commits: list[str]
 
 
+PROVENANCE = "provenance.json"
+"""Per-arm file with ``git_sha`` / ``machine`` / ``command`` for records written before records carried them
+(written by hand from the worktree each batch ran in; a record's own fields win)."""
+
+
 def load_records(records: Path) -> dict[str, list[dict[str, Any]]]:
-    """{arm: its records sorted by seed} of ``records/<arm>/s<seed>.json``."""
+    """{arm: its records sorted by seed} of ``records/<arm>/s<seed>.json`` (``<arm>/provenance.json`` fills
+    what a record lacks)."""
     arms: dict[str, list[dict[str, Any]]] = {}
     for path in sorted(records.glob("*/s*.json")):
-        arms.setdefault(path.parent.name, []).append(json.loads(path.read_text(encoding="utf-8")))
+        extra = path.parent / PROVENANCE
+        base = json.loads(extra.read_text(encoding="utf-8")) if extra.exists() else {}
+        record = base | json.loads(path.read_text(encoding="utf-8"))
+        arms.setdefault(path.parent.name, []).append(record)
     return {arm: sorted(rs, key=lambda r: int(r["seed"])) for arm, rs in sorted(arms.items())}
 
 

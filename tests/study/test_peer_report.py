@@ -81,3 +81,17 @@ def test_readme_block() -> None:
     )
     with pytest.raises(ValueError, match="no <!-- other:start -->"):
         replace_block(text, "other", "x")
+
+
+def test_provenance_file_fills_older_records(tmp_path: Path) -> None:
+    _records(tmp_path, "old", [500.0, 480.0])
+    for path in (tmp_path / "old").glob("s*.json"):
+        record = json.loads(path.read_text())
+        del record["git_sha"]
+        path.write_text(json.dumps(record))
+    assert summarise(load_records(tmp_path))["old"].commits == ["?"]
+    (tmp_path / "old" / "provenance.json").write_text(json.dumps({"git_sha": "1234567abc", "machine": "x"}))
+    assert summarise(load_records(tmp_path))["old"].commits == ["1234567"]
+    _records(tmp_path, "new", [1.0])  # a record's own commit wins over the file
+    (tmp_path / "new" / "provenance.json").write_text(json.dumps({"git_sha": "fffffff"}))
+    assert summarise(load_records(tmp_path))["new"].commits == ["abcdef0"]
