@@ -40,6 +40,7 @@ from rl_transformers.backbone.attention._banded import (
     position_index,
 )
 from rl_transformers.backbone.attention._dense import dense_pattern, prefer_dense, windowed_pattern
+from rl_transformers.backbone.attention._flex import flex_pattern, use_flex
 from rl_transformers.backbone.attention.base import Attention
 from rl_transformers.backbone.context import ForwardContext
 from rl_transformers.backbone.options import check_int, check_positions
@@ -180,6 +181,14 @@ class _GlobalLocal(Attention):
 
         key = (type(self).__name__, self.options, self.n_heads, self.causal)  # same pattern in every layer
         bound = getattr(self.options, "max_cache", None)  # bigbird's option (the others keep their globals)
+        if stored is None and use_flex(self, q):
+            extra = self.extra_allow(q_pos, k_pos)  # built once, not per call of the predicate
+
+            def flex_union(qp: Tensor, kp: Tensor) -> Tensor:
+                allowed = self.window_allow(qp, kp) | is_global(kp) | is_global(qp)
+                return allowed if extra is None else allowed | extra(qp, kp)
+
+            return flex_pattern(self, q, k, v, q_pos, k_pos, k_valid, flex_union, window=bound)
         if stored is None and bound is not None:
             return windowed_pattern(self, q, k, v, q_pos, k_pos, k_valid, union, bound, ctx, key)
         if stored is None and prefer_dense(s, self.keys_per_query(s)):

@@ -1,0 +1,200 @@
+"""FlexAttention form of the mask-defined attentions: one fused kernel per call on CUDA.
+
+The sparse patterns (``local``, ``block_local``, ``block_local_2d``, ``strided``, ``fixed``, ``blockwise``,
+``longformer``, ``bigbird``, ``etc``), the Gaussian prior and adaptive span's soft window are each
+softmax(q·kᵀ·scale + b(i, j)) over a key set M(i, j); FlexAttention (Dong et al. 2024, arXiv 2412.05496;
+``torch.nn.attention.flex_attention``) computes exactly that with a ``mask_mod`` M and a ``score_mod`` b,
+skipping the key blocks the mask leaves empty (``create_block_mask``), in one fused, compiled kernel on CUDA.
+
+- **mask**: the entry's own ``allow(q_pos, k_pos)`` predicate (the one its dense and blocked forms use) applied
+  to one query / key at a time, with the padding, causality, window, segment and always-attended own key of
+  ``_dense.pattern_mask`` (or of ``base.visible_mask``: causality by index, see :func:`flex_pattern`);
+  predicates that return per-head (1, H, 1, 1, 1) or per-row tensors are read at the kernel's (b, h).
+- **score**: a distance bias of the position scheme (``t5``, ``alibi``, ``kerple_*``, ``sandwich``: any
+  :class:`~rl_transformers.backbone.position.bias.DistanceBias`) as a per-head table over the 2S - 1 distances of
+  the call, gathered at q_pos - k_pos (learned tables and slopes keep their gradients), plus the entry's own term
+  (the Gaussian prior, the log of adaptive span's ramp).
+
+Dispatch (:func:`use_flex`): the flex form is chosen when :func:`flex_available` says the device runs it (CUDA,
+compute capability >= 8.0, FlexAttention importable) and the call has at least :data:`FLEX_MIN_LEN` queries, no
+attention dropout, a head dim the kernel takes, and a position scheme of kind none / input / qk / a distance
+bias. Everything else, the CPU included, keeps the dense / blocked / fused forms of ``_dense`` and ``_banded``.
+On CPU FlexAttention runs eager (an unfused reference implementation, forward only: no backward on CPU) and
+compiled (forward, slow to compile); tests force the eager form with ``FLEX_PATH = "always"``.
+Shapes: q (B, H, T, D), k, v (B, H, S, D), q_pos (B, T), k_pos, k_valid (B, S).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rl_transformers.backbone.attention.base import key_segments
+from rl_transformers.backbone.position.bias import DistanceBias
+
+Allow = Callable[[Tensor, Tensor], Tensor]
+"""(q_pos, k_pos) -> bool, broadcastable to (B, H, N, c, K); here called on one query and one key."""
+ScoreTerm = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+"""(b, h, q_index, q_pos, k_pos) -> additive logit term of one (query, key) pair (``keep``: bool, whether the
+pair may be attended)."""
+
+FLEX_PATH = "auto"
+""""auto" (by :func:`flex_available` and the call), "always" (tests: the flex form wherever the call allows it,
+CPU included) or "never"."""
+FLEX_MIN_LEN = 512
+"""Calls with fewer queries keep the dense / blocked forms (streaming steps, RL windows): short calls gain
+nothing from the fused kernel and every new shape costs a compilation."""
+FLEX_COMPILE = "auto"
+""""auto" (compiled on CUDA, eager elsewhere), True or False: whether flex_attention runs compiled."""
+BLOCK = 128
+"""Block size of the block mask (FlexAttention's default tile)."""
+
+
+def flex_available(device: torch.device) -> bool:
+    """Whether the flex form runs on ``device``: CUDA with compute capability >= 8.0 (Ampere and later, where
+    the Triton kernel takes bf16) and ``torch.nn.attention.flex_attention`` importable. Tests mock this."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def scores_supported(position: Any) -> bool:
+    """Position schemes the score modifier expresses: no logit term (none / input / qk), or a distance bias."""
+    if not position.modifies_scores:
+        return True
+    return isinstance(position, DistanceBias) and position.shift_invariant
+
+
+def use_flex(att: Any, q: Tensor) -> bool:
+    """Whether ``att``'s call on queries q (B, H, T, D) takes the flex form (see the module docstring)."""
+    if FLEX_PATH == "never" or not scores_supported(att.position):
+        return False
+    if att.training and att.attn_dropout.p > 0:
+        return False
+    if FLEX_PATH == "always":
+        return True
+    d = q.shape[-1]
+    head_dim_ok = d >= 16 and d & (d - 1) == 0
+    return q.shape[2] >= FLEX_MIN_LEN and head_dim_ok and flex_available(q.device)
+
+
+@functools.cache
+def _compiled() -> Callable[..., Any]:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)  # type: ignore[no-any-return]
+
+
+def _kernel(device: torch.device) -> Callable[..., Any]:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    compiled = device.type == "cuda" if FLEX_COMPILE == "auto" else bool(FLEX_COMPILE)
+    return _compiled() if compiled else flex_attention
+
+
+def at_head(r: Tensor, b: Tensor, h: Tensor) -> Tensor:
+    """The value of a predicate's result for row b and head h: ``r`` is 0-d, or (B|1, H|1, ...) when the
+    predicate reads per-row (blockwise's whole-call origin) or per-head tensors (strided's heads)."""
+    if r.dim() == 0:
+        return r
+    r = r.reshape(r.shape[0], r.shape[1], -1)[:, :, 0]
+    return r[b if r.shape[0] > 1 else 0, h if r.shape[1] > 1 else 0]
+
+
+def per_head(allow: Allow | None, q_pos: Tensor, k_pos: Tensor) -> bool:
+    """Whether ``allow`` differs between heads (decides a block mask per head or one for all)."""
+    if allow is None:
+        return False
+    r = allow(q_pos[:1, None, None, :1, None], k_pos[:1, None, None, None, :1])
+    return r.dim() >= 2 and r.shape[1] > 1
+
+
+def distance_table(position: Any, s: int, layer: int, dtype: torch.dtype, device: torch.device) -> Tensor | None:
+    """(H, 2S - 1) bias of every distance -(S - 1) .. S - 1 (index = distance + S - 1), or None (no bias)."""
+    if not position.modifies_scores:
+        return None
+    rel = torch.arange(-(s - 1), s, device=device)
+    bias = position.bias(torch.zeros(1, 1, dtype=torch.long, device=device), -rel[None], layer, dtype)
+    return bias[0, :, 0, :]
+
+
+def flex_pattern(
+    att: Any,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_pos: Tensor,
+    k_pos: Tensor,
+    k_valid: Tensor,
+    allow: Allow | None,
+    *,
+    window: int | None = None,
+    past_window: bool = False,
+    causal_by_index: bool = False,
+    ctx: Any = None,
+    keep: ScoreTerm | None = None,
+    score: ScoreTerm | None = None,
+) -> Tensor:
+    """The pattern as one FlexAttention call: (B, H, T, D).
+
+    Mask = k_valid & ``allow`` & causality (by position, as ``_dense.pattern_mask``; ``causal_by_index``: by
+    column, as ``base.visible_mask``) & ``window`` (keys at most ``window`` columns away, both sides, or only
+    before the query with ``past_window``, as ``full.window_limit``) & the query's own segment (when ``ctx``
+    is given and rows restart inside it) & ``keep``, or the query's own key. Score = q·k·scale + the position scheme's
+    distance bias + ``score``.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    b, h, t, _ = q.shape
+    s = k.shape[2]
+    off = s - t
+    causal = att.causal
+    heads = keep is not None or per_head(allow, q_pos, k_pos)
+    seg_q = seg_k = None
+    if ctx is not None and ctx.segment is not None:
+        seg_q, seg_k = ctx.segment, key_segments(ctx, s)
+
+    def mask_mod(bi: Tensor, hi: Tensor, qi: Tensor, kj: Tensor) -> Tensor:
+        qi, kj = qi.clamp(max=t - 1), kj.clamp(max=s - 1)  # a padded tile may ask beyond the ends
+        qp, kp = q_pos[bi, qi], k_pos[bi, kj]
+        m = k_valid[bi, kj]
+        if allow is not None:
+            m = m & at_head(allow(qp, kp), bi, hi)
+        if causal:
+            m = m & ((kj <= qi + off) if causal_by_index else (kp <= qp))
+        if window is not None:
+            dist = qi + off - kj
+            m = m & ((dist <= window) if past_window else (dist.abs() <= window))
+        if seg_q is not None and seg_k is not None:
+            m = m & (seg_q[bi, qi] == seg_k[bi, kj])
+        if keep is not None:
+            m = m & keep(bi, hi, qi, qp, kp)
+        return m | (kj == qi + off)
+
+    compile_mask = q.device.type == "cuda"
+    block_mask = create_block_mask(
+        mask_mod, b, h if heads else None, t, s, device=q.device, BLOCK_SIZE=BLOCK, _compile=compile_mask
+    )
+    table = distance_table(att.position, s, att.layer, torch.promote_types(q.dtype, torch.float32), q.device)
+    score_mod = None
+    if table is not None or score is not None:
+
+        def score_mod(x: Tensor, bi: Tensor, hi: Tensor, qi: Tensor, kj: Tensor) -> Tensor:
+            qi, kj = qi.clamp(max=t - 1), kj.clamp(max=s - 1)
+            qp, kp = q_pos[bi, qi], k_pos[bi, kj]
+            if table is not None:
+                x = x + table[hi, (qp - kp + s - 1).clamp(0, 2 * s - 2)].to(x.dtype)
+            if score is not None:
+                x = x + score(bi, hi, qi, qp, kp).to(x.dtype)
+            return x
+
+    out = _kernel(q.device)(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=att.position.scale)
+    return out  # type: ignore[no-any-return]
