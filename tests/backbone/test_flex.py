@@ -43,7 +43,9 @@ def flex(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_flex, "FLEX_PATH", "always")
 
 
-def loop_mask(pattern: Pattern, causal: bool, q_pos: Tensor, k_pos: Tensor, k_valid: Tensor, h: int) -> Tensor:
+def loop_mask(
+    pattern: Pattern, causal: bool, q_pos: Tensor, k_pos: Tensor, k_valid: Tensor, h: int
+) -> Tensor:
     """(B, H, T, S) bool by loops, as ``test_local.reference_for``: valid & pattern & causal, or own key."""
     b, t = q_pos.shape
     s = k_pos.shape[1]
@@ -68,7 +70,11 @@ ENTRIES: list[tuple[str, Pattern, dict[str, Any]]] = [
         block_2d_pattern((3, 5), (2, 2), (1, 1)),
         dict(image_shape=(3, 5), query_shape=(2, 2), flange=(1, 1)),
     ),
-    ("longformer", longformer_pattern(2, (1, 3), (0, 6)), dict(window=2, dilation=(1, 3), global_tokens=(0, 6))),
+    (
+        "longformer",
+        longformer_pattern(2, (1, 3), (0, 6)),
+        dict(window=2, dilation=(1, 3), global_tokens=(0, 6)),
+    ),
     ("etc", etc_pattern(3, 2), dict(window=3, n_global=2)),
 ]
 
@@ -110,7 +116,9 @@ def test_flex_blockwise_and_bigbird_match_explicit_masks(causal: bool) -> None:
         opts = dict(block=3, window_blocks=1, n_random=2, global_tokens=(0, 5))
         for s, t in ((25, 25), (33, 5)):
             n_total = int(make_inputs(2, 2, s, t)[4].max()) // 3 + 1
-            check_against_mask("bigbird", bigbird_pattern(3, 1, 2, (0, 5), causal, n_total), causal, s, t, **opts)
+            check_against_mask(
+                "bigbird", bigbird_pattern(3, 1, 2, (0, 5), causal, n_total), causal, s, t, **opts
+            )
 
 
 @pytest.mark.usefixtures("flex")
@@ -159,9 +167,11 @@ def independent_bias(position: str, att: Any, rel: Tensor) -> Tensor:
         lams = torch.tensor([o.lam * h / (8 * (i + 1)) for i in range(h)], dtype=torch.float64)
         return lams.view(1, -1, 1, 1) * profile
     assert position == "t5"  # the table read through the scheme's own bucketing (tested in its own file)
-    return scheme.bias(torch.zeros(1, 1, dtype=torch.long), -rel.reshape(1, -1), 0, torch.float64).view(
-        1, h, *rel.shape
-    )[0].transpose(0, 1)
+    return (
+        scheme.bias(torch.zeros(1, 1, dtype=torch.long), -rel.reshape(1, -1), 0, torch.float64)
+        .view(1, h, *rel.shape)[0]
+        .transpose(0, 1)
+    )
 
 
 @pytest.mark.usefixtures("flex")
@@ -180,7 +190,9 @@ def test_flex_position_biases_match_the_reference(position: str, causal: bool) -
 # -------------------------------------------------------------------------------- gaussian prior, adaptive span
 @pytest.mark.usefixtures("flex")
 @CAUSAL
-@pytest.mark.parametrize("options", [{}, {"max_cache": 4}, {"truncate_sigmas": 1.0}], ids=["dense", "cache", "cut"])
+@pytest.mark.parametrize(
+    "options", [{}, {"max_cache": 4}, {"truncate_sigmas": 1.0}], ids=["dense", "cache", "cut"]
+)
 def test_flex_gaussian_prior_matches_the_reference(causal: bool, options: dict) -> None:
     att = make_layer("gaussian_prior", causal, sigma=2.5, **options)
     with torch.no_grad():
@@ -219,6 +231,174 @@ def test_flex_adaptive_span_matches_the_reference(dynamic: bool) -> None:
     dist = (q_pos[:, :, None] - k_pos[:, None, :]).unsqueeze(1).double()
     ramp = ((3 + spans - dist) / 3).clamp(0, 1)
     col = torch.arange(12)[:, None] + 31 - 12 - torch.arange(31)
-    mask = (loop_mask(lambda i, j, h: True, False, q_pos, k_pos, k_valid, 2) & (col >= 0) & (ramp > 0)) | (col == 0)
+    mask = (loop_mask(lambda i, j, h: True, False, q_pos, k_pos, k_valid, 2) & (col >= 0) & (ramp > 0)) | (
+        col == 0
+    )
     want = reference_attention(q, k, v, mask=mask, bias=ramp.clamp_min(1e-30).log())
     torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+
+
+# ----------------------------------------------------------------------------------------------------- dispatch
+DISPATCH: list[tuple[str, str, dict[str, Any]]] = [
+    ("local", "local", dict(window=3)),
+    ("block_local", "local", {}),
+    ("block_local_2d", "local", {}),
+    ("strided", "sparse", {}),
+    ("fixed", "sparse", dict(max_cache=6)),
+    ("blockwise", "sparse", {}),
+    ("longformer", "global_local", {}),
+    ("etc", "global_local", {}),
+    ("bigbird", "global_local", {}),
+    ("gaussian_prior", "prior", {}),
+    ("adaptive_span", "adaptive_span", dict(max_span=4, ramp=2)),
+]
+
+
+def spy_flex(monkeypatch: pytest.MonkeyPatch, module: str) -> list[str]:
+    """Replace the entry module's ``flex_pattern`` with a recorder (returns zeros)."""
+    import importlib
+
+    mod = importlib.import_module(f"rl_transformers.backbone.attention.{module}")
+    calls: list[str] = []
+
+    def record(att: Any, q: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        calls.append(att.registry_name)
+        return torch.zeros_like(q)
+
+    monkeypatch.setattr(mod, "flex_pattern", record)
+    return calls
+
+
+def dispatch_inputs(t: int = 40) -> tuple[Tensor, ...]:
+    return make_inputs(1, 2, t, t, d=16)
+
+
+@pytest.mark.parametrize(("name", "module", "options"), DISPATCH, ids=[e[0] for e in DISPATCH])
+def test_cpu_dispatch_keeps_todays_kernels(
+    name: str, module: str, options: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_flex, "FLEX_MIN_LEN", 1)
+    calls = spy_flex(monkeypatch, module)
+    att = make_layer(name, True, d_head=16, **options)
+    with torch.no_grad():
+        out = run_layer(att, *dispatch_inputs())
+    assert calls == [] and not _flex.flex_available(torch.device("cpu"))
+    assert out.abs().sum() > 0
+
+
+@pytest.mark.parametrize(("name", "module", "options"), DISPATCH, ids=[e[0] for e in DISPATCH])
+def test_capable_cuda_device_selects_the_flex_form(
+    name: str, module: str, options: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_flex, "FLEX_MIN_LEN", 1)
+    monkeypatch.setattr(_flex, "flex_available", lambda device: True)  # the capability check, mocked
+    calls = spy_flex(monkeypatch, module)
+    att = make_layer(name, True, d_head=16, **options)
+    if name == "adaptive_span":  # spans shorter than the call: the ramp matters (else plain SDPA)
+        with torch.no_grad():
+            att.span_frac.fill_(0.5)
+    with torch.no_grad():
+        run_layer(att, *dispatch_inputs())
+    assert calls == [name]
+
+
+def test_flex_is_not_selected_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_flex, "flex_available", lambda device: True)
+    q = torch.zeros(1, 2, _flex.FLEX_MIN_LEN, 16)
+    att = make_layer("local", True, d_head=16)
+    assert _flex.use_flex(att, q)
+    assert not _flex.use_flex(att, q[:, :, :-1])  # short call (streaming steps, RL windows)
+    assert not _flex.use_flex(att, torch.zeros(1, 2, _flex.FLEX_MIN_LEN, 12))  # head dim the kernel refuses
+    assert not _flex.use_flex(make_layer("local", True, d_head=16, scores=True), q)  # "scores" scheme
+    att.attn_dropout.p = 0.1
+    assert not _flex.use_flex(att.train(), q)  # attention dropout
+    monkeypatch.setattr(_flex, "FLEX_PATH", "never")
+    assert not _flex.use_flex(att.eval(), q)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("flex")
+def test_compiled_flex_on_cpu_matches_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled kernel (Triton on CUDA, C++ on CPU): one representative, ~30 s of compilation on CPU."""
+    monkeypatch.setattr(_flex, "FLEX_COMPILE", True)
+    att = layer_with_position("block_local", "alibi", True, block=4, flange=3).float()
+    q, k, v, q_pos, k_pos, k_valid = (
+        x.float() if x.is_floating_point() else x for x in make_inputs(2, 2, 40, 40)
+    )
+    with torch.no_grad():
+        got = run_layer(att, q, k, v, q_pos, k_pos, k_valid)
+        mask = loop_mask(block_local_pattern(4, 3), True, q_pos, k_pos, k_valid, 2)
+        bias = independent_bias("alibi", att, q_pos[:, :, None] - k_pos[:, None, :])
+    want = reference_attention(q, k, v, mask=mask, bias=bias)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------- GPU (bf16)
+GPU_ENTRIES: list[tuple[str, str, dict[str, Any]]] = [
+    ("local", "none", dict(window=64)),
+    ("local", "alibi", dict(window=64)),
+    ("local", "t5", dict(window=64)),
+    ("local", "kerple_power", dict(window=64)),
+    ("local", "kerple_log", dict(window=64)),
+    ("local", "sandwich", dict(window=64)),
+    ("block_local", "none", {}),
+    ("block_local_2d", "none", dict(image_shape=(32, 32))),
+    ("strided", "none", dict(stride=32)),
+    ("fixed", "none", dict(stride=32)),
+    ("blockwise", "none", {}),
+    ("longformer", "none", dict(dilation=(1, 2))),
+    ("bigbird", "none", {}),
+    ("etc", "none", {}),
+    ("gaussian_prior", "none", {}),
+    ("gaussian_prior", "none", dict(truncate_sigmas=6.0)),
+    ("adaptive_span", "none", dict(max_span=128, ramp=32)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("name", "position", "options"), GPU_ENTRIES, ids=[f"{e[0]}-{e[1]}" for e in GPU_ENTRIES]
+)
+def test_gpu_flex_forward_and_backward_within_the_bf16_gate(
+    name: str, position: str, options: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bf16 flex form vs the float64 dense form of the same layer (one T x S masked softmax, ``_dense``):
+    output and the gradients of q, k, v and the layer's parameters, max |x - x64| / max |x64| <= the gate."""
+    from rl_transformers.backbone.attention import _dense
+
+    dev = torch.device("cuda")
+    assert _flex.flex_available(dev)
+    cfg = BackboneConfig(
+        d_model=128, n_layers=2, n_heads=2, position=position, causal=True, attention=name,
+        attention_options=options,
+    )  # fmt: skip
+    scheme = registry.get("position", position).cls(cfg, cfg.options("position")).to(dev)
+    att = registry.get("attention", name).cls(cfg, cfg.options("attention"), scheme, 0).to(dev)
+    t = 1024
+    g = torch.Generator(device=dev).manual_seed(0)
+    q, k, v = (torch.randn(2, 2, t, 64, device=dev, generator=g) for _ in range(3))
+    pos = torch.arange(t, device=dev).expand(2, t)
+    valid = torch.ones(2, t, dtype=torch.bool, device=dev)
+    dy = torch.randn(2, 2, t, 64, device=dev, generator=g)
+
+    def run(dtype: torch.dtype) -> list[Tensor]:
+        att.to(dtype)
+        scheme.to(dtype)
+        att.zero_grad()
+        scheme.zero_grad()
+        xs = [x.to(dtype).requires_grad_() for x in (q, k, v)]
+        out = run_layer(att, *xs, pos, pos, valid)
+        out.backward(dy.to(dtype))
+        params = [p.grad for p in [*att.parameters(), *scheme.parameters()] if p.grad is not None]
+        return [out, *(x.grad for x in xs), *params]
+
+    assert _flex.use_flex(att, q.to(torch.bfloat16))  # the flex form is the one measured
+    got = [x.double() for x in run(torch.bfloat16)]
+    monkeypatch.setattr(_flex, "FLEX_PATH", "never")
+    monkeypatch.setattr(_dense, "DENSE_PATH", "always")
+    want = run(torch.float64)
+    tol = numeric_tolerance(name, torch.bfloat16)
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        err = float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+        assert err <= tol, f"{name}/{position}: relative error {err:.3g} > {tol}"

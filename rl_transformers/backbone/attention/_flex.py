@@ -27,6 +27,7 @@ Shapes: q (B, H, T, D), k, v (B, H, S, D), q_pos (B, T), k_pos, k_valid (B, S).
 from __future__ import annotations
 
 import functools
+import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -59,9 +60,7 @@ def flex_available(device: torch.device) -> bool:
     the Triton kernel takes bf16) and ``torch.nn.attention.flex_attention`` importable. Tests mock this."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return False
-    try:
-        import torch.nn.attention.flex_attention  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("torch.nn.attention.flex_attention") is None:
         return False
     return torch.cuda.get_device_capability(device) >= (8, 0)
 
@@ -97,7 +96,7 @@ def _kernel(device: torch.device) -> Callable[..., Any]:
     from torch.nn.attention.flex_attention import flex_attention
 
     compiled = device.type == "cuda" if FLEX_COMPILE == "auto" else bool(FLEX_COMPILE)
-    return _compiled() if compiled else flex_attention
+    return _compiled() if compiled else flex_attention  # type: ignore[return-value]
 
 
 def at_head(r: Tensor, b: Tensor, h: Tensor) -> Tensor:
@@ -117,7 +116,9 @@ def per_head(allow: Allow | None, q_pos: Tensor, k_pos: Tensor) -> bool:
     return r.dim() >= 2 and r.shape[1] > 1
 
 
-def distance_table(position: Any, s: int, layer: int, dtype: torch.dtype, device: torch.device) -> Tensor | None:
+def distance_table(
+    position: Any, s: int, layer: int, dtype: torch.dtype, device: torch.device
+) -> Tensor | None:
     """(H, 2S - 1) bias of every distance -(S - 1) .. S - 1 (index = distance + S - 1), or None (no bias)."""
     if not position.modifies_scores:
         return None
