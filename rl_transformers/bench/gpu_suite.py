@@ -238,7 +238,8 @@ class Suite:
         keep = (
             "variant", "attention", "kind", "target", "mode", "length", "batch", "heads", "d_head", "dtype",
             "causal", "status", "reason", "note", "time_ms", "time_ms_q1", "time_ms_q3", "tflops",
-            "tokens_per_s", "ratio_sdpa", "peak_mem_bytes", "num_err", "ref_err", "exact",
+            "tokens_per_s", "ratio_sdpa", "peak_mem_bytes", "num_err", "ref_err", "exact", "backends",
+            "real_flops", "real_tflops",
         )  # fmt: skip
         rows = [{k: r.get(k) for k in keep} for r in results["rows"]]
         return {"config": results["meta"]["config"], "notes": results["meta"]["notes"], "rows": rows}

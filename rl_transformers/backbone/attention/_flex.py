@@ -51,8 +51,14 @@ FLEX_MIN_LEN = 512
 nothing from the fused kernel and every new shape costs a compilation."""
 FLEX_COMPILE = "auto"
 """"auto" (compiled on CUDA, eager elsewhere), True or False: whether flex_attention runs compiled."""
+RECOMPILE_LIMIT = 256
+"""Compilations of the flex kernel allowed (Dynamo's default, 8, is below the sizes x patterns of one run)."""
 BLOCK = 128
 """Block size of the block mask (FlexAttention's default tile)."""
+WORK: list[float] | None = None
+"""When a list (the benchmark's kernel census sets one, ``bench/kernels.py``): every flex call appends the
+FLOPs its kernel really does, 4·D per computed (query, key) pair of the non-empty tiles of its block mask,
+x 3.5 when gradients will flow (forward + backward, the FlashAttention convention). None: nothing recorded."""
 
 
 def flex_available(device: torch.device) -> bool:
@@ -87,8 +93,12 @@ def use_flex(att: Any, q: Tensor) -> bool:
 
 @functools.cache
 def _compiled() -> Callable[..., Any]:
+    import torch._dynamo.config
     from torch.nn.attention.flex_attention import flex_attention
 
+    # Every (length, pattern, score term) is its own compilation of flex_attention's code; past the default
+    # limit of 8 Dynamo would run the rest eagerly (the unfused form, T x S scores): allow one per call site.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     return torch.compile(flex_attention, dynamic=False)  # type: ignore[no-any-return]
 
 
@@ -198,4 +208,18 @@ def flex_pattern(
             return x
 
     out = _kernel(q.device)(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=att.position.scale)
+    if WORK is not None:
+        WORK.append(tile_flops(block_mask, b, h, q.shape[-1], q.requires_grad or k.requires_grad))
     return out  # type: ignore[no-any-return]
+
+
+def tile_flops(block_mask: Any, b: int, h: int, d: int, backward: bool) -> float:
+    """FLOPs of the tiles a block mask makes the kernel compute: 4·D per (query, key) pair of every partial
+    or full tile, for all B rows and H heads (a mask shared by the heads counts once per head)."""
+    tiles = float(block_mask.kv_num_blocks.sum())
+    if block_mask.full_kv_num_blocks is not None:
+        tiles += float(block_mask.full_kv_num_blocks.sum())
+    q_block, kv_block = block_mask.BLOCK_SIZE
+    rows, heads = block_mask.kv_num_blocks.shape[:2]
+    tiles *= (b // rows) * (h // heads)
+    return 4.0 * d * tiles * q_block * kv_block * (3.5 if backward else 1.0)
