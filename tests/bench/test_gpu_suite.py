@@ -159,3 +159,28 @@ def test_merge_refuses_another_device() -> None:
 def test_merge_from_needs_render_from() -> None:
     with pytest.raises(ValueError, match="--merge-from needs --render-from"):
         GpuSuiteConfig(merge_from=(Path("x.json"),))
+
+
+def test_run_sh_dry_run_records_command_commit_and_device(tmp_path: Path) -> None:
+    """benchmarks/gpu/run.sh itself (the one command of a GPU loan), on the CPU with its fastest stage."""
+    proc = subprocess.run(
+        ["bash", "benchmarks/gpu/run.sh", str(tmp_path), "--dry-run", "--stages", "ceilings"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            "OMP_NUM_THREADS": "1",
+            "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+            "PYTHON": sys.executable,
+            "RLT_GIT_COMMIT": "0123abcd",
+            "RLT_TIME_LIMIT_S": "240",
+        },
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["dry_run"] is True and results["git_commit"] == "0123abcd"
+    assert "--dry-run" in results["command"]
+    assert {n: r["status"] for n, r in results["stages"].items()} == {"device": "ok", "ceilings": "ok"}
+    assert results["stages"]["device"]["data"]["git_sha"] == "0123abcd"
+    assert results["stages"]["ceilings"]["data"]["matmul_tflops"] > 0
