@@ -13,8 +13,8 @@ results after every stage (a run stopped by its time limit still leaves every fi
    16K, 64K (up to memory) through the attention harness (``harness.py``): every row passes the correctness gate
    (float64 reference) before it is timed; timing is CUDA events, median of repeats after warm-up;
 4. **attention (fp32)**: the kernel target again in float32 at shorter lengths;
-5. **PPO**: the default GTrXL policy's env steps/s on a vectorised memory task with 32 and 256 envs (rollout,
-   update and both), the update's samples/s being the ``train`` column;
+5. **PPO**: the default GTrXL policy's env steps/s on a vectorised memory task with 32, 256 and 1,024 envs
+   (rollout, update and both), the update's samples/s being the ``train`` column;
 6. **DT**: training updates/s of our Decision Transformer at the paper's size against Hugging Face's
    ``DecisionTransformerModel``, both at its default (with GPT-2's 1024-row position table) and at an equal
    parameter count (the position table cut to the 3K rows a K-step window uses).
@@ -61,8 +61,9 @@ class GpuSuiteConfig:
     """Sequence lengths of the bf16 attention sweep."""
     fp32_lengths: tuple[int, ...] = (1024, 4096, 16384)
     """Sequence lengths of the fp32 kernel sweep."""
-    ppo_envs: tuple[int, ...] = (32, 256)
-    """Vectorised env counts of the PPO throughput stage."""
+    ppo_envs: tuple[int, ...] = (32, 256, 1024)
+    """Vectorised env counts of the PPO throughput stage (the env-steps/s curve; a count that would start after
+    the budget is a skipped row)."""
     env_id: str = "rlt/TMaze-v0"
     """Memory task of the PPO stage."""
     repeats: int = 7
