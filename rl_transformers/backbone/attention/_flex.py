@@ -102,11 +102,15 @@ def _compiled() -> Callable[..., Any]:
     return torch.compile(flex_attention, dynamic=False)  # type: ignore[no-any-return]
 
 
+def compiled_on(device: torch.device) -> bool:
+    """Whether flex_attention and the block mask are compiled on ``device`` (see :data:`FLEX_COMPILE`)."""
+    return device.type == "cuda" if FLEX_COMPILE == "auto" else bool(FLEX_COMPILE)
+
+
 def _kernel(device: torch.device) -> Callable[..., Any]:
     from torch.nn.attention.flex_attention import flex_attention
 
-    compiled = device.type == "cuda" if FLEX_COMPILE == "auto" else bool(FLEX_COMPILE)
-    return _compiled() if compiled else flex_attention  # type: ignore[return-value]
+    return _compiled() if compiled_on(device) else flex_attention  # type: ignore[return-value]
 
 
 def at_head(r: Tensor, b: Tensor, h: Tensor) -> Tensor:
@@ -190,9 +194,15 @@ def flex_pattern(
             m = m & keep(bi, hi, qi, qp, kp)
         return m | (kj == qi + off)
 
-    compile_mask = q.device.type == "cuda"
     block_mask = create_block_mask(
-        mask_mod, b, h if heads else None, t, s, device=q.device, BLOCK_SIZE=BLOCK, _compile=compile_mask
+        mask_mod,
+        b,
+        h if heads else None,
+        t,
+        s,
+        device=q.device,
+        BLOCK_SIZE=BLOCK,
+        _compile=compiled_on(q.device),
     )
     table = distance_table(att.position, s, att.layer, torch.promote_types(q.dtype, torch.float32), q.device)
     score_mod = None
