@@ -337,6 +337,7 @@ COMPILED = [
     ("bigbird", dict(block=3, window_blocks=1, n_random=2, global_tokens=(0, 5))),
     ("blockwise", dict(n_blocks=3, block_size=2)),
     ("strided", dict(stride=3, combine="split_heads")),
+    ("fixed", dict(stride=4, summary=2, combine="split_heads")),
     ("longformer", dict(window=2, dilation=(1, 3), global_tokens=(0, 6))),
     ("gaussian_prior", dict(sigma=2.0)),
     ("adaptive_span", dict(max_span=8, ramp=3)),

@@ -9,7 +9,8 @@ skipping the key blocks the mask leaves empty (``create_block_mask``), in one fu
 - **mask**: the entry's own ``allow(q_pos, k_pos)`` predicate (the one its dense and blocked forms use) applied
   to one query / key at a time, with the padding, causality, window, segment and always-attended own key of
   ``_dense.pattern_mask`` (or of ``base.visible_mask``: causality by index, see :func:`flex_pattern`);
-  predicates that return per-head (1, H, 1, 1, 1) or per-row tensors are read at the kernel's (b, h).
+  patterns that differ per head or row (strided / fixed under ``split_heads``, longformer's dilations,
+  blockwise's permutations) pass ``keep(b, h, q_index, q_pos, k_pos)``, which reads 1-D per-head tables at h.
 - **score**: a distance bias of the position scheme (``t5``, ``alibi``, ``kerple_*``, ``sandwich``: any
   :class:`~rl_transformers.backbone.position.bias.DistanceBias`) as a per-head table over the 2S - 1 distances of
   the call, gathered at q_pos - k_pos (learned tables and slopes keep their gradients), plus the entry's own term
@@ -113,21 +114,15 @@ def _kernel(device: torch.device) -> Callable[..., Any]:
     return _compiled() if compiled_on(device) else flex_attention  # type: ignore[return-value]
 
 
-def at_head(r: Tensor, b: Tensor, h: Tensor) -> Tensor:
-    """The value of a predicate's result for row b and head h: ``r`` is 0-d, or (B|1, H|1, ...) when the
-    predicate reads per-row (blockwise's whole-call origin) or per-head tensors (strided's heads)."""
-    if r.dim() == 0:
-        return r
-    r = r.reshape(r.shape[0], r.shape[1], -1)[:, :, 0]
-    return r[b if r.shape[0] > 1 else 0, h if r.shape[1] > 1 else 0]
-
-
-def per_head(allow: Allow | None, q_pos: Tensor, k_pos: Tensor) -> bool:
-    """Whether ``allow`` differs between heads (decides a block mask per head or one for all)."""
+def check_scalar(allow: Allow | None, q_pos: Tensor, k_pos: Tensor) -> None:
+    """``allow`` must give one value per (query, key): a per-head or per-row predicate would compute a
+    (B|1, H|1, ...) intermediate inside the kernel's mask, which the compiled kernel does not lower as the
+    eager form computes it (per-head patterns pass ``keep``, which reads the head index)."""
     if allow is None:
-        return False
-    r = allow(q_pos[:1, None, None, :1, None], k_pos[:1, None, None, None, :1])
-    return r.dim() >= 2 and r.shape[1] > 1
+        return
+    r = allow(q_pos[0, 0], k_pos[0, 0])
+    if r.dim() != 0:
+        raise ValueError(f"a flex mask predicate must return one value per pair, got shape {tuple(r.shape)}")
 
 
 def distance_table(
@@ -156,6 +151,7 @@ def flex_pattern(
     causal_by_index: bool = False,
     ctx: Any = None,
     keep: ScoreTerm | None = None,
+    per_head: bool = True,
     score: ScoreTerm | None = None,
 ) -> Tensor:
     """The pattern as one FlexAttention call: (B, H, T, D).
@@ -163,7 +159,8 @@ def flex_pattern(
     Mask = k_valid & ``allow`` & causality (by position, as ``_dense.pattern_mask``; ``causal_by_index``: by
     column, as ``base.visible_mask``) & ``window`` (keys at most ``window`` columns away, both sides, or only
     before the query with ``past_window``, as ``full.window_limit``) & the query's own segment (when ``ctx``
-    is given and rows restart inside it) & ``keep``, or the query's own key. Score = q·k·scale + the position scheme's
+    is given and rows restart inside it) & ``keep``, or the query's own key. ``per_head=False``: ``keep`` is
+    the same for every head (one block mask for all heads). Score = q·k·scale + the position scheme's
     distance bias + ``score``.
     """
     from torch.nn.attention.flex_attention import create_block_mask
@@ -172,7 +169,8 @@ def flex_pattern(
     s = k.shape[2]
     off = s - t
     causal = att.causal
-    heads = keep is not None or per_head(allow, q_pos, k_pos)
+    check_scalar(allow, q_pos, k_pos)
+    heads = keep is not None and per_head
     seg_q = seg_k = None
     if ctx is not None and ctx.segment is not None:
         seg_q, seg_k = ctx.segment, key_segments(ctx, s)
@@ -182,7 +180,7 @@ def flex_pattern(
         qp, kp = q_pos[bi, qi], k_pos[bi, kj]
         m = k_valid[bi, kj]
         if allow is not None:
-            m = m & at_head(allow(qp, kp), bi, hi)
+            m = m & allow(qp, kp)
         if causal:
             m = m & ((kj <= qi + off) if causal_by_index else (kp <= qp))
         if window is not None:

@@ -23,7 +23,7 @@ Shapes: q (B, H, T, D), k, v (B, H, S, D), q_pos (B, T), k_pos, k_valid (B, S).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -74,6 +74,13 @@ class _GlobalLocal(Attention):
 
     def window_allow(self, qp: Tensor, kp: Tensor) -> Tensor:
         raise NotImplementedError
+
+    window_per_head: ClassVar[bool] = False
+    """Whether the window differs between heads (longformer's dilations)."""
+
+    def head_window_allow(self, h: Tensor, qp: Tensor, kp: Tensor) -> Tensor:
+        """:meth:`window_allow` of head h for one query / key (the flex form); default: the same for all heads."""
+        return self.window_allow(qp, kp)
 
     @property
     def max_cache(self) -> int | None:
@@ -184,11 +191,14 @@ class _GlobalLocal(Attention):
         if stored is None and use_flex(self, q):
             extra = self.extra_allow(q_pos, k_pos)  # built once, not per call of the predicate
 
-            def flex_union(qp: Tensor, kp: Tensor) -> Tensor:
-                allowed = self.window_allow(qp, kp) | is_global(kp) | is_global(qp)
+            def keep(b: Tensor, h: Tensor, qi: Tensor, qp: Tensor, kp: Tensor) -> Tensor:
+                allowed = self.head_window_allow(h, qp, kp) | is_global(kp) | is_global(qp)
                 return allowed if extra is None else allowed | extra(qp, kp)
 
-            return flex_pattern(self, q, k, v, q_pos, k_pos, k_valid, flex_union, window=bound)
+            heads = self.window_per_head
+            return flex_pattern(
+                self, q, k, v, q_pos, k_pos, k_valid, None, keep=keep, per_head=heads, window=bound
+            )
         if stored is None and bound is not None:
             return windowed_pattern(self, q, k, v, q_pos, k_pos, k_valid, union, bound, ctx, key)
         if stored is None and prefer_dense(s, self.keys_per_query(s)):
@@ -268,6 +278,13 @@ class LongformerAttention(_GlobalLocal):
 
     def window_allow(self, qp: Tensor, kp: Tensor) -> Tensor:
         d = self.dil.to(qp.device)
+        delta = qp - kp
+        return (delta.abs() <= self.options.window * d) & (delta.remainder(d) == 0)
+
+    window_per_head = True
+
+    def head_window_allow(self, h: Tensor, qp: Tensor, kp: Tensor) -> Tensor:
+        d = self.dil.flatten()[h]
         delta = qp - kp
         return (delta.abs() <= self.options.window * d) & (delta.remainder(d) == 0)
 
