@@ -355,15 +355,14 @@ def test_compiled_masks_and_scores_equal_the_eager_form(
     vectorisation miscompiles some block-mask kernels (a C++ error mixing int and float masks, torch 2.13),
     so the block mask's CPU code here is scalar (simdlen 1); CUDA compiles both with Triton."""
     import torch._inductor.config
-    import torch.nn.attention.flex_attention as fa
 
-    build = fa.create_block_mask
+    build = _flex.build_block_mask
 
-    def scalar_block_mask(*args: Any, **kwargs: Any) -> Any:
+    def scalar_block_mask(*args: Any) -> Any:
         with torch._inductor.config.patch({"cpp.simdlen": 1}):
-            return build(*args, **kwargs)
+            return build(*args)
 
-    monkeypatch.setattr(fa, "create_block_mask", scalar_block_mask)
+    monkeypatch.setattr(_flex, "build_block_mask", scalar_block_mask)
     att = make_layer(name, True, **options).float()
     x = [t.float() if t.is_floating_point() else t for t in make_inputs(2, 2, 40, 40)]
     with torch.no_grad():

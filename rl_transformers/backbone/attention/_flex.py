@@ -92,15 +92,40 @@ def use_flex(att: Any, q: Tensor) -> bool:
     return q.shape[2] >= FLEX_MIN_LEN and head_dim_ok and flex_available(q.device)
 
 
+def _allow_recompiles() -> None:
+    import torch._dynamo.config
+
+    # Every (length, pattern, score term) is its own compilation; past the default limit of 8 Dynamo would run
+    # the rest eagerly (the unfused form, T x S scores).
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+
+
 @functools.cache
 def _compiled() -> Callable[..., Any]:
-    import torch._dynamo.config
     from torch.nn.attention.flex_attention import flex_attention
 
-    # Every (length, pattern, score term) is its own compilation of flex_attention's code; past the default
-    # limit of 8 Dynamo would run the rest eagerly (the unfused form, T x S scores): allow one per call site.
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    _allow_recompiles()
     return torch.compile(flex_attention, dynamic=False)  # type: ignore[no-any-return]
+
+
+@functools.cache
+def _compiled_block_mask() -> Callable[..., Any]:
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    _allow_recompiles()
+    # static shapes: a second length must recompile, not turn the sizes into symbols (the predicates' index
+    # arithmetic on captured lengths does not trace under vmap with symbolic sizes)
+    return torch.compile(create_block_mask, dynamic=False)  # type: ignore[no-any-return]
+
+
+def build_block_mask(
+    mask_mod: Callable[..., Tensor], b: int, h: int | None, t: int, s: int, device: Any
+) -> Any:
+    """``create_block_mask`` of (B, H|None, T, S) with :data:`BLOCK` tiles, compiled where the kernel is."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    build = _compiled_block_mask() if compiled_on(device) else create_block_mask
+    return build(mask_mod, b, h, t, s, device=device, BLOCK_SIZE=BLOCK)
 
 
 def compiled_on(device: torch.device) -> bool:
@@ -163,8 +188,6 @@ def flex_pattern(
     the same for every head (one block mask for all heads). Score = q·k·scale + the position scheme's
     distance bias + ``score``.
     """
-    from torch.nn.attention.flex_attention import create_block_mask
-
     b, h, t, _ = q.shape
     s = k.shape[2]
     off = s - t
@@ -192,16 +215,7 @@ def flex_pattern(
             m = m & keep(bi, hi, qi, qp, kp)
         return m | (kj == qi + off)
 
-    block_mask = create_block_mask(
-        mask_mod,
-        b,
-        h if heads else None,
-        t,
-        s,
-        device=q.device,
-        BLOCK_SIZE=BLOCK,
-        _compile=compiled_on(q.device),
-    )
+    block_mask = build_block_mask(mask_mod, b, h if heads else None, t, s, q.device)
     table = distance_table(att.position, s, att.layer, torch.promote_types(q.dtype, torch.float32), q.device)
     score_mod = None
     if table is not None or score is not None:
