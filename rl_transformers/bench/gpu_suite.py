@@ -73,6 +73,10 @@ class GpuSuiteConfig:
     rest; the PPO and DT stages need about 30 s together on an H100)."""
     stages: tuple[str, ...] = ("ceilings", "attention", "attention_fp32", "ppo", "dt")
     """Stages to run (the device record always is)."""
+    flex: str = "auto"
+    """FlexAttention form of the mask-defined attentions (``backbone/attention/_flex.py``): "auto" (on a capable
+    GPU from 512 queries), or "never" (today's dense / blocked / fused forms, e.g. the baseline of a comparison).
+    Each new (attention, length, mode) compiles its kernel first (not timed, but it spends the budget)."""
     attention_targets: tuple[str, ...] = ("kernel", "layer")
     """Targets of the bf16 attention stage (``layer`` alone re-runs the layer rows of an earlier run)."""
     git_commit: str | None = None
@@ -87,6 +91,8 @@ class GpuSuiteConfig:
 
     def __post_init__(self) -> None:
         valid = ("ceilings", "attention", "attention_fp32", "ppo", "dt")
+        if self.flex not in ("auto", "never"):
+            raise ValueError(f"flex must be 'auto' or 'never', got {self.flex!r}")
         bad = [s for s in self.stages if s not in valid]
         if bad:
             raise ValueError(f"unknown stage(s) {bad}; valid: {list(valid)}")
@@ -209,8 +215,10 @@ class Suite:
     def attention(
         self, dtype: str, lengths: tuple[int, ...], targets: tuple[str, ...], share: float
     ) -> dict[str, Any]:
+        from rl_transformers.backbone.attention import _flex
         from rl_transformers.bench import BenchConfig, run_benchmark
 
+        _flex.FLEX_PATH = self.cfg.flex
         tiny = self.cfg.dry_run
         bench = BenchConfig(
             targets=targets,
@@ -243,7 +251,12 @@ class Suite:
             "real_flops", "real_tflops",
         )  # fmt: skip
         rows = [{k: r.get(k) for k in keep} for r in results["rows"]]
-        return {"config": results["meta"]["config"], "notes": results["meta"]["notes"], "rows": rows}
+        return {
+            "config": results["meta"]["config"],
+            "notes": results["meta"]["notes"],
+            "flex": self.cfg.flex,
+            "rows": rows,
+        }
 
     def ppo(self) -> dict[str, Any]:
         import envs  # noqa: F401  (registers the rlt/ ids)

@@ -309,6 +309,7 @@ def test_flex_is_not_selected_where_it_cannot_run(monkeypatch: pytest.MonkeyPatc
     assert _flex.use_flex(att, q)
     assert not _flex.use_flex(att, q[:, :, :-1])  # short call (streaming steps, RL windows)
     assert not _flex.use_flex(att, torch.zeros(1, 2, _flex.FLEX_MIN_LEN, 12))  # head dim the kernel refuses
+    assert not _flex.use_flex(att, q.double())  # float64 (the references) keeps today's kernels
     assert not _flex.use_flex(make_layer("local", True, d_head=16, scores=True), q)  # "scores" scheme
     att.attn_dropout.p = 0.1
     assert not _flex.use_flex(att.train(), q)  # attention dropout

@@ -18,8 +18,8 @@ skipping the key blocks the mask leaves empty (``create_block_mask``), in one fu
 
 Dispatch (:func:`use_flex`): the flex form is chosen when :func:`flex_available` says the device runs it (CUDA,
 compute capability >= 8.0, FlexAttention importable) and the call has at least :data:`FLEX_MIN_LEN` queries, no
-attention dropout, a head dim the kernel takes, and a position scheme of kind none / input / qk / a distance
-bias. Everything else, the CPU included, keeps the dense / blocked / fused forms of ``_dense`` and ``_banded``.
+attention dropout, a head dim and dtype (16 / 32 bit) the kernel takes, and a position scheme of kind none /
+input / qk / a distance bias. Everything else, the CPU included, keeps the dense / blocked / fused forms of ``_dense`` and ``_banded``.
 On CPU FlexAttention runs eager (an unfused reference implementation, forward only: no backward on CPU) and
 compiled (forward, slow to compile); tests force the eager form with ``FLEX_PATH = "always"``.
 Shapes: q (B, H, T, D), k, v (B, H, S, D), q_pos (B, T), k_pos, k_valid (B, S).
@@ -87,6 +87,8 @@ def use_flex(att: Any, q: Tensor) -> bool:
         return False
     if FLEX_PATH == "always":
         return True
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):  # float64 (references) keeps today's
+        return False
     d = q.shape[-1]
     head_dim_ok = d >= 16 and d & (d - 1) == 0
     return q.shape[2] >= FLEX_MIN_LEN and head_dim_ok and flex_available(q.device)
