@@ -279,9 +279,10 @@ def test_cpu_dispatch_keeps_todays_kernels(
 ) -> None:
     monkeypatch.setattr(_flex, "FLEX_MIN_LEN", 1)
     calls = spy_flex(monkeypatch, module)
-    att = make_layer(name, True, d_head=16, **options)
+    att = make_layer(name, True, d_head=16, **options).float()  # a dtype flex takes: the device decides
+    x = [t.float() if t.is_floating_point() else t for t in dispatch_inputs()]
     with torch.no_grad():
-        out = run_layer(att, *dispatch_inputs())
+        out = run_layer(att, *x)
     assert calls == [] and not _flex.flex_available(torch.device("cpu"))
     assert out.abs().sum() > 0
 
@@ -293,12 +294,13 @@ def test_capable_cuda_device_selects_the_flex_form(
     monkeypatch.setattr(_flex, "FLEX_MIN_LEN", 1)
     monkeypatch.setattr(_flex, "flex_available", lambda device: True)  # the capability check, mocked
     calls = spy_flex(monkeypatch, module)
-    att = make_layer(name, True, d_head=16, **options)
+    att = make_layer(name, True, d_head=16, **options).float()  # 16 / 32-bit inputs, as on a GPU
     if name == "adaptive_span":  # spans shorter than the call: the ramp matters (else plain SDPA)
         with torch.no_grad():
             att.span_frac.fill_(0.5)
+    x = [t.float() if t.is_floating_point() else t for t in dispatch_inputs()]
     with torch.no_grad():
-        run_layer(att, *dispatch_inputs())
+        run_layer(att, *x)
     assert calls == [name]
 
 
