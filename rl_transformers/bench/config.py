@@ -121,6 +121,9 @@ class BenchConfig:
     """Write a ``torch.profiler`` trace per implementation to ``<out>/profile`` (TensorBoard)."""
     peers: bool = False
     """Add peer rows from third-party packages when installed (extra ``bench-peers``)."""
+    census: bool = True
+    """After timing, run each op once more under the profiler: the attention kernels it used (column
+    ``backends``) and the FLOPs they really did (``real_flops``, ``real_tflops``; see ``kernels.py``)."""
     sdpa_backends: bool = False
     """Add SDPA forced onto its flash and memory-efficient backends as rows of their own (kernel target; on CUDA:
     the default ``sdpa`` row is whatever SDPA dispatches to)."""

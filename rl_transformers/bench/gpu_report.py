@@ -54,6 +54,28 @@ def attention_tables(rows: list[dict[str, Any]], title: str) -> list[str]:
     return lines
 
 
+def kernel_tables(rows: list[dict[str, Any]], title: str) -> list[str]:
+    """Per variant and mode (kernel target), at its longest timed length: the attention kernels it ran
+    (``backends``) and its real TFLOP/s (the FLOPs its kernels did, ``kernels.py``) beside the
+    dense-equivalent TFLOP/s of the other tables."""
+    timed = [r for r in rows if r["target"] == "kernel" and r.get("time_ms") is not None]
+    if not any(r.get("backends") for r in timed):
+        return []
+    lines = ["", f"### {title}: kernels and real work (kernel target, longest timed L)", ""]
+    lines.append("| variant | mode | L | kernels | real TFLOP/s | dense-equivalent TFLOP/s |")
+    lines.append("|---|---|---:|---|---:|---:|")
+    for variant, mode in sorted({(r["variant"], r["mode"]) for r in timed}):
+        row = max(
+            (r for r in timed if r["variant"] == variant and r["mode"] == mode), key=lambda r: r["length"]
+        )
+        kernels = ", ".join(row.get("backends") or []) or "—"
+        lines.append(
+            f"| {variant} | {mode} | {row['length']:,} | {kernels} | {_fmt(row.get('real_tflops'))} | "
+            f"{_fmt(row.get('tflops'))} |"
+        )
+    return lines
+
+
 def _min_bytes(row: dict[str, Any]) -> float:
     """Fewest bytes a kernel row must move (see the module docstring)."""
     elem = 4 if row.get("dtype") == "float32" else 2
@@ -234,6 +256,7 @@ def render_markdown(results: dict[str, Any]) -> str:
             )
             lines += [f"- note: {n}" for n in data.get("notes", [])]
             lines += attention_tables(data["rows"], title)
+            lines += kernel_tables(data["rows"], title)
     ppo = stages.get("ppo", {}).get("data")
     if ppo:
         lines += [

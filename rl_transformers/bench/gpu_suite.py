@@ -13,8 +13,8 @@ results after every stage (a run stopped by its time limit still leaves every fi
    16K, 64K (up to memory) through the attention harness (``harness.py``): every row passes the correctness gate
    (float64 reference) before it is timed; timing is CUDA events, median of repeats after warm-up;
 4. **attention (fp32)**: the kernel target again in float32 at shorter lengths;
-5. **PPO**: the default GTrXL policy's env steps/s on a vectorised memory task with 32 and 256 envs (rollout,
-   update and both), the update's samples/s being the ``train`` column;
+5. **PPO**: the default GTrXL policy's env steps/s on a vectorised memory task with 32, 256 and 1,024 envs
+   (rollout, update and both), the update's samples/s being the ``train`` column;
 6. **DT**: training updates/s of our Decision Transformer at the paper's size against Hugging Face's
    ``DecisionTransformerModel``, both at its default (with GPT-2's 1024-row position table) and at an equal
    parameter count (the position table cut to the 3K rows a K-step window uses).
@@ -61,8 +61,9 @@ class GpuSuiteConfig:
     """Sequence lengths of the bf16 attention sweep."""
     fp32_lengths: tuple[int, ...] = (1024, 4096, 16384)
     """Sequence lengths of the fp32 kernel sweep."""
-    ppo_envs: tuple[int, ...] = (32, 256)
-    """Vectorised env counts of the PPO throughput stage."""
+    ppo_envs: tuple[int, ...] = (32, 256, 1024)
+    """Vectorised env counts of the PPO throughput stage (the env-steps/s curve; a count that would start after
+    the budget is a skipped row)."""
     env_id: str = "rlt/TMaze-v0"
     """Memory task of the PPO stage."""
     repeats: int = 7
@@ -72,6 +73,10 @@ class GpuSuiteConfig:
     rest; the PPO and DT stages need about 30 s together on an H100)."""
     stages: tuple[str, ...] = ("ceilings", "attention", "attention_fp32", "ppo", "dt")
     """Stages to run (the device record always is)."""
+    flex: str = "auto"
+    """FlexAttention form of the mask-defined attentions (``backbone/attention/_flex.py``): "auto" (on a capable
+    GPU from 512 queries), or "never" (today's dense / blocked / fused forms, e.g. the baseline of a comparison).
+    Each new (attention, length, mode) compiles its kernel first (not timed, but it spends the budget)."""
     attention_targets: tuple[str, ...] = ("kernel", "layer")
     """Targets of the bf16 attention stage (``layer`` alone re-runs the layer rows of an earlier run)."""
     git_commit: str | None = None
@@ -86,6 +91,8 @@ class GpuSuiteConfig:
 
     def __post_init__(self) -> None:
         valid = ("ceilings", "attention", "attention_fp32", "ppo", "dt")
+        if self.flex not in ("auto", "never"):
+            raise ValueError(f"flex must be 'auto' or 'never', got {self.flex!r}")
         bad = [s for s in self.stages if s not in valid]
         if bad:
             raise ValueError(f"unknown stage(s) {bad}; valid: {list(valid)}")
@@ -208,8 +215,10 @@ class Suite:
     def attention(
         self, dtype: str, lengths: tuple[int, ...], targets: tuple[str, ...], share: float
     ) -> dict[str, Any]:
+        from rl_transformers.backbone.attention import _flex
         from rl_transformers.bench import BenchConfig, run_benchmark
 
+        _flex.FLEX_PATH = self.cfg.flex
         tiny = self.cfg.dry_run
         bench = BenchConfig(
             targets=targets,
@@ -238,10 +247,16 @@ class Suite:
         keep = (
             "variant", "attention", "kind", "target", "mode", "length", "batch", "heads", "d_head", "dtype",
             "causal", "status", "reason", "note", "time_ms", "time_ms_q1", "time_ms_q3", "tflops",
-            "tokens_per_s", "ratio_sdpa", "peak_mem_bytes", "num_err", "ref_err", "exact",
+            "tokens_per_s", "ratio_sdpa", "peak_mem_bytes", "num_err", "ref_err", "exact", "backends",
+            "real_flops", "real_tflops",
         )  # fmt: skip
         rows = [{k: r.get(k) for k in keep} for r in results["rows"]]
-        return {"config": results["meta"]["config"], "notes": results["meta"]["notes"], "rows": rows}
+        return {
+            "config": results["meta"]["config"],
+            "notes": results["meta"]["notes"],
+            "flex": self.cfg.flex,
+            "rows": rows,
+        }
 
     def ppo(self) -> dict[str, Any]:
         import envs  # noqa: F401  (registers the rlt/ ids)

@@ -37,6 +37,7 @@ from rl_transformers.backbone import registry
 from rl_transformers.bench import correctness as corr
 from rl_transformers.bench.config import BenchConfig, ResolvedConfig, Shape
 from rl_transformers.bench.gate import GateError, Gatekeeper
+from rl_transformers.bench.kernels import census
 from rl_transformers.bench.memory import Extrapolator, MemoryJob, measure_cpu, measure_gpu
 from rl_transformers.bench.meta import machine_info
 from rl_transformers.bench.ops import Impl, Op, build_op, cheap_step_state, compile_op, registry_impls
@@ -98,6 +99,8 @@ class Runner:
             if op is not None:
                 ops[label] = op
         self._time(ops, rows)
+        if self.cfg.census:
+            self._census(ops, rows)
         self._ratios(rows)
         if self.cfg.profile:
             self._profile(ops, position, target, mode, shape)
@@ -281,6 +284,23 @@ class Runner:
                 series = (impl_name, row["position"], row["target"], row["mode"], row["causal"], shape.heads,
                           shape.d_head)  # fmt: skip
                 self.time_model.add(series, shape, med)
+
+    def _census(self, ops: dict[str, Op], rows: dict[str, dict[str, Any]]) -> None:
+        """The attention kernels each timed op ran and the FLOPs they really did (``kernels.py``)."""
+        for label, op in ops.items():
+            row = rows[label]
+            if row["time_ms"] is None:
+                continue
+            try:
+                found = census(op.call)
+            except Exception as err:  # a diagnostic: its failure is a note, not the row's
+                row["note"] = (row["note"] + "; " if row["note"] else "") + (
+                    f"kernel census failed: {type(err).__name__}: {err}"[:200]
+                )
+                continue
+            row["backends"] = found.backends
+            row["real_flops"] = found.flops
+            row["real_tflops"] = found.flops / (row["time_ms"] / 1e3) / 1e12
 
     def _ratios(self, rows: dict[str, dict[str, Any]]) -> None:
         baselines = {

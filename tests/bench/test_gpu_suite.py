@@ -45,6 +45,11 @@ def test_dry_run_writes_every_stage(dry_run: Path) -> None:
     assert {(r["target"], r["mode"]) for r in rows} == {
         (t, m) for t in ("kernel", "layer") for m in ("forward", "backward")
     }
+    # Every timed row says which attention kernels it ran and the FLOPs they really did (kernels.py).
+    timed = [r for r in rows if r["time_ms"] is not None]
+    assert timed and all(r["backends"] and r["real_flops"] > 0 and r["real_tflops"] > 0 for r in timed)
+    sdpa = [r for r in timed if r["variant"] == "sdpa"]
+    assert sdpa and all(set(r["backends"]) <= {"cpu_flash", "math"} for r in sdpa)
     ppo = results["stages"]["ppo"]["data"]["rows"]
     assert [r["num_envs"] for r in ppo] == [2, 4] and all(r["steps_per_s"] > 0 for r in ppo)
     assert "rl_transformers" in results["stages"]["dt"]["data"]["table"]
@@ -56,6 +61,7 @@ def test_dry_run_markdown_columns(dry_run: Path) -> None:
     assert "| variant | L = 32 |" in text
     assert "| envs | parameters | rollout env steps/s | update samples/s | env steps/s (both) |" in text
     assert "| candidate | parameters | updates/s | samples/s | rl_transformers speed-up |" in text
+    assert "| variant | mode | L | kernels | real TFLOP/s | dense-equivalent TFLOP/s |" in text
     for section in ("### Attention, bf16: kernel, forward", "### Attention, bf16: layer, backward"):
         assert section in text
 
@@ -153,3 +159,28 @@ def test_merge_refuses_another_device() -> None:
 def test_merge_from_needs_render_from() -> None:
     with pytest.raises(ValueError, match="--merge-from needs --render-from"):
         GpuSuiteConfig(merge_from=(Path("x.json"),))
+
+
+def test_run_sh_dry_run_records_command_commit_and_device(tmp_path: Path) -> None:
+    """benchmarks/gpu/run.sh itself (the one command of a GPU loan), on the CPU with its fastest stage."""
+    proc = subprocess.run(
+        ["bash", "benchmarks/gpu/run.sh", str(tmp_path), "--dry-run", "--stages", "ceilings"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            "OMP_NUM_THREADS": "1",
+            "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+            "PYTHON": sys.executable,
+            "RLT_GIT_COMMIT": "0123abcd",
+            "RLT_TIME_LIMIT_S": "240",
+        },
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["dry_run"] is True and results["git_commit"] == "0123abcd"
+    assert "--dry-run" in results["command"]
+    assert {n: r["status"] for n, r in results["stages"].items()} == {"device": "ok", "ceilings": "ok"}
+    assert results["stages"]["device"]["data"]["git_sha"] == "0123abcd"
+    assert results["stages"]["ceilings"]["data"]["matmul_tflops"] > 0

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rl_transformers.backbone.attention._flex import flex_pattern, use_flex
 from rl_transformers.backbone.attention.base import Attention, visible_mask
 from rl_transformers.backbone.context import ForwardContext
 from rl_transformers.backbone.options import check_number
@@ -117,6 +118,8 @@ class AdaptiveSpanAttention(Attention):
             return F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=p, scale=self.position.scale
             )
+        if use_flex(self, q):
+            return self.attend_flex(q, k, v, q_pos, k_pos, k_valid, ctx, spans)
         outs, n_scores = [], 0
         blk = self.options.query_block
         for start in range(0, t, blk):
@@ -152,3 +155,33 @@ class AdaptiveSpanAttention(Attention):
             ctx.add_info(f"backbone/adaptive_span/scores/layer{self.layer}", n_scores)
             ctx.add_info(f"backbone/adaptive_span/span/layer{self.layer}", spans.detach().mean())
         return torch.cat(outs, dim=2)
+
+    def attend_flex(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        k_valid: Tensor,
+        ctx: ForwardContext,
+        spans: Tensor,
+    ) -> Tensor:
+        """softmax(s + log m_z) as one FlexAttention call (``_flex``): keys with m_z = 0 are masked (and their
+        tiles skipped), log m_z is the score modifier. spans (B, H, T)."""
+        ramp_width = self.options.ramp
+        fixed = spans.detach()
+
+        def inside(b: Tensor, h: Tensor, qi: Tensor, qp: Tensor, kp: Tensor) -> Tensor:  # m_z > 0
+            return span_ramp((qp - kp).to(fixed.dtype), fixed[b, h, qi], ramp_width) > 0
+
+        def log_ramp(b: Tensor, h: Tensor, qi: Tensor, qp: Tensor, kp: Tensor) -> Tensor:
+            ramp = span_ramp((qp - kp).to(spans.dtype), spans[b, h, qi], ramp_width)
+            return ramp.clamp_min(1e-30).log()
+
+        out = flex_pattern(
+            self, q, k, v, q_pos, k_pos, k_valid, None, causal_by_index=True, keep=inside, score=log_ramp
+        )
+        if ctx.collect_info:
+            ctx.add_info(f"backbone/adaptive_span/span/layer{self.layer}", fixed.mean())
+        return out

@@ -23,7 +23,7 @@ Shapes: q (B, H, T, D), k, v (B, H, S, D), q_pos (B, T), k_pos, k_valid (B, S).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -40,6 +40,7 @@ from rl_transformers.backbone.attention._banded import (
     position_index,
 )
 from rl_transformers.backbone.attention._dense import dense_pattern, prefer_dense, windowed_pattern
+from rl_transformers.backbone.attention._flex import flex_pattern, use_flex
 from rl_transformers.backbone.attention.base import Attention
 from rl_transformers.backbone.context import ForwardContext
 from rl_transformers.backbone.options import check_int, check_positions
@@ -73,6 +74,13 @@ class _GlobalLocal(Attention):
 
     def window_allow(self, qp: Tensor, kp: Tensor) -> Tensor:
         raise NotImplementedError
+
+    window_per_head: ClassVar[bool] = False
+    """Whether the window differs between heads (longformer's dilations)."""
+
+    def head_window_allow(self, h: Tensor, qp: Tensor, kp: Tensor) -> Tensor:
+        """:meth:`window_allow` of head h for one query / key (the flex form); default: the same for all heads."""
+        return self.window_allow(qp, kp)
 
     @property
     def max_cache(self) -> int | None:
@@ -180,6 +188,17 @@ class _GlobalLocal(Attention):
 
         key = (type(self).__name__, self.options, self.n_heads, self.causal)  # same pattern in every layer
         bound = getattr(self.options, "max_cache", None)  # bigbird's option (the others keep their globals)
+        if stored is None and use_flex(self, q):
+            extra = self.extra_allow(q_pos, k_pos)  # built once, not per call of the predicate
+
+            def keep(b: Tensor, h: Tensor, qi: Tensor, qp: Tensor, kp: Tensor) -> Tensor:
+                allowed = self.head_window_allow(h, qp, kp) | is_global(kp) | is_global(qp)
+                return allowed if extra is None else allowed | extra(qp, kp)
+
+            heads = self.window_per_head
+            return flex_pattern(
+                self, q, k, v, q_pos, k_pos, k_valid, None, keep=keep, per_head=heads, window=bound
+            )
         if stored is None and bound is not None:
             return windowed_pattern(self, q, k, v, q_pos, k_pos, k_valid, union, bound, ctx, key)
         if stored is None and prefer_dense(s, self.keys_per_query(s)):
@@ -259,6 +278,13 @@ class LongformerAttention(_GlobalLocal):
 
     def window_allow(self, qp: Tensor, kp: Tensor) -> Tensor:
         d = self.dil.to(qp.device)
+        delta = qp - kp
+        return (delta.abs() <= self.options.window * d) & (delta.remainder(d) == 0)
+
+    window_per_head = True
+
+    def head_window_allow(self, h: Tensor, qp: Tensor, kp: Tensor) -> Tensor:
+        d = self.dil.flatten()[h]
         delta = qp - kp
         return (delta.abs() <= self.options.window * d) & (delta.remainder(d) == 0)
 

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from rl_transformers.backbone.attention._banded import band_part, block_size
 from rl_transformers.backbone.attention._dense import dense_pattern, prefer_dense
+from rl_transformers.backbone.attention._flex import flex_pattern, use_flex
 from rl_transformers.backbone.attention.base import Attention
 from rl_transformers.backbone.context import ForwardContext
 from rl_transformers.backbone.options import check_int, check_pair
@@ -74,6 +75,8 @@ class LocalAttention(Attention):
         ctx: ForwardContext,
     ) -> Tensor:
         w = self.options.window
+        if use_flex(self, q):
+            return flex_pattern(self, q, k, v, q_pos, k_pos, k_valid, lambda qp, kp: (qp - kp).abs() <= w)
         if prefer_dense(k.shape[2], 2 * w + 1):
             return dense_pattern(self, q, k, v, q_pos, k_pos, k_valid, lambda qp, kp: (qp - kp).abs() <= w)
         windows = [(-w, 0 if self.causal else w)]
@@ -133,6 +136,8 @@ class BlockLocalAttention(Attention):
             start = qp.div(lq, rounding_mode="floor") * lq
             return (kp >= start - lm) & (kp <= start + lq - 1 + lm)
 
+        if use_flex(self, q):
+            return flex_pattern(self, q, k, v, q_pos, k_pos, k_valid, allow)
         if prefer_dense(k.shape[2], 2 * span + 1):
             return dense_pattern(self, q, k, v, q_pos, k_pos, k_valid, allow)
         windows = [(-span, 0 if self.causal else span)]
@@ -224,6 +229,8 @@ class BlockLocal2DAttention(Attention):
                 & (kc <= c0 + qw - 1 + fw)
             )
 
+        if use_flex(self, q):
+            return flex_pattern(self, q, k, v, q_pos, k_pos, k_valid, allow)
         if prefer_dense(s, (2 * rows + 1) * (2 * cols + 1)):
             return dense_pattern(self, q, k, v, q_pos, k_pos, k_valid, allow, aligned=ctx.aligned)
         # One band per row offset: key j = i + dr·W + dc with |dr| <= rows, |dc| <= cols (merged if overlapping).

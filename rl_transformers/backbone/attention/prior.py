@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rl_transformers.backbone.attention._flex import flex_pattern, use_flex
 from rl_transformers.backbone.attention.base import Attention, attention_entropy, same_segment, visible_mask
 from rl_transformers.backbone.attention.full import window_limit
 from rl_transformers.backbone.context import ForwardContext
@@ -123,6 +124,8 @@ class GaussianPriorAttention(Attention):
         k_valid: Tensor,
         ctx: ForwardContext,
     ) -> Tensor:
+        if use_flex(self, q):
+            return self.attend_flex(q, k, v, q_pos, k_pos, k_valid, ctx)
         if self.options.truncate_sigmas is not None:
             return self.attend_windowed(q, k, v, q_pos, k_pos, k_valid, ctx)
         t = q.shape[2]
@@ -144,6 +147,34 @@ class GaussianPriorAttention(Attention):
             ctx.add_info(f"backbone/attention_entropy/layer{self.layer}", attention_entropy(probs).detach())
             ctx.add_info(f"backbone/gaussian_sigma/layer{self.layer}", self.sigma.mean().detach())
         return out if extra is None else out + extra
+
+    def attend_flex(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        k_valid: Tensor,
+        ctx: ForwardContext,
+    ) -> Tensor:
+        """Either form as one FlexAttention call (``_flex``): the prior as a score modifier; the windowed form
+        keeps |i - j| <= w in the mask, the dense form masks other segments."""
+        inv_two_var = 0.5 / self.sigma.to(torch.promote_types(q.dtype, torch.float32)).pow(2)
+
+        def prior(b: Tensor, h: Tensor, qi: Tensor, qp: Tensor, kp: Tensor) -> Tensor:
+            return -(qp - kp).to(inv_two_var.dtype).pow(2) * inv_two_var[h]
+
+        dense = self.options.truncate_sigmas is None
+        w = 0 if dense else self.window()
+        out = flex_pattern(
+            self, q, k, v, q_pos, k_pos, k_valid, None if dense else lambda qp, kp: (qp - kp).abs() <= w,
+            window=self.options.max_cache, past_window=True, causal_by_index=True, ctx=ctx if dense else None,
+            score=prior,
+        )  # fmt: skip
+        if ctx.collect_info:
+            ctx.add_info(f"backbone/gaussian_sigma/layer{self.layer}", self.sigma.mean().detach())
+        return out
 
     def window(self) -> int:
         """w = ceil(truncate_sigmas · max_h σ_h): the windowed form keeps keys with |i - j| <= w."""

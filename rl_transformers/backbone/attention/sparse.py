@@ -53,6 +53,7 @@ from rl_transformers.backbone.attention._dense import (
     shared_positions,
     windowed_pattern,
 )
+from rl_transformers.backbone.attention._flex import flex_pattern, use_flex
 from rl_transformers.backbone.attention.base import Attention
 from rl_transformers.backbone.context import ForwardContext
 from rl_transformers.backbone.options import check_choice, check_int
@@ -167,6 +168,16 @@ class StridedAttention(_Factorised):
         def union(qp: Tensor, kp: Tensor) -> Tensor:
             return in_band(qp, kp) | (strided & ((qp - kp).remainder(l) == 0))
 
+        if use_flex(self, q):  # the union read at one head (per-head tables: a scalar per pair)
+            loc, far = local.flatten().contiguous(), strided.flatten().contiguous()
+
+            def keep(b: Tensor, h: Tensor, qi: Tensor, qp: Tensor, kp: Tensor) -> Tensor:
+                return (loc[h] & ((qp - kp).abs() <= l)) | (far[h] & ((qp - kp).remainder(l) == 0))
+
+            window, split = self.options.max_cache, self.options.combine == "split_heads"
+            return flex_pattern(
+                self, q, k, v, q_pos, k_pos, k_valid, None, keep=keep, per_head=split, window=window
+            )
         if self.options.max_cache is not None:
             return windowed_pattern(
                 self, q, k, v, q_pos, k_pos, k_valid, union, self.options.max_cache, ctx, self.mask_key()
@@ -248,6 +259,17 @@ class FixedAttention(_Factorised):
         def union(qp: Tensor, kp: Tensor) -> Tensor:
             return same_block(qp, kp) | (summary & (kp.remainder(l) >= l - c))
 
+        if use_flex(self, q):  # the union read at one head (per-head tables: a scalar per pair)
+            loc, summ = local.flatten().contiguous(), summary.flatten().contiguous()
+
+            def keep(b: Tensor, h: Tensor, qi: Tensor, qp: Tensor, kp: Tensor) -> Tensor:
+                block = qp.div(l, rounding_mode="floor") == kp.div(l, rounding_mode="floor")
+                return (loc[h] & block) | (summ[h] & (kp.remainder(l) >= l - c))
+
+            window, split = self.options.max_cache, self.options.combine == "split_heads"
+            return flex_pattern(
+                self, q, k, v, q_pos, k_pos, k_valid, None, keep=keep, per_head=split, window=window
+            )
         if self.options.max_cache is not None:
             return windowed_pattern(
                 self, q, k, v, q_pos, k_pos, k_valid, union, self.options.max_cache, ctx, self.mask_key()
@@ -383,6 +405,16 @@ class BlockwiseAttention(Attention):
             same_super = qb.div(n, rounding_mode="floor") == kb.div(n, rounding_mode="floor")
             return same_super & (kb.remainder(n) == target[heads, qb.remainder(n)])
 
+        if use_flex(self, q):  # the same predicate read at one (row, head, query, key)
+            rows = origin.reshape(-1).expand(q.shape[0]).contiguous()
+
+            def keep(b: Tensor, h: Tensor, qi: Tensor, qp: Tensor, kp: Tensor) -> Tensor:
+                qb = (qp - rows[b]).div(bs, rounding_mode="floor")
+                kb = (kp - rows[b]).div(bs, rounding_mode="floor")
+                same_super = qb.div(n, rounding_mode="floor") == kb.div(n, rounding_mode="floor")
+                return same_super & (kb.remainder(n) == target[h, qb.remainder(n)])
+
+            return flex_pattern(self, q, k, v, q_pos, k_pos, k_valid, None, keep=keep)
         reach = n * bs - 1
         if prefer_dense(s, 2 * reach + 1):
             return dense_pattern(self, q, k, v, q_pos, k_pos, k_valid, allow)
