@@ -5,7 +5,7 @@
     bash benchmarks/gpu/run.sh OUT                                          # the same on a lent GPU, wheels first
 
 Device record, measured matmul / copy ceilings, every attention against SDPA (flash and memory-efficient
-backends too) in bf16 and fp32, PPO env steps/s with 32 and 256 envs, and the DT against Hugging Face's.
+backends too) in bf16 and fp32, PPO env steps/s with 32, 256 and 1,024 envs, and the DT against Hugging Face's.
 Writes results.json, results.md and attention.png to --out.
 """
 
