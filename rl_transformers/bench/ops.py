@@ -306,6 +306,11 @@ def build_module(
         return impl.peer.build(shape, causal)
     cfg = backbone_config(impl, shape, causal, position, n_layers if target == "model" else 1)
     if target == "kernel":
+        if not registry.get("attention", cfg.attention).cls.kernel_form:
+            raise ValueError(
+                f"{cfg.attention} is a recurrent mixer whose gates read the layer input: it has no q, k, v "
+                "kernel of its own; time it on the layer or model target"
+            )
         return KernelModule(cfg)
     if target == "layer":
         return LayerModule(cfg)

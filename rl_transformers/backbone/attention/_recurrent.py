@@ -13,7 +13,7 @@ False) neither write nor decay the state. States are kept in float32 or wider (`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -55,6 +55,8 @@ class HeadNorm(nn.Module):
 
 class RecurrentMixer(Attention):
     """Base of the matrix-state mixers: state, segments, padding and the memory refusal."""
+
+    kernel_form: ClassVar[bool] = False  # the gates read the layer input: no q, k, v kernel alone
 
     position_kinds = frozenset({"none", "input", "qk"})
     segment_masks = True

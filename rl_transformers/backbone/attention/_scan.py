@@ -142,6 +142,8 @@ class RecurrentMixer(Attention):
     ``forward(x, ctx, state) -> (y (B, T, d), state)`` and ``init_state``.
     """
 
+    kernel_form: ClassVar[bool] = False  # the gates read the layer input: no q, k, v kernel alone
+
     position_kinds: ClassVar[frozenset[str]] = frozenset({"none", "input"})
     segment_masks: ClassVar[bool] = True
 

@@ -144,6 +144,9 @@ class Attention(nn.Module):
     drops_invalid_keys: ClassVar[bool] = False
     """True when keys masked for every query change nothing but rounding (a dense masked softmax: their
     weight is exactly 0), so the XL memory may leave its never-visible columns out (``read_visible``)."""
+    kernel_form: ClassVar[bool] = True
+    """True when :meth:`core` on q, k, v alone is the layer's computation (what the benchmark's ``kernel``
+    target times); False for recurrent mixers whose gates read the layer input (time them per layer)."""
     segment_masks: ClassVar[bool] = False
     """True when the kernel masks keys of other segments (``ForwardContext.segment``, see
     :func:`same_segment`), so a chunk may restart rows inside it (``Backbone.forward(starts=...)``)."""

@@ -21,7 +21,7 @@ O(S·D) per head.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -76,6 +76,8 @@ class FoxOptions:
 )
 class FoxAttention(Attention):
     """Softmax attention with a cumulative forget-gate bias (see the module docstring)."""
+
+    kernel_form: ClassVar[bool] = False  # the forget gates read the layer input
 
     segment_masks = True
 
