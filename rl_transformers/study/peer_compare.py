@@ -134,6 +134,11 @@ def run_library_arm(
     evaluated = json.loads((run_dir / "eval" / "evaluate-last.json").read_text(encoding="utf-8"))
     config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
     params = _parameters(work / f"{arm}-s{seed}.train.log")
+    curve = []  # (env step, mean training return of the last 100 episodes), every 10th update
+    for i, line in enumerate((run_dir / "progress.jsonl").read_text(encoding="utf-8").splitlines()):
+        row = json.loads(line)
+        if i % 10 == 0 and "rollout/ep_rew_mean" in row:
+            curve.append([int(row["step"]), round(float(row["rollout/ep_rew_mean"]), 2)])
     return {
         "arm": arm,
         "flags": [*ARMS[arm], *extra],
@@ -145,6 +150,7 @@ def run_library_arm(
         "cpu_seconds": cpu,
         "wall_seconds": wall,
         "config": config,
+        "curve": curve,
     }
 
 

@@ -66,6 +66,8 @@ def test_compare_command_on_a_tiny_budget(tmp_path: Path) -> None:
         assert len(record["returns"]) == 2 and all(r >= 1 for r in record["returns"])
         assert record["cpu_seconds"] > 0
         assert record["git_sha"] and record["machine"] and "command" in record
+    assert records["lstm_zoo"]["curve"][0][0] == 256  # every 10th update
+    assert records["lstm_zoo"]["config"]["recipe"].endswith("rlt/CartPoleNoVel-v0/lstm")  # its flags equal it
     rows = "\n".join(table(summarise(load_records(tmp_path)), 475.0, "peer"))
     assert "| peer | 43331 | 1 |" in rows and "| lstm_zoo | 43331 | 1 |" in rows
     mtime = (tmp_path / "peer" / "s0.json").stat().st_mtime
