@@ -46,7 +46,8 @@ class EvalArgs:
     target_return: tuple[float, ...] = ()
     """DT: target returns (several allowed). Default: the run's targets."""
     env_id: str | None = None
-    """DT: evaluation env when the run's dataset names none."""
+    """DT: evaluate on this env (as registered here) instead of the one the run recorded: restates the task
+    knowingly. Without it a DT run is evaluated on exactly the env spec it recorded, or refused."""
     allow_env_modules: tuple[str, ...] = ()
     """Modules whose environments the run (env id, dataset env spec) may name beyond gymnasium, envs, popgym,
     minigrid (envs/resolve.py); allowing a module trusts its code. Never read from the run's files."""
