@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from rl_transformers.agents import load
-from rl_transformers.agents.ppo_agent import PPOAgent
 from rl_transformers.agents.memory_bound import DEFAULT_LIMIT_GIB, LIMIT_FLAG, backbone_bytes, check_memory
+from rl_transformers.agents.ppo_agent import PPOAgent
 from rl_transformers.algos.ppo import train
 from rl_transformers.backbone import BackboneConfig
 from rl_transformers.utils.errors import UserError
