@@ -123,6 +123,9 @@ def run_cli(main: Callable[[], T], argv: list[str] | None = None, on_interrupt: 
     Ctrl-C is an ordinary way to stop (resumable studies), a ``KeyboardInterrupt`` prints
     ``interrupted: <on_interrupt>`` instead of a traceback and exits with :data:`EXIT_INTERRUPTED`.
     """
+    from rl_transformers.startup import uninstall
+
+    uninstall()  # main starts: interrupts now follow this function's rules, not the start-up hook's
     if argv is None:
         argv = sys.argv
     debug = debug_requested(argv[1:])
