@@ -9,12 +9,14 @@ recognised by its ``job.json``.
 
 A **record** (``result.json``, one entry of a committed records file: ``encoders.json``, ``encoders_screening.json``) counts for a job only when :func:`problem` finds
 nothing: same key, the job's algorithm, task, encoder, seed and preset, the whole budget run, a finite score and
-well-formed numbers and curve. Every record carries the machine (:func:`machine_text`) and the git commit
+well-formed numbers and curve, every return within the task's possible returns (:mod:`.ranges`), a git commit
+that is one and a one-line machine text. Every record carries the machine (:func:`machine_text`) and the git commit
 (``git_sha``) it ran at; records written before those fields existed say ``"unknown"`` in the published file.
 
 :func:`restore` writes the committed records of a fresh checkout into its empty run directories and refuses, with
 a message naming the record, a file that is not a JSON list of records, a record that contradicts its job and a
-record that matches no job (the documents rebuilt without it would lose it).
+record that matches no job (the documents rebuilt without it would lose it), and a local result that differs from
+the committed record of its job (the page would move without a commit saying why).
 """
 
 from __future__ import annotations
