@@ -46,6 +46,9 @@ class MemoryTask:
     """Return at which the task counts as solved (Gymnasium spec field), or ``None``."""
     extra: str | None = None
     """Optional dependency group needed (``pip install rl-transformers[<extra>]``), or ``None``."""
+    return_bounds: tuple[float, float] | None = None
+    """Lowest and highest undiscounted return an episode can have with the registered kwargs (``None``: not
+    stated); :func:`return_bounds` gives it for other kwargs too. Records are checked against it."""
 
     def __post_init__(self) -> None:
         if not self.id.startswith("rlt/"):
@@ -78,6 +81,8 @@ def _tmaze(name: str, length: int, penalty_on: str = "lag") -> MemoryTask:
         optimal_score=1.0,
         entry_point=_TMAZE,
         kwargs=kwargs,
+        # at worst -1/L on each of the first L steps (behind schedule, or a non-east move); the goal's 1 at best
+        return_bounds=(-1.0, 1.0),
     )
 
 
@@ -98,6 +103,7 @@ _CORE_TASKS: tuple[MemoryTask, ...] = (
         kwargs={"hide": "velocity"},
         max_episode_steps=500,
         reward_threshold=475.0,
+        return_bounds=(0.0, 500.0),  # +1 per step, at most 500 steps
     ),
     MemoryTask(
         id="rlt/CartPoleNoPos-v0",
@@ -109,6 +115,7 @@ _CORE_TASKS: tuple[MemoryTask, ...] = (
         kwargs={"hide": "position"},
         max_episode_steps=500,
         reward_threshold=475.0,
+        return_bounds=(0.0, 500.0),  # +1 per step, at most 500 steps
     ),
     MemoryTask(
         id="rlt/RepeatPrevious-v0",
@@ -173,6 +180,7 @@ _CORE_TASKS: tuple[MemoryTask, ...] = (
         entry_point=_MINIGRID,
         kwargs={"size": 7},
         extra="minigrid",
+        return_bounds=(0.0, 1.0),  # MiniGrid's 1 - 0.9 t / T on success, else 0
     ),
 )
 
@@ -239,3 +247,24 @@ def register_all() -> None:
         env_id = popgym_id(name)
         if env_id not in gym.registry:
             gym.register(id=env_id, entry_point=_POPGYM, kwargs={"name": name})
+
+
+POPGYM_RETURN_BOUNDS = (-1.0, 1.0)
+"""POPGym scales every task's episode return to [-1, 1] (Morad et al. 2023, arXiv 2303.01859)."""
+
+
+def return_bounds(env_id: str, kwargs: dict[str, Any] | None = None) -> tuple[float, float] | None:
+    """Lowest and highest undiscounted episode return of a registered ``rlt/`` task built with ``kwargs`` (None:
+    not stated). T-Maze: ``L * penalty`` (default penalty -1/L) to ``goal_reward``; POPGym: [-1, 1]."""
+    if env_id in POPGYM_IDS:
+        return POPGYM_RETURN_BOUNDS
+    task = MEMORY_TASKS.get(env_id)
+    if task is None or task.return_bounds is None:
+        return None
+    if task.entry_point != _TMAZE:
+        return task.return_bounds
+    args = {**task.kwargs, **(kwargs or {})}
+    length = int(args.get("corridor_length", 10))
+    penalty = args.get("penalty")
+    step = -1.0 / length if penalty is None else float(penalty)
+    return (length * step, float(args.get("goal_reward", 1.0)))

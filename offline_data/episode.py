@@ -226,6 +226,9 @@ class DatasetInfo:
         spec = self.eval_env_spec or self.env_spec
         if spec is None:
             raise ValueError(f"dataset {self.source!r} records no environment spec; cannot make its env")
+        from offline_data.env_check import check_episode_limit
+
+        check_episode_limit(spec, f"dataset {self.source!r}")
         return make_env(
             spec, source=f"dataset {self.source!r}", allow_modules=self.allow_env_modules, **kwargs
         )

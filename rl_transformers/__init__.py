@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from rl_transformers import startup as _startup
+
+_startup.install()  # Ctrl-C while a script still imports: one line, exit 130 (rl_transformers/startup.py)
+
 __version__ = "0.1.0"
 
 _AGENTS = (

@@ -46,10 +46,14 @@ class EvalArgs:
     target_return: tuple[float, ...] = ()
     """DT: target returns (several allowed). Default: the run's targets."""
     env_id: str | None = None
-    """DT: evaluation env when the run's dataset names none."""
+    """DT: evaluate on this env (as registered here) instead of the one the run recorded: restates the task
+    knowingly. Without it a DT run is evaluated on exactly the env spec it recorded, or refused."""
     allow_env_modules: tuple[str, ...] = ()
     """Modules whose environments the run (env id, dataset env spec) may name beyond gymnasium, envs, popgym,
     minigrid (envs/resolve.py); allowing a module trusts its code. Never read from the run's files."""
+    max_memory_gib: float | None = None
+    """Largest memory estimate accepted for the model a checkpoint's config describes (default 4 GiB; sizes read
+    from a file are bounded before anything is built): raise it knowingly for a model that really is large."""
     video: Annotated[str | None, tyro.conf.arg(aliases=("--video-dir",))] = None
     """Record every episode into this folder (gymnasium RecordVideo; rgb_array env + moviepy)."""
     output: str | None = None
@@ -78,6 +82,7 @@ def main() -> None:
         checkpoint=args.checkpoint,
         env_id=args.env_id,
         allow_env_modules=args.allow_env_modules,
+        max_memory_gib=args.max_memory_gib,
     )
     path = (
         Path(args.output) if args.output else default_output(agent.checkpoint)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_transformers.tune.tuner import TuneConfig, run_tuning
+from rl_transformers.tune.tuner import TuneConfig, best_trial, rebuilt, run_tuning
 from rl_transformers.utils.cli import cli_registry
 from rl_transformers.utils.errors import run_cli
 
@@ -24,11 +24,10 @@ from rl_transformers.utils.errors import run_cli
 def main(cfg: TuneConfig) -> None:
     torch.set_num_threads(cfg.threads)
     study = run_tuning(cfg)
-    best = [t for t in study.trials if t.value is not None and t.state.name == "COMPLETE"]
-    if best:
-        top = max(best, key=lambda t: t.value)
+    top = best_trial(study)  # every trial was checked against the search space and the task when read
+    if top is not None:
         print(f"best: trial {top.number}, value {top.value:.4g}, {top.params}")
-        print(f"train it: {top.user_attrs.get('command')}")
+        print(f"train it: {rebuilt(cfg, top)[1]}")  # rebuilt from the parameters, never read from the file
 
 
 if __name__ == "__main__":

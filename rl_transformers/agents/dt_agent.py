@@ -137,8 +137,11 @@ class DecisionTransformerAgent:
 
     @property
     def env_id(self) -> str | None:
-        """Evaluation env: the ``env_id`` given to ``load``, else the run's ``--env-id``, else the dataset's."""
-        return self._env_id or self.config.env_id or self.dataset.get("env_id")
+        """Evaluation env: the ``env_id`` given to ``load``, else the recorded spec's, the run's ``--env-id``, or
+        the dataset's."""
+        spec = self.dataset.get("env_spec")
+        recorded = spec.get("id") if isinstance(spec, dict) and isinstance(spec.get("id"), str) else None
+        return self._env_id or recorded or self.config.env_id or self.dataset.get("env_id")
 
     def as_stateful_wrapper(
         self, target_return: float | None = None, num_envs: int = 1, **kwargs: Any
@@ -160,36 +163,42 @@ class DecisionTransformerAgent:
         raise UserError("this run records no target returns: give one (--target-return 500)")
 
     def make_env_factory(self) -> Any:
-        """A constructor ``make_env(**kwargs)`` of the evaluation env, as the trainer built it when possible.
+        """A constructor ``make_env(**kwargs)`` of the env this run was evaluated on while training, exactly.
 
-        The run's ``env_id`` when given; else the dataset's own env spec when the dataset is still readable
-        (same time limit as the data); else the env id the checkpoint records. Every env goes through
-        :mod:`envs.resolve` with the ``allow_env_modules`` given to :func:`rl_transformers.load`."""
+        In order: the ``env_id`` given to :func:`rl_transformers.load` (the user restating the env knowingly);
+        the full env spec the checkpoint records (:mod:`rl_transformers.utils.env_record`); the run's
+        ``--env-id``; for a checkpoint that records no spec, the dataset's own spec when the dataset is still
+        readable. Anything else -- a recorded spec that is refused or malformed, a dataset that moved, is
+        unreadable or refused -- is a :class:`UserError` naming the cause and the fix, never a fall-back to
+        the bare env id. Every env goes through :mod:`envs.resolve` with the ``allow_env_modules`` given to
+        :func:`rl_transformers.load`."""
+        from rl_transformers.utils.env_record import RESTATE_FIX, recorded_env_factory
+
         allowed = self.config.allow_env_modules
-        if self._env_id or self.config.env_id:
-            return _by_id(str(self.env_id), allowed)
+        if self._env_id:
+            return _by_id(self._env_id, allowed)
+        if "env_spec" in self.dataset and self.dataset["env_spec"] is not None:
+            return recorded_env_factory(self.dataset["env_spec"], f"checkpoint {self.checkpoint}", allowed)
+        if self.config.env_id:
+            return _by_id(self.config.env_id, allowed)
         try:
             from offline_data import load_episodes
 
             info = load_episodes(
-                self.config.dataset,
-                root=self.config.dataset_root,
-                env_id=self.config.env_id,
-                allow_env_modules=allowed,
+                self.config.dataset, root=self.config.dataset_root, allow_env_modules=allowed
             ).info
         except (FileNotFoundError, OSError, ValueError) as err:
-            from envs.resolve import ALLOW_FLAG
-
-            if ALLOW_FLAG in str(err):  # a refused env spec: say so rather than fall back to the bare id
-                raise
-            info = None
-        if info is not None and (info.eval_env_spec or info.env_spec) is not None:
-            return info.make_env
-        if self.env_id is None:
             raise UserError(
-                "this run's dataset records no environment and is not readable here: give one (--env-id)"
+                f"this run's checkpoint records no env spec and its dataset {self.config.dataset!r}, which "
+                f"holds the env it was evaluated on, gives none here: {err}. The bare env id "
+                f"{self.dataset.get('env_id')!r} may differ from that env (its keyword arguments, its time "
+                f"limit); {RESTATE_FIX}"
+            ) from None
+        if (info.eval_env_spec or info.env_spec) is None:
+            raise UserError(
+                f"this run's dataset {self.config.dataset!r} records no environment; {RESTATE_FIX}"
             )
-        return _by_id(self.env_id, allowed)
+        return info.make_env
 
     def evaluate(
         self,

@@ -9,6 +9,7 @@ the files; pickled env / loop blobs that PPO checkpoints keep for exact resume a
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -17,6 +18,13 @@ import torch
 
 from envs.file_rules import check_file_kwargs
 from rl_transformers.agents.dt_agent import DecisionTransformerAgent, run_dir_of
+from rl_transformers.agents.memory_bound import (
+    backbone_bytes,
+    backbone_params,
+    check_memory,
+    check_weights_count,
+    policy_bytes,
+)
 from rl_transformers.agents.ppo_agent import PPOAgent
 from rl_transformers.agents.run_listing import missing_run_message
 from rl_transformers.algos.run_config import check_module_names
@@ -60,6 +68,7 @@ def load(
     checkpoint: Which = "last",
     env_id: str | None = None,
     allow_env_modules: Sequence[str] = (),
+    max_memory_gib: float | None = None,
 ) -> PPOAgent | DecisionTransformerAgent:
     """The agent of a run directory (its ``checkpoints/last.pt``, or ``best.pt``) or of a checkpoint file.
 
@@ -71,6 +80,8 @@ def load(
         allow_env_modules: modules whose environments the run (its env id, its dataset's env spec) may name
             beyond gymnasium, envs, popgym and minigrid (``--allow-env-modules``; envs/resolve.py). Never read
             from the run's files: a run trained with the flag needs it again here.
+        max_memory_gib: the largest memory estimate accepted for the model the checkpoint's config describes
+            (:mod:`~rl_transformers.agents.memory_bound`; default 4 GiB), checked before anything is built.
 
     Returns:
         :class:`~rl_transformers.agents.ppo_agent.PPOAgent` (``predict`` as sb3-contrib's RecurrentPPO) for
@@ -83,11 +94,11 @@ def load(
     file = _checkpoint_file(Path(path), checkpoint)
     ckpt = load_checkpoint(file, map_location=device)
     if "model_kwargs" in ckpt and "model" in ckpt:
-        return _load_dt(ckpt, file, device, env_id, allowed)
+        return _load_dt(ckpt, file, device, env_id, allowed, max_memory_gib)
     if "policy" in ckpt and "config" in ckpt:
         if env_id is not None:
             raise UserError("env_id= applies to DT runs only; a PPO run evaluates in its own env")
-        return _load_ppo(ckpt, file, device, allowed)
+        return _load_ppo(ckpt, file, device, allowed, max_memory_gib)
     raise UserError(
         f"{file}: not a PPO or DT checkpoint of this library (keys: {sorted(ckpt)[:8]}; expected 'policy' + "
         "'config' or 'model' + 'model_kwargs')"
@@ -107,7 +118,11 @@ def _config(cls: type, ckpt: dict[str, Any], file: Path, allow_env_modules: tupl
 
 
 def _load_ppo(
-    ckpt: dict[str, Any], file: Path, device: str | torch.device, allowed: tuple[str, ...]
+    ckpt: dict[str, Any],
+    file: Path,
+    device: str | torch.device,
+    allowed: tuple[str, ...],
+    max_memory_gib: float | None = None,
 ) -> PPOAgent:
     from rl_transformers.algos.env_util import make_env_thunk
     from rl_transformers.algos.ppo_config import TrainConfig
@@ -121,6 +136,15 @@ def _load_ppo(
         spaces = (env.observation_space, env.action_space)
     finally:
         env.close()
+    n_inputs = int(sum(math.prod(getattr(s, "shape", ()) or (1,)) for s in spaces))
+    estimate = policy_bytes(cfg.policy, cfg.num_envs, cfg.ppo.seq_len, n_inputs)
+    if cfg.policy.kind == "transformer":
+        check_weights_count(
+            backbone_params(cfg.policy.backbone), ckpt["policy"], str(file), "config's policy"
+        )
+    check_memory(
+        estimate, str(file), f"the policy its config describes (at its {cfg.num_envs} envs)", max_memory_gib
+    )
     check_weights_fit(
         lambda: make_policy(cfg.policy, *spaces), ckpt["policy"], file, "policy its config describes"
     )
@@ -134,12 +158,33 @@ def _load_ppo(
     return PPOAgent(policy, cfg, device, checkpoint=file, step=step, update=int(ckpt.get("update", 0)))
 
 
+def _bound_dt(ckpt: dict[str, Any], file: Path, batch: int, max_memory_gib: float | None) -> None:
+    """The DT model_kwargs' sizes against the shipped weights and the memory bound, before anything is built."""
+    from rl_transformers.backbone import BackboneConfig
+
+    kwargs = ckpt["model_kwargs"]
+    backbone = BackboneConfig.from_dict(kwargs["backbone"])
+    context, max_ep_len = kwargs["context_len"], kwargs["max_ep_len"]
+    for name, value in (("context_len", context), ("max_ep_len", max_ep_len)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise UserError(f"{file}: model_kwargs {name} = {value!r} is not a positive integer")
+    segments = kwargs.get("segments", 1)
+    tokens = 3 * context * (segments if isinstance(segments, int) and segments > 1 else 1)
+    table = (max_ep_len + 3 * context) * backbone.d_model  # timestep embedding and the position table
+    check_weights_count(backbone_params(backbone) + table, ckpt["model"], str(file), "model_kwargs")
+    estimate = backbone_bytes(backbone, batch, tokens, extra_params=table)
+    check_memory(
+        estimate, str(file), f"the model its model_kwargs describe (at {batch} envs)", max_memory_gib
+    )
+
+
 def _load_dt(
     ckpt: dict[str, Any],
     file: Path,
     device: str | torch.device,
     env_id: str | None,
     allowed: tuple[str, ...],
+    max_memory_gib: float | None = None,
 ) -> DecisionTransformerAgent:
     from rl_transformers.algos.dt_config import DTConfig
     from rl_transformers.policies.decision_transformer import DecisionTransformer
@@ -147,6 +192,7 @@ def _load_dt(
     cfg = _config(DTConfig, ckpt, file, allowed)
     check_finite_weights(ckpt["model"], file, "model weights")
     try:  # any malformed field raises: KeyError, TypeError, ValueError, AttributeError, UserError ...
+        _bound_dt(ckpt, file, cfg.eval_envs, max_memory_gib)
         check_weights_fit(
             lambda: DecisionTransformer.from_kwargs(ckpt["model_kwargs"]), ckpt["model"], file, DT_WHAT
         )

@@ -26,6 +26,7 @@ from rl_transformers.utils import (
     to_jsonable,
 )
 from rl_transformers.utils.checkpoint_load import DT_WHAT, check_weights_fit
+from rl_transformers.utils.env_record import evaluated_spec
 from rl_transformers.utils.errors import UserError
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ def checkpoint_state(tr: DTTrainer) -> dict[str, Any] | None:
         "dataset": {
             "source": info.source,
             "env_id": info.env_id,
+            "env_spec": evaluated_spec(tr.config.env_id, info, tr.config.allow_env_modules),
             "ref_min_score": info.ref_min_score,
             "ref_max_score": info.ref_max_score,
         },

@@ -258,8 +258,7 @@ class Run:
     def _report_non_finite(self, err: NonFiniteError) -> None:
         if not self.is_main:
             return
-        last = self.checkpoints.last_path if self.checkpoints is not None else None
-        where = last if last is not None and last.exists() else None
+        where = self.checkpoints.last_good() if self.checkpoints is not None else None
         message = f"stopping: {err}. " + (
             f"The last good checkpoint is {where}." if where else "No checkpoint was written."
         )

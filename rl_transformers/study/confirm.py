@@ -153,9 +153,16 @@ def tune_stage(
         return f"  {tune_outcome(code)} {e.name}: {shlex.join(args)}"
 
     with cf.ThreadPoolExecutor(max_workers=max(1, cfg.workers)) as pool:
-        for line in pool.map(one, todo):
-            log(line)
+        lines = list(pool.map(one, todo))
+    for line in lines:
+        log(line)
     collect_tuning(cfg, encoders, log)
+    failed = [line.split(":")[0].split()[-1] for line in lines if line.lstrip().startswith("FAILED")]
+    if failed:  # the stage did not do its work: say so by the exit status too, not only in the log
+        raise UserError(
+            f"{len(failed)} tuning studies failed ({', '.join(failed)}); their logs are in {cfg.tune_out} "
+            "(<study>.log); the finished results were collected"
+        )
 
 
 def collect_tuning(cfg: ConfirmConfig, encoders: list[Encoder], log=print) -> None:

@@ -202,13 +202,17 @@ TUNING_OBJECTIVE = "mean"
 TUNING_EVAL_EVERY = 16_384
 
 
+TUNING_SPACE = SearchSpace()
+"""The tuner's search space (its defaults); every tuning result read back must be a point of it."""
+
+
 def tuning_settings() -> dict[str, Any]:
     """What a tuned result depends on, besides the encoder (part of each tuning study's name)."""
     r = rung(TUNING_TASK)
     return {"task": r.name, "env_id": r.env_id, "env_kwargs": r.env_kwargs, "budget": TUNING_UPDATES * BATCH,
             "eval_every": TUNING_EVAL_EVERY, "trials": TRIALS, "objective": TUNING_OBJECTIVE,
             "pruner_warmup_steps": TUNING_PRUNER_WARMUP,
-            "ppo": PPO_RECIPE, "space": asdict(SearchSpace())}  # fmt: skip
+            "ppo": PPO_RECIPE, "space": asdict(TUNING_SPACE)}  # fmt: skip
 
 
 def study_name(encoder: Encoder) -> str:
@@ -231,7 +235,8 @@ class Tuned:
 
 def tuned_config(encoder: Encoder, entry: Any, source: str) -> Tuned:
     """The tuned configuration of ``encoder`` from a best.json-like ``entry`` (UserError naming ``source`` when
-    its parameters are not the tuner's)."""
+    its parameters are not the tuner's: outside :data:`TUNING_SPACE`, an encoder above the memory limit at the
+    jobs' envs, or a value or curve point outside the tuning task's possible returns)."""
     params = entry.get("params") if isinstance(entry, dict) else None
     if not isinstance(params, dict):
         raise UserError(f"tuning result of {encoder.name!r} has no 'params' object", source=source)
@@ -252,6 +257,7 @@ def tuned_config(encoder: Encoder, entry: Any, source: str) -> Tuned:
         if not ok or (key not in ("learning_rate", "ent_coef") and not isinstance(value, int)):
             raise UserError(f"tuning result of {encoder.name!r}: {key} = {value!r} is not a valid value",
                             source=source)  # fmt: skip
+    _check_tuned(encoder, entry, knob, source)
     spec = (
         knob.apply(encoder.spec, params[knob.name])
         if knob is not None and knob.name in params
@@ -259,6 +265,25 @@ def tuned_config(encoder: Encoder, entry: Any, source: str) -> Tuned:
     )
     ppo = {k: params[k] for k in ("learning_rate", "ent_coef", "seq_len")}
     return Tuned(spec, ppo, dict(params), dict(entry))
+
+
+def _check_tuned(encoder: Encoder, entry: dict[str, Any], knob: Any, source: str) -> None:
+    from envs.registry import return_bounds
+    from rl_transformers.algos.ppo_config import TrainConfig
+    from rl_transformers.tune.validate import check_params, value_problem
+
+    what = f"tuning result of {encoder.name!r}"
+    envs = int(JOB_EXTRAS.get("num_envs", TrainConfig.__dataclass_fields__["num_envs"].default))  # type: ignore[arg-type]
+    check_params(entry["params"], TUNING_SPACE, knob, encoder.spec, (envs, 1), f"{source} ({what})")
+    r = rung(TUNING_TASK)
+    bounds = return_bounds(r.env_id, r.env_kwargs)
+    curve = entry.get("curve")
+    points: list[Any] = curve if isinstance(curve, list) else []
+    tail = [("curve point", p[-1] if isinstance(p, list) and p else p) for p in points]
+    for name, value in [("value", entry.get("value")), *tail]:
+        why = value_problem(value, bounds, name)
+        if why is not None:
+            raise UserError(f"{what}: {why}", source=source)
 
 
 def tuning_results(encoders: list[Encoder], committed: Path | None, tune_out: Path) -> dict[str, Tuned | str]:

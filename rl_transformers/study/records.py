@@ -9,12 +9,14 @@ recognised by its ``job.json``.
 
 A **record** (``result.json``, one entry of a committed records file: ``encoders.json``, ``encoders_screening.json``) counts for a job only when :func:`problem` finds
 nothing: same key, the job's algorithm, task, encoder, seed and preset, the whole budget run, a finite score and
-well-formed numbers and curve. Every record carries the machine (:func:`machine_text`) and the git commit
+well-formed numbers and curve, every return within the task's possible returns (:mod:`.ranges`), a git commit
+that is one and a one-line machine text. Every record carries the machine (:func:`machine_text`) and the git commit
 (``git_sha``) it ran at; records written before those fields existed say ``"unknown"`` in the published file.
 
 :func:`restore` writes the committed records of a fresh checkout into its empty run directories and refuses, with
 a message naming the record, a file that is not a JSON list of records, a record that contradicts its job and a
-record that matches no job (the documents rebuilt without it would lose it).
+record that matches no job (the documents rebuilt without it would lose it), and a local result that differs from
+the committed record of its job (the page would move without a commit saying why).
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
+from rl_transformers.study.ranges import outside, score_range
 from rl_transformers.study.suite import DATASET_ROOT
 from rl_transformers.utils.atomic import atomic_write_json
 from rl_transformers.utils.errors import UserError
@@ -118,6 +122,35 @@ def problem(record: Any, spec: dict[str, Any]) -> str | None:
     for field in ("git_sha", "machine"):
         if record.get(field) is not None and not isinstance(record[field], str):
             return f"{field} {record[field]!r} is not a string"
+    return _range_problem(record, spec) or _text_problem(record)
+
+
+def _range_problem(record: dict[str, Any], spec: dict[str, Any]) -> str | None:
+    """A score, final return or curve point outside the task's possible returns (:mod:`.ranges`)."""
+    bounds = score_range(spec)
+    if bounds is None:
+        return None
+    where = f"{spec.get('env_id')} {spec.get('env_kwargs') or ''}".strip()
+    values = [("score", record["score"]), ("final_return", record.get("final_return"))]
+    values += [(f"curve point at step {s:g}", v) for s, v in record.get("curve") or ()]
+    for name, value in values:
+        if value is not None and outside(value, bounds):
+            return f"{name} {value!r} is outside the task's possible returns {list(bounds)} ({where})"
+    return None
+
+
+_SHA = re.compile(r"[0-9a-f]{7,40}(-dirty)?")  # a run from a checkout with changes says so
+
+
+def _text_problem(record: dict[str, Any]) -> str | None:
+    """Free-text fields that cannot be what the worker wrote: a git commit that is not one, a machine text
+    with line breaks or of unbounded length (they are rendered into the published page)."""
+    sha = record.get("git_sha")
+    if sha is not None and sha != UNKNOWN and not _SHA.fullmatch(sha):
+        return f"git_sha {sha[:60]!r} is not a git commit"
+    machine = record.get("machine")
+    if machine is not None and (len(machine) > 300 or any(ord(c) < 32 for c in machine)):
+        return f"machine {machine[:60]!r}... is not one line of at most 300 characters"
     return None
 
 
@@ -219,12 +252,48 @@ def restore(jobs: Sequence[Job], records_file: Path, dry_run: bool = False) -> l
     restored = []
     for rec in records:
         job = by_key[rec["key"]]
-        if complete(own_result(job.dir, job.spec), job.spec) or (job.dir / "result.stale.json").exists():
+        if (job.dir / "result.stale.json").exists():  # moved aside to run again: the local result supersedes
+            continue
+        own = own_result(job.dir, job.spec)
+        if complete(own, job.spec):
+            _check_same(own, rec, job.dir / "result.json", records_file)
             continue
         if not dry_run:
             atomic_write_json(job.dir / "result.json", {**rec, "restored_from": str(records_file)}, indent=1)
         restored.append(job)
     return restored
+
+
+RESULT_FIELDS = (
+    "score",
+    "final_return",
+    "curve",
+    "success",
+    "success_curve",
+    "env_steps",
+    "updates",
+    "parameters",
+)
+"""What a record reports; a local result and the committed record of one job must agree on all of them."""
+
+
+def _check_same(local: Any, committed: dict[str, Any], local_path: Path, records_file: Path) -> None:
+    """Refuse a local result that silently replaces the committed record of its job (same key, other results):
+    the page rebuilt from it would move without a commit saying why."""
+    differ = [f for f in RESULT_FIELDS if local.get(f) != committed.get(f)]
+    if differ:
+        first = differ[0]
+        shown = (
+            ""
+            if first.endswith("curve")
+            else f": {local.get(first)!r} here, {committed.get(first)!r} committed"
+        )
+        raise UserError(
+            f"the local result {local_path} differs from the committed record of its job in {records_file} "
+            f"({', '.join(differ)}{shown}); keep the committed one by moving the local file aside (e.g. to "
+            "result.local.json), or publish the local one knowingly with --no-restore",
+            source=str(local_path),
+        )
 
 
 def machine_text() -> str:

@@ -19,6 +19,7 @@ second edition's confirmation stage writes ``encoders.{md,json}`` (:mod:`~rl_tra
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -163,6 +164,15 @@ def cost_text(records: Sequence[dict[str, Any]]) -> str:
             f"{hours['dt']:.1f} h). `--dry-run` estimates what is left from the measured rates.")  # fmt: skip
 
 
+_MARKDOWN = re.compile(r"([\\`*_\[\]<>|&])")
+
+
+def md_text(text: str) -> str:
+    """``text`` from a record as plain text in Markdown: every character that could start markup, a link, an
+    HTML tag or an entity, or end a table cell is backslash-escaped (``<img onerror=...>`` shows as written)."""
+    return _MARKDOWN.sub(r"\\\1", " ".join(str(text).split()))
+
+
 def machines_text(records: Sequence[dict[str, Any]]) -> str:
     """Which machines ran the records (``machine``, recorded by the worker: CPU model, cores, Python and torch),
     and how many records predate that field (machine unknown). Each run used one torch thread."""
@@ -170,7 +180,9 @@ def machines_text(records: Sequence[dict[str, Any]]) -> str:
     for r in records:
         counts[r.get("machine") or UNKNOWN] += 1
     unknown = counts.pop(UNKNOWN, 0)
-    listed = "; ".join(f"{m} ({n})" for m, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    listed = "; ".join(
+        f"{md_text(m)} ({n})" for m, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    )
     if not counts:
         return (f"Machine: `{UNKNOWN}` for all {len(records)} records (they predate the `machine` field); one "
                 "torch thread per run.")  # fmt: skip

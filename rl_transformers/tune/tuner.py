@@ -27,18 +27,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from envs.registry import return_bounds
 from rl_transformers.algos import PPOConfig, TrainConfig  # the package-level names survive a re-layout
 from rl_transformers.study.encoders import label, parse_spec, policy_config
 from rl_transformers.tune.knobs import Knob, context_knob
 from rl_transformers.tune.seeds import tuning_seed
 from rl_transformers.tune.space import SearchSpace
+from rl_transformers.tune.study_check import check_trials, storage_error
+from rl_transformers.tune.validate import check_params
 from rl_transformers.utils.atomic import atomic_write_json
 from rl_transformers.utils.cli import JsonDict
 from rl_transformers.utils.errors import UserError, choice_hint
 
 SETTINGS_ATTR = "rlt_settings"
 """Study user attribute holding the settings a study was created with (compared on every reopening)."""
-PER_INVOCATION = ("n_trials", "out", "threads", "study_name", "device")
+PER_INVOCATION = ("n_trials", "out", "threads", "study_name", "device", "max_memory_gib")
 """Fields that may change between invocations of one study."""
 
 
@@ -83,6 +86,9 @@ class TuneConfig:
     """torch threads per trial."""
     device: str = "auto"
     """torch device of the trials."""
+    max_memory_gib: float | None = None
+    """Largest memory estimate a trial's encoder may need at --num-envs (default 4 GiB; parameters read from the
+    study file and the knob's range are checked against it before anything is built): raise it knowingly."""
 
     def __post_init__(self) -> None:
         for name in ("total_timesteps", "num_envs", "eval_every", "eval_episodes", "n_trials"):
@@ -194,6 +200,8 @@ class Objective:
         cfg = self.cfg
         seed = tuning_seed(trial.number)
         params = cfg.space.sample(trial, self.knob)
+        check_params(params, cfg.space, self.knob, self.spec, (cfg.num_envs, params["seq_len"]),
+                     f"trial {trial.number} of study {cfg.name!r}", cfg.max_memory_gib)  # fmt: skip
         spec = self.spec
         if self.knob is not None and self.knob.name in params:
             spec = self.knob.apply(spec, params[self.knob.name])
@@ -202,7 +210,6 @@ class Objective:
         batch = cfg.num_envs * train.ppo.num_steps
         trial.set_user_attr("seed", seed)
         trial.set_user_attr("spec", spec)
-        trial.set_user_attr("command", train_command(cfg, spec, params))
         curve: list[list[float]] = []
         pruned, updates = False, 0
 
@@ -235,14 +242,34 @@ class Objective:
         return values[-1] if cfg.objective == "final" else sum(values) / len(values)
 
 
-def open_study(cfg: TuneConfig, spec: str) -> Any:
-    """Create, or reopen, the study in ``<out>/<study>.db``; other settings than the stored ones are refused."""
+def study_file(cfg: TuneConfig) -> Path:
+    return Path(cfg.out) / f"{cfg.name}.db"
+
+
+def open_study(cfg: TuneConfig, spec: str, log: Any = print) -> Any:
+    """Create, or reopen, the study in ``<out>/<study>.db``; other settings than the stored ones are refused, and
+    every stored trial is checked (:mod:`rl_transformers.tune.study_check`): a file that is not this study's
+    results, or that cannot be read, is a :class:`UserError`."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    try:
+        study = _open_study(cfg, spec)
+        bounds = return_bounds(cfg.env_id, dict(cfg.env_kwargs))
+        check_trials(study, cfg.space, context_knob(spec), bounds, study_file(cfg), log)
+    except (SQLAlchemyError, ValueError, TypeError, KeyError, IndexError, RuntimeError) as err:
+        if isinstance(err, UserError):
+            raise
+        raise storage_error(study_file(cfg), err) from None
+    return study
+
+
+def _open_study(cfg: TuneConfig, spec: str) -> Any:
     import warnings
 
     import optuna
     from optuna.storages import RDBStorage
 
-    Path(cfg.out).mkdir(parents=True, exist_ok=True)
     # A trial left running by a killed process stops beating and is failed, then retried once (the callback's
     # name changed in Optuna 4.9).
     retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
@@ -308,7 +335,8 @@ def run_tuning(cfg: TuneConfig, log: Any = print) -> Any:
         }
         trial_config(cfg, spec, point, tuning_seed(0), Path(cfg.out))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = open_study(cfg, spec)
+    check_knob_range(cfg, spec, knob)
+    study = open_study(cfg, spec, log)
     todo = cfg.n_trials - len(finished(study))
     log(
         f"study {cfg.name!r}: {len(finished(study))} finished trials, {max(todo, 0)} to run (encoder {spec or 'gtrxl'})"
@@ -321,19 +349,53 @@ def run_tuning(cfg: TuneConfig, log: Any = print) -> Any:
         )
 
     if todo > 0:
-        study.optimize(Objective(cfg, spec, knob), n_trials=todo, catch=(NonFiniteError,), callbacks=[report])
+        from sqlalchemy.exc import SQLAlchemyError
+
+        try:
+            study.optimize(
+                Objective(cfg, spec, knob), n_trials=todo, catch=(NonFiniteError,), callbacks=[report]
+            )
+        except SQLAlchemyError as err:
+            raise storage_error(study_file(cfg), err) from None
     write_best(cfg, study)
     return study
 
 
-def write_best(cfg: TuneConfig, study: Any) -> Path | None:
-    """``<out>/<study>/best.json``: the best complete trial, its parameters, seed and training command."""
+def check_knob_range(cfg: TuneConfig, spec: str, knob: Knob | None) -> None:
+    """Refuse a knob range whose high end gives an encoder above the memory limit (the range has no other upper
+    bound: ``--space.knob 8 10000000``)."""
+    if knob is None or not cfg.space.tune_knob:
+        return
+    high = {"learning_rate": cfg.space.learning_rate[0], "ent_coef": cfg.space.ent_coef[0],
+            "seq_len": max(cfg.space.seq_len), knob.name: cfg.space.knob_range(knob)[1]}  # fmt: skip
+    check_params(high, cfg.space, knob, spec, (cfg.num_envs, max(cfg.space.seq_len)), "--space.knob",
+                 cfg.max_memory_gib)  # fmt: skip
+
+
+def best_trial(study: Any) -> Any | None:
+    """The complete trial of highest value (every trial was checked when the study was opened), or None."""
     from optuna.trial import TrialState
 
     complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
-    if not complete:
+    return max(complete, key=lambda t: t.value) if complete else None
+
+
+def rebuilt(cfg: TuneConfig, trial: Any) -> tuple[str, str]:
+    """(encoder spec, training command) of ``trial``, rebuilt from its checked parameters and this study's
+    settings, never read from the study file."""
+    spec = resolve_encoder(cfg.encoder)
+    knob = context_knob(spec)
+    if knob is not None and knob.name in trial.params:
+        spec = knob.apply(spec, trial.params[knob.name])
+    return spec, train_command(cfg, spec, trial.params)
+
+
+def write_best(cfg: TuneConfig, study: Any) -> Path | None:
+    """``<out>/<study>/best.json``: the best complete trial, its parameters, seed and training command."""
+    best = best_trial(study)
+    if best is None:
         return None
-    best = max(complete, key=lambda t: t.value)
+    spec, command = rebuilt(cfg, best)
     path = Path(cfg.out) / cfg.name / "best.json"
     atomic_write_json(
         path,
@@ -344,8 +406,8 @@ def write_best(cfg: TuneConfig, study: Any) -> Path | None:
             "trial": best.number,
             "params": best.params,
             "seed": best.user_attrs.get("seed"),
-            "spec": best.user_attrs.get("spec"),
-            "command": best.user_attrs.get("command"),
+            "spec": spec,
+            "command": command,
             "curve": best.user_attrs.get("curve"),  # [step, value] per evaluation: shows the trial is whole
             "finished_trials": len(finished(study)),
         },
@@ -356,7 +418,9 @@ def write_best(cfg: TuneConfig, study: Any) -> Path | None:
 __all__ = [
     "Objective",
     "TuneConfig",
+    "best_trial",
     "open_study",
+    "rebuilt",
     "resolve_encoder",
     "run_tuning",
     "train_command",

@@ -80,6 +80,24 @@ def _write_reason(err: BaseException) -> str:
     return (text[0] if text else type(err).__name__)[:300]
 
 
+def _all_finite(obj: Any) -> bool:
+    if isinstance(obj, torch.Tensor):
+        return not obj.is_floating_point() or bool(torch.isfinite(obj).all())
+    if isinstance(obj, Mapping):
+        return all(_all_finite(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return all(_all_finite(v) for v in obj)
+    return True
+
+
+def finite_checkpoint(path: Path) -> bool:
+    """Whether the checkpoint file loads (safe loader) and every floating-point tensor in it is finite."""
+    try:
+        return _all_finite(read_checkpoint(path))
+    except (OSError, UserError):
+        return False
+
+
 def _index_int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"step {value!r} is not a whole number >= 0")
@@ -211,10 +229,9 @@ class CheckpointManager:
     def _write_failed(self, target: Path, err: OSError | RuntimeError) -> None:
         code = _errno_of(err)
         reason = "no space left on device" if code == errno.ENOSPC else _write_reason(err)
+        good = self.last_good()
         last = (
-            f"the last good checkpoint is {self.last_path}"
-            if self.last_path.is_file()
-            else ("no earlier checkpoint exists")
+            f"the last good checkpoint is {good}" if good is not None else "no earlier good checkpoint exists"
         )
         raise CheckpointWriteError(
             f"could not write checkpoint {target}: {reason}; {last} (unchanged). Free space "
@@ -239,6 +256,16 @@ class CheckpointManager:
         if not path.is_file():
             raise FileNotFoundError(f"no checkpoint {path}")
         return read_checkpoint(path, map_location)
+
+    def last_good(self) -> Path | None:
+        """The newest checkpoint on disk that loads and holds only finite floating-point values (``last.pt``,
+        else the ``step_<n>.pt`` files newest first), None when there is none. A checkpoint written after the
+        weights went NaN is never "good": resuming from it would only repeat the failure."""
+        steps = sorted(step_files(self.directory).items(), reverse=True)
+        for path in (self.last_path, *(p for _, p in steps)):
+            if path.is_file() and finite_checkpoint(path):
+                return path
+        return None
 
     def kept_steps(self) -> list[int]:
         """Steps of the ``step_<n>.pt`` files on disk, ascending."""

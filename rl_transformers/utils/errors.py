@@ -103,6 +103,16 @@ def storage_failure(err: BaseException) -> str | None:
     return None
 
 
+_resumable = False
+
+
+def offer_resume() -> None:
+    """Say that this command has ``--resume`` (the trainers' :func:`~rl_transformers.utils.resume.parse_cli`
+    calls it): :func:`run_cli`'s full-disk message then advises it; commands without one are not told to."""
+    global _resumable
+    _resumable = True
+
+
 def run_cli(main: Callable[[], T], argv: list[str] | None = None, on_interrupt: str | None = None) -> T:
     """Run a script's ``main()``: user errors become ``error: <message>`` and exit status 2.
 
@@ -113,6 +123,9 @@ def run_cli(main: Callable[[], T], argv: list[str] | None = None, on_interrupt: 
     Ctrl-C is an ordinary way to stop (resumable studies), a ``KeyboardInterrupt`` prints
     ``interrupted: <on_interrupt>`` instead of a traceback and exits with :data:`EXIT_INTERRUPTED`.
     """
+    from rl_transformers.startup import uninstall
+
+    uninstall()  # main starts: interrupts now follow this function's rules, not the start-up hook's
     if argv is None:
         argv = sys.argv
     debug = debug_requested(argv[1:])
@@ -129,11 +142,12 @@ def run_cli(main: Callable[[], T], argv: list[str] | None = None, on_interrupt: 
         user = _user_error_in(err)
         storage = storage_failure(err) if user is None else None
         if storage is not None and not debug:
-            print(
-                f"error: {storage}. Free space (or write elsewhere) and run again; a training run continues "
-                "with --resume <run directory>",
-                file=sys.stderr,
+            again = (
+                "; this run continues with --resume <run directory>"
+                if _resumable
+                else ": the same command again"
             )
+            print(f"error: {storage}. Free space (or write elsewhere) and run again{again}", file=sys.stderr)
             print(
                 f"  (while: {type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''})",
                 file=sys.stderr,

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from rl_transformers.utils.checkpoint_load import latest_checkpoint, load_checkpoint
-from rl_transformers.utils.errors import UserError
+from rl_transformers.utils.errors import UserError, offer_resume
 from rl_transformers.utils.runs import from_dict, to_jsonable
 
 __all__ = ["ResumeRefused", "flag_name", "merge_resume", "parse_cli", "renamed_flags", "saved_config"]
@@ -167,6 +167,7 @@ def parse_cli(
     are accepted under their old names with a deprecation warning (:func:`renamed_flags`)."""
     import tyro
 
+    offer_resume()
     args = renamed_flags(list(sys.argv[1:] if argv is None else argv), getattr(cls, "RENAMED_FIELDS", {}))
     resume = _flag_value(args, "--resume")
     if resume is None:

@@ -49,7 +49,10 @@ class RunLockedError(UserError):
 
 def _describe(holder: dict[str, Any] | None) -> str:
     if not holder:
-        return "another process (it is starting: its host and pid are not written yet)"
+        return (
+            "a process that has written no host and pid in the lock (one starting right now, or another "
+            "program holding a flock on the file: `fuser -v` or `lsof` on it names the process)"
+        )
     when = holder.get("started")
     since = f", since {when}" if isinstance(when, str) else ""
     pid = holder.get("pid")

@@ -107,6 +107,7 @@ def _read_key(path: Path) -> bytes | None:
         if not stat.S_ISREG(info.st_mode):
             kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
             raise _key_error(path, f"is {kind}", f"rm -r {path} (a new key is made at the next start)")
+        _check_owner(path, info, replace)
         with os.fdopen(os.dup(fd), "rb") as f:
             key = f.read(_KEY_MAX_BYTES + 1)
     except OSError as err:
@@ -120,6 +121,28 @@ def _read_key(path: Path) -> bytes | None:
         # checked on the open descriptor of a regular file (not a link), so the advice cannot reach another file
         warnings.warn(f"checkpoint key {path} is readable by other users; run chmod 600 {path}", stacklevel=4)
     return key
+
+
+def _check_owner(path: Path, info: os.stat_result, replace: str) -> None:
+    """Refuse a key this user does not own, or one in a directory others may write without the sticky bit
+    (they could replace it): a key another user can choose lets that user forge this user's checkpoints --
+    root included, whose files are no one else's to plant."""
+    if os.name != "posix":
+        return
+    me = os.geteuid()
+    if info.st_uid != me:
+        raise _key_error(
+            path,
+            f"is owned by uid {info.st_uid}, not by this user (uid {me}): another user could have chosen it",
+            f"{replace}, or set {KEY_ENV} to a directory of your own",
+        )
+    directory = os.stat(path.parent)
+    shared = directory.st_mode & 0o022 and not directory.st_mode & stat.S_ISVTX
+    if shared or directory.st_uid not in (me, 0):
+        who = "other users may write it" if shared else f"it belongs to uid {directory.st_uid}"
+        raise _key_error(
+            path, f"lies in {path.parent}, which {who}, so another user could replace the key", _FIX_HOME
+        )
 
 
 def _create_key(path: Path) -> None:

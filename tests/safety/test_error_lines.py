@@ -266,11 +266,19 @@ def test_model_kwargs_far_larger_than_the_weights_are_refused_before_allocating(
 
     monkeypatch.setattr(DecisionTransformer, "__init__", spy)
     with pytest.raises(
+        UserError, match=r"its model_kwargs describes a model of about [0-9,]+ parameters"
+    ) as info:
+        load_agent(path)
+    assert str(path) in str(info.value) and "ships 3,692 values" in str(info.value)
+    assert built == []  # refused from the sizes alone (agents/memory_bound.py): not even built on meta
+    kwargs["backbone"] = {**kwargs["backbone"], "d_model": 32}  # close enough to pass the count: the shapes
+    torch.save({"config": to_jsonable(DTConfig(dataset="x/y-v0")), "model": small.state_dict(),
+                "model_kwargs": kwargs}, path)  # fmt: skip
+    with pytest.raises(
         UserError, match=r"its weights do not fit the model its model_kwargs describe \("
     ) as info:
         load_agent(path)
-    assert str(path) in str(info.value) and "in the file" in str(info.value)
-    assert built == ["meta"]  # the described model never got real storage
+    assert "in the file" in str(info.value) and built == ["meta"]  # the described model never got storage
     torch.save({"config": to_jsonable(DTConfig(dataset="x/y-v0")), "model": small.state_dict(),
                 "model_kwargs": small.init_kwargs()}, path)  # fmt: skip
     assert load_agent(path) is not None and built[1:] == ["meta", "cpu"]  # a fitting one loads as before

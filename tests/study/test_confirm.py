@@ -16,6 +16,7 @@ from rl_transformers.study import confirm, confirm_report
 from rl_transformers.study import confirm_headline as headline
 from rl_transformers.study import confirm_plan as cp
 from rl_transformers.study.encoders import Encoder, parse_spec
+from rl_transformers.tune.space import SearchSpace
 from rl_transformers.tune.tuner import TuneConfig
 from rl_transformers.utils.errors import UserError
 
@@ -147,6 +148,12 @@ def test_the_tuning_commands_are_the_tuners_with_the_same_settings_for_every_enc
     )
     assert cfg.ppo == PPOConfig(anneal_horizon=cp.ANNEAL_HORIZON) and cp.TRIALS >= 8
     assert cp.study_name(GRU) != cp.study_name(dataclasses.replace(GRU, spec="policy=gru;hidden_size=9"))
+
+
+@pytest.fixture(autouse=True)
+def short_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tuning space of these tests: windows 4 and 8 (of the tiny runs' 8-step updates)."""
+    monkeypatch.setattr(cp, "TUNING_SPACE", SearchSpace(seq_len=(4, 8)))
 
 
 @pytest.fixture

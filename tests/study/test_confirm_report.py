@@ -11,7 +11,9 @@ import pytest
 
 from rl_transformers.study import confirm, confirm_report
 from rl_transformers.study import confirm_plan as cp
+from rl_transformers.tune.space import SearchSpace
 from tests.study.test_confirm import GRU, MLP, best
+from tests.study.test_confirm import short_windows as short_windows  # the windows of best()'s tuning results
 
 
 def record(task: str, name: str, variant: str, seed: int, final: float, curve: list | None = None) -> dict:
@@ -166,12 +168,15 @@ def test_a_tuning_study_whose_best_trial_stayed_at_chance_is_marked_no_signal() 
     assert not any(line.startswith("**No signal**") for line in lines)
 
 
-def test_every_committed_confirmation_record_is_restored_by_the_plan(tmp_path: Path) -> None:
+def test_every_committed_confirmation_record_is_restored_by_the_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The committed docs/results/encoders.json against today's plan (with the committed tuning results): every
     record matches a job, so a fresh checkout resumes from all of them (a plan change that orphans a record
     fails here, not on the next machine)."""
     from rl_transformers.study import files, records
 
+    monkeypatch.setattr(cp, "TUNING_SPACE", SearchSpace())  # the tuner's own space, as committed
     docs = Path(__file__).resolve().parents[2] / "docs" / "results"
     rows = cp.encoder_rows()
     tuned = cp.tuning_results(rows, docs / files.TUNING, tmp_path / "tune")

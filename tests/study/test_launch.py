@@ -110,14 +110,15 @@ def test_restore_from_committed_records_writes_only_missing_results(tmp_path: Pa
                {**planned[1].spec, "score": 0.25, "env_steps": 256, "curve": [[128.0, 0.25]]}]  # fmt: skip
     committed = tmp_path / "encoders.json"
     committed.write_text(json.dumps(records))
-    planned[1].dir.mkdir(parents=True)  # finished here already: not overwritten
-    (planned[1].dir / "result.json").write_text(json.dumps({**records[1], "score": 0.75}))
+    planned[1].dir.mkdir(parents=True)  # finished here already (same results): not overwritten
+    (planned[1].dir / "result.json").write_text(json.dumps({**records[1], "machine": "here"}))
     assert restore(planned, committed, dry_run=True) == [planned[0]]  # --dry-run: counted, not written
     assert [launch.status(j) for j in planned] == ["pending", "done"]
     assert restore(planned, committed) == [planned[0]]
     assert [launch.status(j) for j in planned] == ["done", "done"]
     assert json.loads((planned[0].dir / "result.json").read_text())["score"] == 0.5
-    assert json.loads((planned[1].dir / "result.json").read_text())["score"] == 0.75
+    assert json.loads((planned[1].dir / "result.json").read_text())["machine"] == "here"
+    # (a local result whose results differ from the committed record: an error, tests/safety/test_study_records)
     assert restore(planned, committed) == []  # already there: nothing overwritten
     # a result moved aside by --rerun-encoders is not brought back from the committed (stale) record
     assert launch.invalidate(planned, [planned[0].spec["encoder_name"]]) == [planned[0]]
