@@ -64,14 +64,15 @@ def main(cfg: CompareConfig) -> None:
             print(f"error: unknown arm(s) {unknown}; valid: ['peer', *{sorted(ARMS)}]", file=sys.stderr)
             raise SystemExit(2)
         run_arms(cfg.env_id, cfg.arms, cfg.seeds, cfg.total_timesteps, cfg.episodes, cfg.out, cfg.extra)
-    rows = table(summarise(load_records(cfg.out)), cfg.solved, cfg.reference)
-    print("\n".join(rows))
+    summaries = summarise(load_records(cfg.out))
+    print("\n".join(table(summaries, cfg.solved, cfg.reference)))
     if cfg.page is not None:
         preamble = cfg.preamble.read_text(encoding="utf-8") if cfg.preamble is not None else "# Results\n"
         atomic_write_text(cfg.page, render(cfg.out, cfg.solved, cfg.reference, preamble))
     if cfg.readme is not None:
         text = cfg.readme.read_text(encoding="utf-8")
-        atomic_write_text(cfg.readme, replace_block(text, "learning", "\n".join(rows)))
+        compact = table(summaries, cfg.solved, cfg.reference, compact=True)
+        atomic_write_text(cfg.readme, replace_block(text, "learning", "\n".join(compact)))
 
 
 if __name__ == "__main__":

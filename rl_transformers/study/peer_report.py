@@ -93,26 +93,28 @@ def summarise(arms: dict[str, list[dict[str, Any]]]) -> dict[str, ArmSummary]:
     return out
 
 
-def table(summaries: dict[str, ArmSummary], solved: float, reference: str | None) -> list[str]:
-    """Markdown rows: one per arm, plus the permutation test against ``reference`` where it has records."""
+def table(
+    summaries: dict[str, ArmSummary], solved: float, reference: str | None, compact: bool = False
+) -> list[str]:
+    """Markdown rows: one per arm, plus the permutation test against ``reference`` where it has records;
+    ``compact`` (the README's copy) leaves out parameters, speed and code."""
     tests = {}
     if reference in summaries:
         ref = summaries[reference].means
         raw = {a: exact_permutation_p(s.means, ref) for a, s in summaries.items() if a != reference}
         tests = holm(raw)
-    head = "| arm | parameters | seeds | final greedy return per seed | solved (≥ {:g}) | IQM [95 % CI] |"
-    head += f" vs {reference}: Holm p |" if tests else ""
-    head += " env steps / CPU-s | code |"
-    lines = [head.format(solved), "|" + "---|" * (8 if tests else 7)]
+    cols = ["arm"] + ([] if compact else ["parameters"]) + ["seeds", "final greedy return per seed"]
+    cols += [f"solved (≥ {solved:g})", "IQM [95 % CI]"] + ([f"vs {reference}: Holm p"] if tests else [])
+    cols += [] if compact else ["env steps / CPU-s", "code"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for arm, s in summaries.items():
-        per_seed = " / ".join(f"{m:.0f}" for m in s.means)
-        iqm = f"{s.iqm[0]:.1f} [{s.iqm[1]:.1f}, {s.iqm[2]:.1f}]"
-        solved_n = f"{sum(m >= solved for m in s.means)} of {len(s.means)}"
-        row = f"| {arm} | {s.parameters if s.parameters is not None else '?'} | {len(s.seeds)} | {per_seed} |"
-        row += f" {solved_n} | {iqm} |"
-        if tests:
-            row += f" {tests[arm]:.3g} |" if arm in tests else " – |"
-        lines.append(row + f" {s.steps_per_cpu_s:.0f} | {', '.join(s.commits)} |")
+        cells = [arm] + ([] if compact else [str(s.parameters if s.parameters is not None else "?")])
+        cells += [str(len(s.seeds)), " / ".join(f"{m:.0f}" for m in s.means)]
+        cells += [f"{sum(m >= solved for m in s.means)} of {len(s.means)}"]
+        cells += [f"{s.iqm[0]:.1f} [{s.iqm[1]:.1f}, {s.iqm[2]:.1f}]"]
+        cells += [f"{tests[arm]:.3g}" if arm in tests else "–"] if tests else []
+        cells += [] if compact else [f"{s.steps_per_cpu_s:.0f}", ", ".join(s.commits)]
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 

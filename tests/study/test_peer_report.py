@@ -17,6 +17,7 @@ from rl_transformers.study.peer_report import (
     render,
     replace_block,
     summarise,
+    table,
 )
 
 pytest.importorskip("rliable")
@@ -69,6 +70,10 @@ def test_page_rebuilds_byte_for_byte_elsewhere(tmp_path: Path) -> None:
     _records(tmp_path / "a" / "records", "lstm", [500.0, 200.0, 480.0])
     page = render(tmp_path / "a" / "records", 475.0, "peer", "# Title\n\nText.\n")
     assert "| lstm | 10 | 3 | 500 / 200 / 480 | 2 of 3 |" in page and "| peer |" in page
+    compact = "\n".join(
+        table(summarise(load_records(tmp_path / "a" / "records")), 475.0, "peer", compact=True)
+    )
+    assert "| lstm | 3 | 500 / 200 / 480 | 2 of 3 |" in compact and "CPU" not in compact
     shutil.copytree(tmp_path / "a", tmp_path / "b")
     assert render(tmp_path / "b" / "records", 475.0, "peer", "# Title\n\nText.\n") == page
 
