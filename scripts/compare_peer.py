@@ -2,10 +2,10 @@
 task, seeds and evaluation protocol (the final policy, greedy, --episodes fresh episodes), in one command.
 
     pip install -e ".[peers]"                                  # sb3-contrib and rl_zoo3
-    python scripts/compare_peer.py --arms peer lstm_zoo gtrxl --seeds 0 1 2 3 4 5 6 7 8 9 --out runs/peer
+    python scripts/compare_peer.py --arms peer lstm_zoo gtrxl --seeds 0 1 2 --out runs/peer
     python scripts/compare_peer.py --report-only --out runs/peer    # the table from the records
-    python scripts/compare_peer.py --report-only --out experiments/peer_cartpole_novel/records \
-        --preamble experiments/peer_cartpole_novel/preamble.md --page docs/results/learning.md --readme README.md
+
+The published page: experiments/peer_cartpole_novel/README.md gives its command.
 
 Each (arm, seed) is one record ``<out>/<arm>/s<seed>.json`` (written atomically): a second invocation skips the
 finished ones, so an interrupted comparison resumes. Arms (:data:`rl_transformers.study.peer_compare.ARMS`):
@@ -76,4 +76,4 @@ def main(cfg: CompareConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(lambda: main(tyro.cli(CompareConfig)))
+    run_cli(lambda: main(tyro.cli(CompareConfig, description=__doc__)))

@@ -5,8 +5,7 @@ per-minibatch advantage normalisation, linear learning-rate annealing, a target-
 clipping, as in the "37 implementation details" (Huang et al. 2022, ICLR blog track). Memory policies follow
 GTrXL (Parisotto et al. 2019, arXiv 1910.06764): one update reads whole training sequences of ``seq_len``
 steps (the training window) from the state stored at their first step (the memory window, e.g. XL mem_len, is
-separate), see :mod:`rl_transformers.algos.rollout`. Backbone aux losses are added with weights
-(``aux_coef``, per-name ``aux_weights``).
+separate), see :mod:`rl_transformers.algos.rollout`. Backbone aux losses are weighted (``aux_coef``, ``aux_weights``).
 
 One update, read top to bottom in :meth:`PPOTrainer.learn`: collect a rollout (``num_envs`` x ``num_steps``
 steps, one token per env per step under ``torch.inference_mode``) -> GAE -> ``update_epochs`` x
