@@ -100,3 +100,15 @@ def test_provenance_file_fills_older_records(tmp_path: Path) -> None:
     _records(tmp_path, "new", [1.0])  # a record's own commit wins over the file
     (tmp_path / "new" / "provenance.json").write_text(json.dumps({"git_sha": "fffffff"}))
     assert summarise(load_records(tmp_path))["new"].commits == ["abcdef0"]
+
+
+def test_committed_page_and_readme_table_rebuild_from_the_records() -> None:
+    """docs/results/learning.md and the README's table are what the committed records give, byte for byte."""
+    repo = Path(__file__).resolve().parents[2]
+    experiment = repo / "experiments" / "peer_cartpole_novel"
+    preamble = (experiment / "preamble.md").read_text(encoding="utf-8")
+    page = render(experiment / "records", 475.0, "peer", preamble)
+    assert (repo / "docs" / "results" / "learning.md").read_text(encoding="utf-8") == page
+    rows = "\n".join(table(summarise(load_records(experiment / "records")), 475.0, "peer", compact=True))
+    readme = (repo / "README.md").read_text(encoding="utf-8")
+    assert replace_block(readme, "learning", rows) == readme
