@@ -29,7 +29,17 @@ time.sleep(60)  # still importing (torch takes seconds)
 
 
 def _interrupt_after_first_line(args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
-    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        args,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # as from a terminal: a test run started in the background (`cmd &` without job control) inherits
+        # SIGINT ignored, and Python then installs no KeyboardInterrupt handler in the child
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "imported"
     proc.send_signal(signal.SIGINT)
