@@ -29,7 +29,7 @@ def tiny() -> TrainConfig:
 def test_profile_tables_cover_each_phase() -> None:
     """Shares of the listed ops plus "other" add to 1 per phase; the training pass runs matrix products; the
     top rows are sorted by share; the Markdown names every phase."""
-    result = profile_ppo(tiny(), warmup=1, top=5)
+    result = profile_ppo(tiny(), warmup=1, top=40)  # wide enough that timing noise cannot drop the products
     assert result["steps"] == 32
     for phase in ("rollout", "train"):
         table = result[phase]
