@@ -21,23 +21,28 @@ __all__ = ["measure_throughput"]
 
 
 def measure_throughput(cfg: TrainConfig, updates: int = 5, warmup: int = 1) -> dict[str, float]:
-    """Env steps per second of rollouts alone and of whole PPO updates (rollout + training), after warm-up."""
+    """Env steps per second of rollouts alone and of whole PPO updates (rollout + training), after warm-up.
+
+    ``steps_per_cpu_s`` divides by the process's CPU time (all its threads) over the timed updates instead of
+    wall time: with one thread on an idle machine the two agree; under load the CPU figure moves less.
+    """
     set_threads(cfg.threads or available_cores())
     trainer = PPOTrainer(cfg, device=resolve_device(cfg.device, DistContext()))
     ppo = cfg.ppo
-    rollout_s = train_s = 0.0
+    rollout_s = train_s = cpu_s = 0.0
     try:
         for i in range(warmup + updates):
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             trainer.loop, _ = collect_rollout(
                 trainer.policy, trainer.envs, trainer.storage, trainer.loop, ppo.gamma, ppo.gae_lambda
             )
             t1 = time.perf_counter()
             trainer.train_epochs()
-            t2 = time.perf_counter()
+            t2, c2 = time.perf_counter(), time.process_time()
             if i >= warmup:
                 rollout_s += t1 - t0
                 train_s += t2 - t1
+                cpu_s += c2 - c0
     finally:
         trainer.close()
     steps = updates * trainer.batch_size
@@ -45,6 +50,7 @@ def measure_throughput(cfg: TrainConfig, updates: int = 5, warmup: int = 1) -> d
         "rollout_steps_per_s": steps / rollout_s,
         "train_steps_per_s": steps / train_s,
         "steps_per_s": steps / (rollout_s + train_s),
+        "steps_per_cpu_s": steps / cpu_s,
         "threads": float(torch.get_num_threads()),
         "num_envs": float(cfg.num_envs),
         "parameters": float(sum(p.numel() for p in trainer.policy.parameters())),

@@ -112,10 +112,12 @@ def run(
             shown = f"{result['steps_per_s']:.0f} env steps/s" if result["status"] == STATUS_OK else result
             log(f"[round {r + 1}/{rounds}] {name}: {shown}")
     rows = {name: _row(name, runs) for name, runs in results.items() if name in attentions or name == "full"}
-    base = rows["full"].get("steps_per_s")
+    base, base_cpu = rows["full"].get("steps_per_s"), rows["full"].get("steps_per_cpu_s")
     for row in rows.values():
         if row.get("steps_per_s") is not None and base:
             row["ratio_full"] = round(row["steps_per_s"] / base, 3)
+        if row.get("steps_per_cpu_s") is not None and base_cpu:
+            row["ratio_full_cpu"] = round(row["steps_per_cpu_s"] / base_cpu, 3)
     return {"rows": list(rows.values())}
 
 
@@ -124,8 +126,9 @@ def _row(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     if not ok:
         return {"attention": name, "status": runs[-1]["status"], "reason": runs[-1].get("reason", "")}
     row: dict[str, Any] = {"attention": name, "status": STATUS_OK, "reason": "", "rounds": len(ok)}
-    for key in ("steps_per_s", "rollout_steps_per_s", "train_steps_per_s"):
-        row[key] = round(statistics.median(r[key] for r in ok), 1)
+    for key in ("steps_per_s", "steps_per_cpu_s", "rollout_steps_per_s", "train_steps_per_s"):
+        if all(key in r for r in ok):
+            row[key] = round(statistics.median(r[key] for r in ok), 1)
     row["steps_per_s_rounds"] = [round(r["steps_per_s"], 1) for r in ok]
     row["parameters"] = int(ok[0]["parameters"])
     row["threads"], row["num_envs"] = int(ok[0]["threads"]), int(ok[0]["num_envs"])
@@ -198,17 +201,20 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"- machine: {meta['device_name']} · threads {meta['threads']} of {meta['cores']} cores · torch "
         f"{meta['torch_version']} · git {meta['git_sha']} · {load_text(meta)}",
         "",
-        "| attention | env steps/s | ratio to full | rollout steps/s | train steps/s | parameters | status |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "| attention | env steps/s | ratio to full | env steps/CPU-s | ratio (CPU) | rollout steps/s "
+        "| train steps/s | parameters | status |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in report["rows"]:
         if row["status"] != STATUS_OK:
             lines.append(
-                f"| {row['attention']} | — | — | — | — | — | {row['status']}: {row['reason'][:160]} |"
+                f"| {row['attention']} | — | — | — | — | — | — | — | {row['status']}: {row['reason'][:160]} |"
             )
             continue
+        cpu, cpu_ratio = row.get("steps_per_cpu_s"), row.get("ratio_full_cpu")
         lines.append(
             f"| {row['attention']} | {row['steps_per_s']:,.0f} | {row['ratio_full']:.2f} | "
+            f"{'—' if cpu is None else f'{cpu:,.0f}'} | {'—' if cpu_ratio is None else f'{cpu_ratio:.2f}'} | "
             f"{row['rollout_steps_per_s']:,.0f} | {row['train_steps_per_s']:,.0f} | {row['parameters']:,} | ok |"
         )
     return "\n".join(lines) + "\n"

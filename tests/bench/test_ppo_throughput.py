@@ -37,6 +37,10 @@ def test_table_of_two_tiny_variants_and_a_refused_one(tmp_path: Path) -> None:
     local = rows["local"]
     assert local["status"] == "ok" and local["steps_per_s"] > 0
     assert local["ratio_full"] == pytest.approx(local["steps_per_s"] / rows["full"]["steps_per_s"], rel=1e-2)
+    # per CPU-second as well (process time of the timed updates), with its own ratio
+    assert local["steps_per_cpu_s"] > 0
+    cpu_ratio = local["steps_per_cpu_s"] / rows["full"]["steps_per_cpu_s"]
+    assert local["ratio_full_cpu"] == pytest.approx(cpu_ratio, rel=1e-2)
     # same flags for every row: the same parameter count (attention options differ, projections do not)
     assert local["parameters"] == rows["full"]["parameters"] > 0
     # linear attention cannot take a logit-bias position scheme: refused, no process started, reason given
