@@ -8,8 +8,9 @@ a_2 b_1 + b_2), recursively on the half-length sequence of pairs, then fills in 
 form of a parallel prefix scan: ⌈log2 C⌉ vectorised levels of halving size, O(C) work).
 The scan multiplies and adds only (no logarithm, no division), so it stays finite for any |a| ≤ 1, including
 the a_t = 0 that cuts the recurrence at an episode start: the gradient of every later h with respect to
-anything before the start is then exactly zero. Backward is the adjoint recurrence, the same scan run from the
-end (only a and h are kept for it). Cost: O(T) elementwise work in O(log C) vectorised levels, one Python step
+anything before the start is then exactly zero. Backward is the adjoint recurrence, the mirrored scan run from
+the end (only a and h are kept for it). :func:`selective_scan` is mamba's form of it, fused with its inputs
+(a = exp(Δ A), b = Δ u Bᵀ) and read-out (C h), so that backward forms each (B, T, E, N) gradient once. Cost: O(T) elementwise work in O(log C) vectorised levels, one Python step
 per chunk.
 
 :func:`restarts` turns ``ForwardContext.segment`` (rows restarting inside the window) into the tokens at which
@@ -48,12 +49,57 @@ def _odd_even_scan(a: Tensor, b: Tensor) -> Tensor:
     m = n // 2
     a_even, a_odd = a[:, 0 : 2 * m : 2], a[:, 1 : 2 * m : 2]
     b_even, b_odd = b[:, 0 : 2 * m : 2], b[:, 1 : 2 * m : 2]
-    h_odd = _odd_even_scan(a_odd * a_even, a_odd * b_even + b_odd)  # h_1, h_3, …: pairs combined
-    h_even = torch.cat([b_even[:, :1], a_even[:, 1:] * h_odd[:, :-1] + b_even[:, 1:]], dim=1)  # h_0, h_2, …
-    h = torch.stack([h_even, h_odd], dim=2).flatten(1, 2)
+    h = torch.empty_like(b)
+    h_odd = h[:, 1 : 2 * m : 2]
+    h_odd.copy_(_odd_even_scan(a_odd * a_even, torch.addcmul(b_odd, a_odd, b_even)))  # h_1, h_3, …
+    h[:, 0] = b[:, 0]
+    if m > 1:  # h_2, h_4, …: one step from the odd state before each
+        torch.addcmul(b_even[:, 1:], a_even[:, 1:], h_odd[:, :-1], out=h[:, 2 : 2 * m : 2])
     if n > 2 * m:  # odd length: the last token after the pairs
-        h = torch.cat([h, (a[:, -1] * h[:, -1] + b[:, -1])[:, None]], dim=1)
+        torch.addcmul(b[:, -1], a[:, -1], h[:, -2], out=h[:, -1])
     return h
+
+
+def _odd_even_scan_reverse(a: Tensor, b: Tensor) -> Tensor:
+    """Scan from the end: h_t = a_t h_{t+1} + b_t along dim 1 with h_T = 0 (a_{T-1} is not read); the mirror of
+    :func:`_odd_even_scan` (pairs (2i, 2i+1) give h_{2i} = a_{2i} a_{2i+1} h_{2i+2} + a_{2i} b_{2i+1} + b_{2i})."""
+    n = b.shape[1]
+    if n == 1:
+        return b
+    m, odd = n // 2, n % 2 == 1
+    a_even, a_odd = a[:, 0 : 2 * m : 2], a[:, 1 : 2 * m : 2]
+    b_even, b_odd = b[:, 0 : 2 * m : 2], b[:, 1 : 2 * m : 2]
+    pair_b = torch.addcmul(b_even, a_even, b_odd)
+    last_odd = b_odd[:, -1]  # h_{2m-1} = b_{2m-1} + a_{2m-1} h_{2m}
+    if odd:  # h_{n-1} = b_{n-1} closes the pairs' recursion
+        pair_b[:, -1].addcmul_(a_even[:, -1] * a_odd[:, -1], b[:, -1])
+        last_odd = torch.addcmul(last_odd, a_odd[:, -1], b[:, -1])
+    h = torch.empty_like(b)
+    h_even = h[:, 0 : 2 * m : 2]
+    h_even.copy_(_odd_even_scan_reverse(a_even * a_odd, pair_b))
+    if odd:
+        h[:, -1] = b[:, -1]
+    if m > 1:  # h_1, h_3, …: one step back from the even state after each
+        torch.addcmul(b_odd[:, :-1], a_odd[:, :-1], h_even[:, 1:], out=h[:, 1 : 2 * m - 2 : 2])
+    h[:, 2 * m - 1] = last_odd
+    return h
+
+
+def _chunked_scan_reverse(a: Tensor, b: Tensor, chunk_size: int) -> Tensor:
+    """:func:`_odd_even_scan_reverse` chunk by chunk from the end (h_T = 0)."""
+    outs = []
+    h = None
+    n = b.shape[1]
+    for stop in range(n, 0, -chunk_size):
+        start = max(0, stop - chunk_size)
+        a_c, b_c = a[:, start:stop], b[:, start:stop]
+        if h is not None:  # the later chunk's first state enters through this chunk's last token
+            b_c = b_c.clone()
+            b_c[:, -1].addcmul_(a_c[:, -1], h)
+        hc = _odd_even_scan_reverse(a_c, b_c)
+        outs.append(hc)
+        h = hc[:, 0]
+    return outs[0] if len(outs) == 1 else torch.cat(outs[::-1], dim=1)
 
 
 def _chunked_scan(a: Tensor, b: Tensor, h0: Tensor | None, chunk_size: int) -> Tensor:
@@ -62,7 +108,8 @@ def _chunked_scan(a: Tensor, b: Tensor, h0: Tensor | None, chunk_size: int) -> T
     for start in range(0, b.shape[1], chunk_size):
         a_c, b_c = a[:, start : start + chunk_size], b[:, start : start + chunk_size]
         if h is not None:  # the carried state enters through the chunk's first token
-            b_c = torch.cat([(b_c[:, 0] + a_c[:, 0] * h)[:, None], b_c[:, 1:]], dim=1)
+            b_c = b_c.clone()
+            b_c[:, 0].addcmul_(a_c[:, 0], h)
         hc = _odd_even_scan(a_c, b_c)
         outs.append(hc)
         h = hc[:, -1]
@@ -86,12 +133,71 @@ class _LinearScan(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         a, h, h0 = ctx.saved_tensors
-        a_next = torch.cat([a[:, 1:], torch.zeros_like(a[:, :1])], dim=1).conj()
-        delta = _chunked_scan(a_next.flip(1), grad.flip(1), None, ctx.chunk_size).flip(1)
+        delta = _adjoint_scan(a, grad, ctx.chunk_size)
         h_prev = torch.cat([h0[:, None], h[:, :-1]], dim=1)
         grad_a = delta * h_prev.conj() if ctx.needs_input_grad[0] else None
         grad_h0 = a[:, 0].conj() * delta[:, 0] if ctx.has_h0 and ctx.needs_input_grad[2] else None
         return grad_a, delta, grad_h0, None
+
+
+def _adjoint_scan(a: Tensor, grad: Tensor, chunk_size: int) -> Tensor:
+    """δ_t = g_t + ā_{t+1} δ_{t+1} (δ_{T-1} = g_{T-1}): the scan run from the end."""
+    a_next = torch.cat([a[:, 1:], torch.zeros_like(a[:, :1])], dim=1).conj()
+    return _chunked_scan_reverse(a_next, grad, chunk_size)
+
+
+class _SelectiveScan(torch.autograd.Function):
+    """Mamba's scan fused with its inputs and read-out: h_t = exp(Δ_t A) ⊙ h_{t-1} · keep_t + (Δ_t u_t) B_t^T,
+    y_t = h_t C_t, returning (y, h_{T-1}). Only a, h and the small inputs are kept; backward forms the (B, T,
+    E, N) gradients once (δ by the adjoint scan, ∂L/∂(ΔA) = δ ⊙ h_{t-1} ⊙ a) and reduces them to the inputs'
+    shapes with matrix products, where autograd through the separate operations would build several more."""
+
+    @staticmethod
+    def forward(ctx: Any, delta: Tensor, u: Tensor, a_mat: Tensor, b_in: Tensor, c_out: Tensor,
+                h0: Tensor | None, keep: Tensor | None, chunk_size: int) -> tuple[Tensor, Tensor]:  # fmt: skip
+        a = torch.exp(delta[..., None] * a_mat)  # (B, T, E, N)
+        if keep is not None:
+            a = a * keep[..., None, None].to(a.dtype)
+        du = delta * u
+        h = _chunked_scan(a, du[..., None] * b_in[:, :, None, :], h0, chunk_size)
+        y = torch.matmul(h, c_out[..., None]).squeeze(-1)
+        ctx.chunk_size, ctx.has_h0 = chunk_size, h0 is not None
+        ctx.save_for_backward(delta, u, a_mat, b_in, c_out, a, h, h0 if h0 is not None else h.new_zeros(h[:, 0].shape))
+        return y, h[:, -1]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad_y: Tensor, grad_last: Tensor | None) -> tuple[Tensor | None, ...]:
+        delta, u, a_mat, b_in, c_out, a, h, h0 = ctx.saved_tensors
+        g = grad_y[..., None] * c_out[:, :, None, :]  # ∂L/∂h_t from the read-out
+        if grad_last is not None:
+            g[:, -1] += grad_last
+        dh = _adjoint_scan(a, g, ctx.chunk_size)  # ∂L/∂h_t through the recurrence = ∂L/∂b_t
+        dz = dh * torch.cat([h0[:, None], h[:, :-1]], dim=1)
+        dz *= a  # ∂L/∂(Δ_t A)
+        d_du = torch.matmul(dh, b_in[..., None]).squeeze(-1)  # (B, T, E)
+        d_delta = torch.einsum("bten,en->bte", dz, a_mat) + d_du * u
+        d_amat = torch.einsum("bten,bte->en", dz, delta)
+        d_b = torch.matmul((delta * u)[:, :, None, :], dh).squeeze(2)  # (B, T, N)
+        d_c = torch.matmul(grad_y[:, :, None, :], h).squeeze(2)
+        d_h0 = a[:, 0] * dh[:, 0] if ctx.has_h0 else None
+        return d_delta, d_du * delta, d_amat, d_b, d_c, d_h0, None, None
+
+
+def selective_scan(delta: Tensor, u: Tensor, a_mat: Tensor, b_in: Tensor, c_out: Tensor, h0: Tensor | None,
+                   ctx: ForwardContext, chunk_size: int) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """Mamba's selective scan: y_t = C_t · h_t with h_t = exp(Δ_t A) ⊙ h_{t-1} + (Δ_t u_t) B_t^T, from h_{-1} =
+    ``h0`` (zeros when None); returns (y (B, T, E), h_{T-1} (B, E, N)).
+
+    delta, u: (B, T, E); a_mat: (E, N); b_in, c_out: (B, T, N). An episode start restarts h (a_t = 0); a padded
+    token has Δ_t = 0, so a_t = 1 and nothing is added (the state passes through). Real inputs only.
+    """
+    if not ctx.all_valid:
+        delta = delta * ctx.valid[..., None].to(delta.dtype)
+    cut = restarts(ctx)
+    keep = None if cut is None else ~cut
+    y, last = _SelectiveScan.apply(delta, u, a_mat, b_in, c_out, h0, keep, chunk_size)
+    return y, last
 
 
 def linear_scan(a: Tensor, b: Tensor, h0: Tensor | None, chunk_size: int) -> Tensor:
