@@ -91,6 +91,24 @@ def broken_variants() -> Iterator[list[str]]:
             registry._REGISTRY["attention"].pop(name, None)
 
 
+def test_mixers_and_fox_are_timed_on_the_layer_target() -> None:
+    """Entries without a q, k, v kernel of their own (the recurrent mixers, fox) run the layer target, forward and
+    step, and pass the gate there: fox is exact, yet its softmax-structure probe (which needs the kernel) is
+    skipped with the reason rather than erroring the row."""
+    names = tuple(n for n in available()["attention"] if not registry.get("attention", n).cls.kernel_form)
+    assert {"mamba", "gated_deltanet", "lru", "fox"} <= set(names)
+    cfg = BenchConfig(**{**TINY, "targets": ("layer",), "modes": ("forward", "step"), "attentions": names})
+    results = run_benchmark(cfg, write=False)
+    for row in results["rows"]:
+        if row["variant"] in names:
+            expected = "ok" if registry.capabilities("attention", row["variant"]).exact else "approx"
+            assert row["status"] == expected, (row["variant"], row["mode"], row["reason"])
+            assert row["time_ms"] is not None and row["num_err"] <= row["num_tol"]
+    fox = [r for r in results["rows"] if r["variant"] == "fox"]
+    assert {r["mode"] for r in fox} == {"forward", "step"}
+    assert all("no kernel on (q, k, v)" in r["probe"]["reason"] for r in fox if r.get("probe"))
+
+
 def test_gate_reports_broken_implementations_as_failed(broken_variants: list[str]) -> None:
     cfg = BenchConfig(**{**TINY, "attentions": ("full", *broken_variants), "modes": ("forward", "backward")})
     results = run_benchmark(cfg, write=False)

@@ -155,15 +155,12 @@ class _SelectiveScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, delta: Tensor, u: Tensor, a_mat: Tensor, b_in: Tensor, c_out: Tensor,
                 h0: Tensor | None, keep: Tensor | None, chunk_size: int) -> tuple[Tensor, Tensor]:  # fmt: skip
-        a = torch.exp(delta[..., None] * a_mat)  # (B, T, E, N)
-        if keep is not None:
-            a = a * keep[..., None, None].to(a.dtype)
-        du = delta * u
-        h = _chunked_scan(a, du[..., None] * b_in[:, :, None, :], h0, chunk_size)
-        y = torch.matmul(h, c_out[..., None]).squeeze(-1)
+        y, last, a, h = _selective_chunks(delta, u, a_mat, b_in, c_out, h0, keep, chunk_size, True)
         ctx.chunk_size, ctx.has_h0 = chunk_size, h0 is not None
-        ctx.save_for_backward(delta, u, a_mat, b_in, c_out, a, h, h0 if h0 is not None else h.new_zeros(h[:, 0].shape))
-        return y, h[:, -1]
+        ctx.save_for_backward(
+            delta, u, a_mat, b_in, c_out, a, h, h0 if h0 is not None else torch.zeros_like(last)
+        )
+        return y, last
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -184,6 +181,39 @@ class _SelectiveScan(torch.autograd.Function):
         return d_delta, d_du * delta, d_amat, d_b, d_c, d_h0, None, None
 
 
+def _selective_chunks(delta: Tensor, u: Tensor, a_mat: Tensor, b_in: Tensor, c_out: Tensor, h0: Tensor | None,
+                      keep: Tensor | None, chunk_size: int, keep_all: bool) -> tuple[Tensor, Tensor, Any, Any]:  # fmt: skip
+    """The selective scan chunk by chunk: (B, C, E, N) at a time, so without ``keep_all`` (no backward to come)
+    memory stays O(B·C·E·N) at any length. Returns (y, h_{T-1}, a, h), a and h (B, T, E, N) only with
+    ``keep_all``."""
+    t = u.shape[1]
+    du = delta * u
+    ys, a_all, h_all = [], [], []
+    h = h0
+    for start in range(0, t, chunk_size):
+        rows = slice(start, start + chunk_size)
+        d_c = delta[:, rows, :, None]
+        a_c = torch.exp(d_c * a_mat)  # (B, C, E, N)
+        if keep is not None:
+            a_c *= keep[:, rows, None, None].to(a_c.dtype)
+        b_c = du[:, rows, :, None] * b_in[:, rows, None, :]
+        if h is not None:  # the carried state enters through the chunk's first token
+            b_c[:, 0].addcmul_(a_c[:, 0], h)
+        h_c = _odd_even_scan(a_c, b_c)
+        ys.append(torch.matmul(h_c, c_out[:, rows, :, None]).squeeze(-1))
+        if keep_all:
+            a_all.append(a_c)
+            h_all.append(h_c)
+        h = h_c[:, -1]
+    assert h is not None
+    y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)
+    if not keep_all:
+        return y, h, None, None
+    if len(a_all) == 1:
+        return y, h, a_all[0], h_all[0]
+    return y, h, torch.cat(a_all, dim=1), torch.cat(h_all, dim=1)
+
+
 def selective_scan(delta: Tensor, u: Tensor, a_mat: Tensor, b_in: Tensor, c_out: Tensor, h0: Tensor | None,
                    ctx: ForwardContext, chunk_size: int) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Mamba's selective scan: y_t = C_t · h_t with h_t = exp(Δ_t A) ⊙ h_{t-1} + (Δ_t u_t) B_t^T, from h_{-1} =
@@ -196,7 +226,11 @@ def selective_scan(delta: Tensor, u: Tensor, a_mat: Tensor, b_in: Tensor, c_out:
         delta = delta * ctx.valid[..., None].to(delta.dtype)
     cut = restarts(ctx)
     keep = None if cut is None else ~cut
-    y, last = _SelectiveScan.apply(delta, u, a_mat, b_in, c_out, h0, keep, chunk_size)
+    inputs = (delta, u, a_mat, b_in, c_out, h0)
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs):
+        y, last = _SelectiveScan.apply(*inputs, keep, chunk_size)
+        return y, last
+    y, last, _, _ = _selective_chunks(*inputs, keep, chunk_size, False)
     return y, last
 
 
