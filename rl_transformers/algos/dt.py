@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,8 +45,8 @@ from torch import nn
 
 from rl_transformers import logging as L
 from rl_transformers import tags as T
-from rl_transformers.algos.distributed import DistContext
-from rl_transformers.algos.dt_checkpoint import REQUIRED_KEYS, checkpoint_state, restore_checkpoint
+from rl_transformers.algos.distributed import DistContext, gather_objects
+from rl_transformers.algos.dt_checkpoint import REQUIRED_KEYS
 from rl_transformers.algos.dt_config import RESUME_MUTABLE, RESUME_PER_INVOCATION, DTConfig
 from rl_transformers.algos.dt_data import TrajectoryDataset, segment_backward
 from rl_transformers.algos.dt_logging import Window, eval_scalars, record_training, write_eval_episodes
@@ -62,6 +63,7 @@ from rl_transformers.algos.dt_setup import (
 from rl_transformers.algos.evaluation import evaluate_dt
 from rl_transformers.algos.lifecycle import Resumed, RunOutcome, RunSpec, load_resume, train_run
 from rl_transformers.algos.run import Run
+from rl_transformers.algos.run_config import saved_form
 from rl_transformers.policies.decision_transformer import DecisionTransformer
 from rl_transformers.utils import (
     capture_rng_state,
@@ -71,7 +73,9 @@ from rl_transformers.utils import (
     seed_everything,
     warmup_cosine,
 )
+from rl_transformers.utils.env_record import evaluated_spec
 from rl_transformers.utils.resume import merge_resume
+from rl_transformers.utils.runs import to_jsonable
 
 __all__ = ["DTTrainer", "TrainResult", "train"]
 
@@ -184,7 +188,7 @@ class DTTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
         self.step = 0
         if resumed is not None:
-            restore_checkpoint(self, resumed.checkpoint)
+            self.load_checkpoint_state(resumed.checkpoint)
         self.net: nn.Module = self.model
         if dist.enabled:
             ids = [device.index] if device.type == "cuda" else None
@@ -365,9 +369,48 @@ class DTTrainer:
 
     # -- checkpoints ------------------------------------------------------------------------------------------
     def checkpoint(self) -> dict[str, Any] | None:
-        """The checkpoint payload (:func:`~rl_transformers.algos.dt_checkpoint.checkpoint_state`; a collective
-        under DDP; None off rank 0)."""
-        return checkpoint_state(self)
+        """The checkpoint payload (tensors and plain data: module docstring of
+        :mod:`~rl_transformers.algos.dt_checkpoint`; collective under DDP: gathers every rank's RNG states; None
+        off rank 0)."""
+        rngs = gather_objects(capture_rng_state(), self.dist)
+        samplers = gather_objects(self.sampler_rng.bit_generator.state, self.dist)
+        if not self.dist.is_main:
+            return None
+        info = self.info
+        return {
+            "model": self.model.state_dict(),
+            "model_kwargs": self.model.init_kwargs(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "rng": rngs,
+            "sampler_rng": samplers,
+            "world_size": self.dist.world_size,
+            "config": to_jsonable(saved_form(self.config)),
+            "dataset": {
+                "source": info.source,
+                "env_id": info.env_id,
+                "env_spec": evaluated_spec(self.config.env_id, info, self.config.allow_env_modules),
+                "ref_min_score": info.ref_min_score,
+                "ref_max_score": info.ref_max_score,
+            },
+        }
+
+    def load_checkpoint_state(self, ckpt: dict[str, Any]) -> None:
+        """Put back what :meth:`checkpoint` saved (RNG streams only when the world size is unchanged)."""
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        self.step = int(ckpt["step"])
+        if int(ckpt.get("world_size", 1)) == self.dist.world_size:
+            restore_rng_state(ckpt["rng"][self.dist.rank])
+            self.sampler_rng.bit_generator.state = ckpt["sampler_rng"][self.dist.rank]
+        elif self.dist.is_main:
+            warnings.warn(
+                f"resume: world size changed ({ckpt.get('world_size')} -> {self.dist.world_size}); "
+                "random streams are reseeded, the run will not match an uninterrupted one",
+                stacklevel=2,
+            )
 
     def close(self) -> None:
         for env in self.eval_envs:

@@ -21,7 +21,9 @@ update, so the summary's ``eval/mean_reward`` and ``best.pt`` consider the final
 turns it off to keep its protocol: evaluations at multiples of ``eval_every`` only).
 
 Modules: the loss, Adam and the epochs :mod:`~rl_transformers.algos.ppo_update`; logged tags
-:mod:`~rl_transformers.algos.ppo_logging`; checkpoints :mod:`~rl_transformers.algos.ppo_checkpoint`; config
+:mod:`~rl_transformers.algos.ppo_logging`; the checkpoint format and loading a trained policy
+:mod:`~rl_transformers.algos.ppo_checkpoint` (what a save holds and how a resume restores it are the trainer's
+:meth:`PPOTrainer.checkpoint_state` / :meth:`PPOTrainer.load_checkpoint_state`); config
 :mod:`~rl_transformers.algos.ppo_config`; throughput :mod:`~rl_transformers.algos.throughput` (the trainer's
 loop without a run directory); the run around the loop :mod:`~rl_transformers.algos.lifecycle`.
 
@@ -38,14 +40,17 @@ so two budgets share one schedule and a resume needs no anchor; ``--ppo.no-annea
 from __future__ import annotations
 
 import functools
+import pickle
 import sys
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -58,13 +63,14 @@ from rl_transformers.algos.distributed import (
 from rl_transformers.algos.env_util import check_same_step, make_vec_env
 from rl_transformers.algos.evaluation import EpisodeStats, evaluate_episodes
 from rl_transformers.algos.lifecycle import Resumed, RunOutcome, RunSpec, load_resume, train_run
-from rl_transformers.algos.ppo_checkpoint import checkpoint_state, restore_checkpoint
+from rl_transformers.algos.ppo_checkpoint import RESUME_BLOB, describe_spaces, load_policy_weights, move_loop
 from rl_transformers.algos.ppo_config import TrainConfig, resume_config
 from rl_transformers.algos.ppo_logging import record_update
 from rl_transformers.algos.ppo_update import make_adam, train_epochs, update_obs_norm
 from rl_transformers.algos.reward_norm import RewardNorm
 from rl_transformers.algos.rollout import collect_rollout, reset_loop
 from rl_transformers.algos.run import Run
+from rl_transformers.algos.run_config import saved_form
 from rl_transformers.algos.storage import RolloutStorage
 from rl_transformers.logging import Logger
 from rl_transformers.policies.gtrxl import ActorCritic, ContextCore, TwinCore, make_policy
@@ -74,7 +80,9 @@ from rl_transformers.utils import (
     restore_rng_state,
     seed_everything,
 )
-from rl_transformers.utils.trust import check_key
+from rl_transformers.utils.errors import UserError
+from rl_transformers.utils.runs import to_jsonable
+from rl_transformers.utils.trust import UntrustedBlob, check_key, load_signed, sign_blob
 
 __all__ = ["PPOTrainer", "TrainResult", "train"]
 
@@ -169,6 +177,8 @@ class PPOTrainer:
         """(update, rate) the linear anneal starts from (see the module docstring)."""
         self.episode_returns: deque[float] = deque(maxlen=100)
         self.episode_lengths: deque[int] = deque(maxlen=100)
+        self._unpicklable = False
+        """The envs failed to pickle once: later checkpoints hold no env blob (warned once)."""
         if resumed is not None:
             try:
                 self.load_checkpoint_state(resumed.checkpoint, resumed.source)
@@ -275,12 +285,121 @@ class PPOTrainer:
         return linear_schedule(lr0, 0.0, (u - u0) / max(self.num_updates - u0, 1))
 
     def checkpoint_state(self) -> dict[str, Any]:
-        """Everything a resume needs (see :mod:`rl_transformers.algos.ppo_checkpoint`)."""
-        return checkpoint_state(self)
+        """Everything a resume needs (tensors and plain data, plus the signed env blob)."""
+        blob = None
+        if isinstance(self.envs, gym.vector.SyncVectorEnv) and not self._unpicklable:
+            try:
+                blob = sign_blob((self.envs.envs, move_loop(self.loop, "cpu")), RESUME_BLOB)
+            except (pickle.PicklingError, AttributeError, TypeError) as err:
+                self._unpicklable = True
+                warnings.warn(
+                    f"the envs of {self.cfg.env_id!r} cannot be pickled ({err}); checkpoints hold no env "
+                    "state, a resume starts fresh episodes",
+                    stacklevel=2,
+                )
+        return {
+            "config": to_jsonable(saved_form(self.cfg)),
+            "policy": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "global_step": self.global_step,
+            "update": self.update,
+            "num_updates": self.num_updates,
+            "lr_anchor": {"update": self.lr_anchor[0], "lr": self.lr_anchor[1]},
+            "spaces": describe_spaces(self.envs.single_observation_space, self.envs.single_action_space),
+            "rng": capture_rng_state(),
+            "generator": self.generator.get_state(),
+            "episode_returns": list(self.episode_returns),
+            "episode_lengths": list(self.episode_lengths),
+            "reward_norm": None if self.reward_norm is None else self.reward_norm.state_dict(),
+            RESUME_BLOB: blob,
+        }
 
     def load_checkpoint_state(self, ckpt: dict[str, Any], source: str | Path = "checkpoint") -> None:
-        """Restore what :meth:`checkpoint_state` saved (see :func:`restore_checkpoint`)."""
-        restore_checkpoint(self, ckpt, source)
+        """Restore everything :meth:`checkpoint_state` saved (envs and loop only on rank 0 with sync envs,
+        and only from a blob signed with this user's key unless ``cfg.trust_checkpoint``)."""
+        missing = [k for k in ("policy", "optimizer", "global_step", "update") if k not in ckpt]
+        if missing:
+            raise UserError(f"checkpoint {source} lacks {missing}: not a PPO checkpoint of rl_transformers")
+        load_policy_weights(
+            self.policy,
+            ckpt,
+            source,
+            self.envs.single_observation_space,
+            self.envs.single_action_space,
+            self.cfg.env_id,
+        )
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.global_step = int(ckpt["global_step"])
+        self.update = int(ckpt["update"])
+        self.episode_returns.extend(float(r) for r in ckpt.get("episode_returns", []))
+        self.episode_lengths.extend(int(n) for n in ckpt.get("episode_lengths", []))
+        self._restore_schedule(ckpt)
+        self._restore_reward_norm(ckpt, source)
+        exact = self._restore_envs(ckpt, source)
+        if exact:
+            try:
+                restore_rng_state(ckpt["rng"])
+                self.generator.set_state(ckpt["generator"])
+            except (KeyError, TypeError, ValueError, RuntimeError) as err:
+                raise UserError(f"checkpoint {source}: its RNG states do not restore ({err})") from None
+        else:  # fresh episodes; different seeds than the start so no episode repeats
+            seed = self.cfg.seed + self.dist.rank * self.cfg.num_envs + 7919 * self.update
+            self.loop = reset_loop(self.envs, self.policy, seed, self.device)
+            if self.reward_norm is not None:
+                self.reward_norm.restart_episodes()
+            seed_everything(seed, self.cfg.torch_deterministic)
+            self.generator.manual_seed(seed)
+
+    def _restore_reward_norm(self, ckpt: dict[str, Any], source: str | Path) -> None:
+        """The reward scaler's statistics (``ppo.norm_reward``); a checkpoint without them starts fresh ones."""
+        saved = ckpt.get("reward_norm")
+        if self.reward_norm is None or saved is None:
+            return
+        try:
+            self.reward_norm.load_state_dict(saved, f"checkpoint {source}")
+        except ValueError as err:
+            raise UserError(str(err)) from None
+
+    def _restore_schedule(self, ckpt: dict[str, Any]) -> None:
+        """The learning-rate anchor: saved, or re-anchored where the budget changed (module docstring of ppo)."""
+        anchor = ckpt.get("lr_anchor") or {"update": 0, "lr": self.cfg.ppo.learning_rate}
+        self.lr_anchor = (int(anchor["update"]), float(anchor["lr"]))
+        saved_updates = int(ckpt.get("num_updates", self.num_updates))
+        if saved_updates != self.num_updates:  # budget changed: continue from the rate reached here
+            u0, lr0 = self.lr_anchor
+            reached = linear_schedule(lr0, 0.0, (self.update - u0) / max(saved_updates - u0, 1))
+            self.lr_anchor = (self.update, reached if self.cfg.ppo.anneal_lr else self.cfg.ppo.learning_rate)
+
+    def _restore_envs(self, ckpt: dict[str, Any], source: str | Path) -> bool:
+        """Put back the pickled envs + loop when allowed; False (fresh episodes) otherwise."""
+        if not (self.dist.is_main and isinstance(self.envs, gym.vector.SyncVectorEnv)):
+            return False
+        entry = ckpt.get(RESUME_BLOB)
+        legacy = entry is None and isinstance(ckpt.get("envs"), torch.Tensor) and "loop" in ckpt
+        if entry is None and not legacy:  # legacy: written before blobs were signed (two unsigned pickles)
+            return False
+        trust = self.cfg.trust_checkpoint
+        try:
+            if legacy:
+                if not trust:
+                    raise UntrustedBlob("it was written by an older version, without a signature")
+                envs = load_signed({"data": ckpt["envs"]}, "envs", trust=True)
+                loop = load_signed({"data": ckpt["loop"]}, "loop", trust=True)
+            else:
+                envs, loop = load_signed(entry, RESUME_BLOB, trust=trust)
+        except UntrustedBlob as why:
+            warnings.warn(
+                f"checkpoint {source}: its saved environments are not unpickled ({why}). The run resumes "
+                "with fresh episodes (policy, optimizer and counters restored; not bit-exact). If you trust "
+                "this file, pass --trust-checkpoint to restore them.",
+                stacklevel=3,
+            )
+            return False
+        for env in self.envs.envs:
+            env.close()
+        self.envs.envs = envs
+        self.loop = move_loop(loop, self.device)
+        return True
 
     # -- the loop -------------------------------------------------------------------------------------------
     def learn(self, run: Run, callback: Callable[[PPOTrainer], bool | None] | None = None) -> TrainResult:
