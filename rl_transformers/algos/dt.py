@@ -34,7 +34,6 @@ import functools
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -61,8 +60,8 @@ from rl_transformers.algos.dt_setup import (
     time_limit,
 )
 from rl_transformers.algos.evaluation import evaluate_dt
-from rl_transformers.algos.lifecycle import Resumed, RunOutcome, RunSpec, load_resume, train_run
-from rl_transformers.algos.run import Run
+from rl_transformers.algos.lifecycle import RunResult, RunSpec, load_resume, train_run
+from rl_transformers.algos.run import Resumed, Run
 from rl_transformers.algos.run_config import saved_form
 from rl_transformers.policies.decision_transformer import DecisionTransformer
 from rl_transformers.utils import (
@@ -77,7 +76,7 @@ from rl_transformers.utils.env_record import evaluated_spec
 from rl_transformers.utils.resume import merge_resume
 from rl_transformers.utils.runs import to_jsonable
 
-__all__ = ["DTTrainer", "TrainResult", "train"]
+__all__ = ["DTTrainer", "train"]
 
 BEST_METRIC = T.EVAL_RETURN_MEAN
 """The tag that selects best.pt: the mean return of the first (highest) target."""
@@ -96,15 +95,6 @@ def headline(targets: list[float | None]) -> tuple[str, ...]:
         for tag in (T.EVAL_RETURN_MEAN, T.EVAL_NORMALIZED_SCORE, T.EVAL_SUCCESS_RATE)
     ]
     return (*per_target, T.LOSS)
-
-
-@dataclass
-class TrainResult(RunOutcome):
-    """A DT / BC run's outcome (``step``: gradient updates; ``run_dir`` None off rank 0)."""
-
-    model: DecisionTransformer | None = None
-    data_summary: dict[str, Any] = field(default_factory=dict)
-    """The training data actually used (after %BC filtering): episodes, steps, return statistics."""
 
 
 def _merge(saved: DTConfig, given: DTConfig, source: Path) -> DTConfig:
@@ -277,7 +267,7 @@ class DTTrainer:
         return {**terms, "grad_norm": grad_norm.detach()}
 
     # -- the loop ---------------------------------------------------------------------------------------------
-    def learn(self, run: Run, callback: Callable[[DTTrainer], bool | None] | None = None) -> TrainResult:
+    def learn(self, run: Run, callback: Callable[[DTTrainer], bool | None] | None = None) -> RunResult:
         """Train to ``total_steps``. Each update: sample and step, log every ``log_every``, then checkpoint and
         evaluate when due (:meth:`Run.end_iteration`: saved before evaluating; always at the last update).
         ``callback(trainer)`` after each update; False stops the run (as Ctrl-C does)."""
@@ -311,7 +301,7 @@ class DTTrainer:
                 run.advance(1, **postfix)
                 if run.should_stop(callback is not None and callback(self) is False):
                     break
-        return TrainResult(
+        return RunResult(
             algo=config.algo,
             run_dir=run.dir,
             step=self.step,
@@ -423,7 +413,7 @@ def train(
     config: DTConfig,
     run_dir: Path | None = None,
     callback: Callable[[DTTrainer], bool | None] | None = None,
-) -> TrainResult:
+) -> RunResult:
     """Train (or resume, ``config.resume``) a Decision Transformer / BC run (lifecycle:
     :func:`~rl_transformers.algos.lifecycle.train_run`); ``run_dir`` forces the run directory."""
     resume = functools.partial(load_resume, cls=DTConfig, merge=_merge, required=REQUIRED_KEYS, kind="DT")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Literal
 
 from rl_transformers.algos.run_config import SHARED_RESUME_MUTABLE, RunConfig
 from rl_transformers.backbone import BackboneConfig, available
@@ -35,12 +35,6 @@ from rl_transformers.utils.errors import UserError
 class DTConfig(RunConfig):
     """Everything a Decision Transformer / BC run needs (one CLI flag per field in ``scripts/train_dt.py``;
     shared run flags: :class:`RunConfig`)."""
-
-    RENAMED_FIELDS: ClassVar[dict[str, str]] = {
-        "runs_dir": "run_root",
-        "log_stdout": "verbose",
-        "aux_loss_weights": "aux_weights",
-    }
 
     dataset: str = ""
     """Minari dataset id (local, never downloaded), Minari dataset directory, or D4RL-format .hdf5 file."""

@@ -46,7 +46,6 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,14 +61,14 @@ from rl_transformers.algos.distributed import (
 )
 from rl_transformers.algos.env_util import check_same_step, make_vec_env
 from rl_transformers.algos.evaluation import EpisodeStats, evaluate_episodes
-from rl_transformers.algos.lifecycle import Resumed, RunOutcome, RunSpec, load_resume, train_run
+from rl_transformers.algos.lifecycle import RunResult, RunSpec, load_resume, train_run
 from rl_transformers.algos.ppo_checkpoint import RESUME_BLOB, describe_spaces, load_policy_weights, move_loop
 from rl_transformers.algos.ppo_config import TrainConfig, resume_config
 from rl_transformers.algos.ppo_logging import record_update
 from rl_transformers.algos.ppo_update import make_adam, train_epochs, update_obs_norm
 from rl_transformers.algos.reward_norm import RewardNorm
 from rl_transformers.algos.rollout import collect_rollout, reset_loop
-from rl_transformers.algos.run import Run
+from rl_transformers.algos.run import Resumed, Run
 from rl_transformers.algos.run_config import saved_form
 from rl_transformers.algos.storage import RolloutStorage
 from rl_transformers.logging import Logger
@@ -84,26 +83,10 @@ from rl_transformers.utils.errors import UserError
 from rl_transformers.utils.runs import to_jsonable
 from rl_transformers.utils.trust import UntrustedBlob, check_key, load_signed, sign_blob
 
-__all__ = ["PPOTrainer", "TrainResult", "train"]
+__all__ = ["PPOTrainer", "train"]
 
 HEADLINE = (T.EP_REW_MEAN, T.EP_LEN_MEAN, T.EVAL_MEAN_REWARD)
 """Tags of the final summary (their last logged values)."""
-
-
-@dataclass
-class TrainResult(RunOutcome):
-    """A PPO run's outcome (``step``: environment steps)."""
-
-    episode_returns: list[float] = field(default_factory=list)
-    """Returns of the last (up to 100) training episodes (their mean is the last rollout/ep_rew_mean)."""
-
-    @property
-    def global_step(self) -> int:
-        return self.step
-
-    @property
-    def stopped_early(self) -> bool:
-        return self.interrupted
 
 
 # -- the trainer --------------------------------------------------------------------------------------------
@@ -402,7 +385,7 @@ class PPOTrainer:
         return True
 
     # -- the loop -------------------------------------------------------------------------------------------
-    def learn(self, run: Run, callback: Callable[[PPOTrainer], bool | None] | None = None) -> TrainResult:
+    def learn(self, run: Run, callback: Callable[[PPOTrainer], bool | None] | None = None) -> RunResult:
         """Run updates until total_timesteps. ``callback(trainer)`` after each update; False stops the run.
 
         Each update, cleanrl's phases: anneal the learning rate, collect a rollout, train the epochs, log, then
@@ -460,7 +443,7 @@ class PPOTrainer:
                 run.advance(self.batch_size, fps=f"{fps:.0f}", ret=recent)
                 if run.should_stop(callback is not None and callback(self) is False):
                     break
-        return TrainResult(
+        return RunResult(
             algo="ppo",
             run_dir=run.dir,
             step=self.global_step,
@@ -504,7 +487,7 @@ def train(
     cfg: TrainConfig,
     run_dir: Path | None = None,
     callback: Callable[[PPOTrainer], bool | None] | None = None,
-) -> TrainResult:
+) -> RunResult:
     """Build (or resume) a run, train it, close it (:func:`~rl_transformers.algos.lifecycle.train_run`). Only
     rank 0 writes the run directory.
 

@@ -7,8 +7,9 @@ import contextlib
 import json
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -28,10 +29,17 @@ from rl_transformers.utils.params import count_parameters
 from rl_transformers.utils.provenance import SYSTEM_INFO_FILE, record_invocation
 from rl_transformers.utils.runlock import RunLock, claim_run
 
-if TYPE_CHECKING:
-    from rl_transformers.algos.lifecycle import Resumed
+__all__ = ["Resumed", "Run"]
 
-__all__ = ["Run"]
+
+@dataclass
+class Resumed:
+    """What ``--resume`` found: the merged config, the checkpoint, its file and its run directory."""
+
+    config: Any
+    checkpoint: dict[str, Any]
+    source: Path
+    run_dir: Path
 
 
 class Run:

@@ -40,13 +40,36 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rl_transformers.backbone.attention import _lsh_fast as fast
-from rl_transformers.backbone.attention._lsh_hash import draw_rotations, hash_buckets
 from rl_transformers.backbone.attention.base import Attention, assignment_input, same_segment
 from rl_transformers.backbone.context import ForwardContext
 from rl_transformers.backbone.registry import Capabilities, register
 
 SELF_LOGIT = -1e4
 """Logit given to a token's own key under shared-QK: weight exp(-1e4) ~ 0 unless the token has no other key."""
+
+
+# -- angular LSH: the stored random rotations, the bucket of each unit key -----------------------------------
+def draw_rotations(
+    n_hashes: int, n_heads: int, d_head: int, n_buckets: int, generator: torch.Generator | None = None
+) -> Tensor:
+    """(R, H, D, n_buckets/2) Gaussian rotations; round r's draw does not depend on n_hashes (nested rounds)."""
+    half = n_buckets // 2
+    return torch.stack([torch.randn(n_heads, d_head, half, generator=generator) for _ in range(n_hashes)])
+
+
+def hash_buckets(x: Tensor, rotations: Tensor) -> Tensor:
+    """Angular LSH buckets (B, H, R, S) of x (B, H, S, D): argmax over [xR; -xR] (Kitaev 2020, §2).
+
+    Half-precision keys are hashed in float32: rounding the projections to 8 bits of mantissa flips the argmax of
+    keys near a bucket boundary, so a bf16 run attended other keys than the same run in float32 or float64 (the
+    GPU benchmark's gate measured a 0.9 relative error)."""
+    if rotations.shape[-1] == 0:
+        b, h, s, _ = x.shape
+        return torch.zeros(b, h, rotations.shape[0], s, dtype=torch.long, device=x.device)
+    if x.dtype in (torch.float16, torch.bfloat16):
+        x = x.float()
+    proj = torch.einsum("bhsd,rhdn->bhrsn", x, rotations.to(x.dtype))
+    return torch.cat([proj, -proj], dim=-1).argmax(dim=-1)
 
 
 # -- positions that differ per head (content-based sorting is per head) -------------------------------------------
