@@ -182,7 +182,7 @@ class DecisionTransformerAgent:
         if self.config.env_id:
             return _by_id(self.config.env_id, allowed)
         try:
-            from offline_data import load_episodes
+            from offline_data.loading import load_episodes
 
             info = load_episodes(
                 self.config.dataset, root=self.config.dataset_root, allow_env_modules=allowed

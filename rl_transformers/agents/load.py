@@ -160,7 +160,7 @@ def _load_ppo(
 
 def _bound_dt(ckpt: dict[str, Any], file: Path, batch: int, max_memory_gib: float | None) -> None:
     """The DT model_kwargs' sizes against the shipped weights and the memory bound, before anything is built."""
-    from rl_transformers.backbone import BackboneConfig
+    from rl_transformers.backbone.config import BackboneConfig
 
     kwargs = ckpt["model_kwargs"]
     backbone = BackboneConfig.from_dict(kwargs["backbone"])

@@ -64,17 +64,11 @@ from rl_transformers.algos.lifecycle import RunResult, RunSpec, load_resume, tra
 from rl_transformers.algos.run import Resumed, Run
 from rl_transformers.algos.run_config import saved_form
 from rl_transformers.policies.decision_transformer import DecisionTransformer
-from rl_transformers.utils import (
-    capture_rng_state,
-    check_finite,
-    linear_warmup,
-    restore_rng_state,
-    seed_everything,
-    warmup_cosine,
-)
 from rl_transformers.utils.env_record import evaluated_spec
 from rl_transformers.utils.resume import merge_resume
+from rl_transformers.utils.rng import capture_rng_state, restore_rng_state
 from rl_transformers.utils.runs import to_jsonable
+from rl_transformers.utils.training import check_finite, linear_warmup, seed_everything, warmup_cosine
 
 __all__ = ["DTTrainer", "train"]
 
@@ -105,7 +99,7 @@ def _merge(saved: DTConfig, given: DTConfig, source: Path) -> DTConfig:
 
 class DTTrainer:
     """Data, model and optimiser of one run (built in ``__init__``, restored from ``resumed``); :meth:`learn`
-    trains inside a :class:`~rl_transformers.algos.lifecycle.Run`."""
+    trains inside a :class:`~rl_transformers.algos.run.Run`."""
 
     def __init__(
         self,
@@ -114,7 +108,7 @@ class DTTrainer:
         device: torch.device,
         resumed: Resumed | None = None,
     ) -> None:
-        from offline_data import load_episodes
+        from offline_data.loading import load_episodes
 
         self.config, self.dist, self.device = config, dist, device
         seed_everything(config.seed + dist.rank)

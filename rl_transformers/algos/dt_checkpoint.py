@@ -15,11 +15,12 @@ from pathlib import Path
 import torch
 
 from rl_transformers.policies.decision_transformer import DecisionTransformer
-from rl_transformers.utils import (
+from rl_transformers.utils.checkpoint_load import (
+    DT_WHAT,
+    check_weights_fit,
     latest_checkpoint,
     load_checkpoint,
 )
-from rl_transformers.utils.checkpoint_load import DT_WHAT, check_weights_fit
 from rl_transformers.utils.errors import UserError
 
 __all__ = ["REQUIRED_KEYS", "load_policy"]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 from rl_transformers.algos.run_config import SHARED_RESUME_MUTABLE, RunConfig
-from rl_transformers.backbone import BackboneConfig, available
+from rl_transformers.backbone.config import BackboneConfig
 from rl_transformers.backbone.options import (
     check_choice,
     check_int,
@@ -20,7 +20,9 @@ from rl_transformers.backbone.options import (
     check_positive,
     check_probability,
 )
-from rl_transformers.policies.decision_transformer import Padding, dt_backbone_config
+from rl_transformers.backbone.registry import available
+from rl_transformers.policies.decision_transformer import dt_backbone_config
+from rl_transformers.policies.dt_padding import Padding
 from rl_transformers.utils.checks import (
     MAX_EVAL_EPISODES,
     MAX_NUM_ENVS,

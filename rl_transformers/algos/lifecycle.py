@@ -47,15 +47,11 @@ from rl_transformers.algos.distributed import (
 )
 from rl_transformers.algos.run import Resumed, Run
 from rl_transformers.algos.run_config import RunConfig
-from rl_transformers.utils import (
-    available_cores,
-    latest_checkpoint,
-    load_checkpoint,
-    set_threads,
-    to_jsonable,
-)
+from rl_transformers.utils.checkpoint_load import latest_checkpoint, load_checkpoint
 from rl_transformers.utils.errors import UserError
 from rl_transformers.utils.resume import saved_config
+from rl_transformers.utils.runs import to_jsonable
+from rl_transformers.utils.training import available_cores, set_threads
 
 __all__ = [
     "RunResult",

@@ -72,15 +72,13 @@ from rl_transformers.algos.run import Resumed, Run
 from rl_transformers.algos.run_config import saved_form
 from rl_transformers.algos.storage import RolloutStorage
 from rl_transformers.logging import Logger
-from rl_transformers.policies.gtrxl import ActorCritic, ContextCore, TwinCore, make_policy
-from rl_transformers.utils import (
-    capture_rng_state,
-    linear_schedule,
-    restore_rng_state,
-    seed_everything,
-)
+from rl_transformers.policies.actor_critic import ActorCritic
+from rl_transformers.policies.cores import ContextCore, TwinCore
+from rl_transformers.policies.gtrxl import make_policy
 from rl_transformers.utils.errors import UserError
+from rl_transformers.utils.rng import capture_rng_state, restore_rng_state
 from rl_transformers.utils.runs import to_jsonable
+from rl_transformers.utils.training import linear_schedule, seed_everything
 from rl_transformers.utils.trust import UntrustedBlob, check_key, load_signed, sign_blob
 
 __all__ = ["PPOTrainer", "train"]

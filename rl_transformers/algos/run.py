@@ -17,17 +17,12 @@ from torch import nn
 from rl_transformers.algos.distributed import DistContext, any_rank
 from rl_transformers.algos.run_config import saved_form
 from rl_transformers.logging import Logger
-from rl_transformers.utils import (
-    CheckpointManager,
-    GracefulInterrupt,
-    NonFiniteError,
-    make_run_dir,
-    save_config,
-    to_jsonable,
-)
+from rl_transformers.utils.checkpoint import CheckpointManager
 from rl_transformers.utils.params import count_parameters
 from rl_transformers.utils.provenance import SYSTEM_INFO_FILE, record_invocation
 from rl_transformers.utils.runlock import RunLock, claim_run
+from rl_transformers.utils.runs import make_run_dir, save_config, to_jsonable
+from rl_transformers.utils.training import GracefulInterrupt, NonFiniteError
 
 __all__ = ["Resumed", "Run"]
 

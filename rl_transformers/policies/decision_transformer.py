@@ -57,7 +57,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rl_transformers.backbone import Backbone, BackboneConfig, capabilities
+from rl_transformers.backbone.config import BackboneConfig
+from rl_transformers.backbone.model import Backbone
+from rl_transformers.backbone.registry import capabilities
 from rl_transformers.backbone.state import BackboneState
 from rl_transformers.policies.dt_fast import fast_path_reason, fused_embed, fused_forward
 from rl_transformers.policies.dt_padding import PADDINGS, Padding

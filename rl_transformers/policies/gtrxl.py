@@ -19,7 +19,9 @@ from typing import Annotated, Literal
 import tyro
 from gymnasium import spaces
 
-from rl_transformers.backbone import Backbone, BackboneConfig, available, capabilities
+from rl_transformers.backbone.config import BackboneConfig
+from rl_transformers.backbone.model import Backbone
+from rl_transformers.backbone.registry import available, capabilities
 from rl_transformers.policies.actor_critic import ActorCritic
 from rl_transformers.policies.cores import (
     ContextCore,
