@@ -97,6 +97,25 @@ def _merge(saved: DTConfig, given: DTConfig, source: Path) -> DTConfig:
     )
 
 
+def _optimiser(
+    model: nn.Module, config: DTConfig, device: torch.device
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over ``model`` and its learning-rate schedule (linear warmup, then constant or cosine decay)."""
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=config.learning_rate,
+        weight_decay=config.weight_decay,
+        betas=config.betas,
+        fused=device.type in FUSED_ADAMW_DEVICES or None,  # one kernel per step, the same AdamW update
+    )
+    warmup, total = config.warmup_steps, config.total_steps
+    if config.lr_decay == "cosine":
+        factor = lambda s: warmup_cosine(s, warmup, total)  # noqa: E731
+    else:
+        factor = lambda s: linear_warmup(s, warmup)  # noqa: E731
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
 class DTTrainer:
     """Data, model and optimiser of one run (built in ``__init__``, restored from ``resumed``); :meth:`learn`
     trains inside a :class:`~rl_transformers.algos.run.Run`."""
@@ -157,19 +176,7 @@ class DTTrainer:
         if not self.model.discrete_observations:
             self.model.set_state_normalization(*self.data.state_stats())
         self.model.to(device)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=config.learning_rate,
-            weight_decay=config.weight_decay,
-            betas=config.betas,
-            fused=device.type in FUSED_ADAMW_DEVICES or None,  # one kernel per step, the same AdamW update
-        )
-        warmup, total = config.warmup_steps, config.total_steps
-        if config.lr_decay == "cosine":
-            factor = lambda s: warmup_cosine(s, warmup, total)  # noqa: E731
-        else:
-            factor = lambda s: linear_warmup(s, warmup)  # noqa: E731
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
+        self.optimizer, self.scheduler = _optimiser(self.model, config, device)
         self.step = 0
         if resumed is not None:
             self.load_checkpoint_state(resumed.checkpoint)

@@ -103,6 +103,34 @@ class DTOutput:
     """Backbone diagnostics (when ``model.backbone.collect_info``)."""
 
 
+def _check_arguments(
+    backbone: BackboneConfig,
+    context_len: int,
+    max_ep_len: int,
+    return_scale: float,
+    padding: Padding,
+    segments: int,
+) -> None:
+    """ValueError naming the first bad constructor argument of :class:`DecisionTransformer`."""
+    if not backbone.causal:
+        raise ValueError("the Decision Transformer needs a causal backbone (BackboneConfig.causal=True)")
+    if context_len < 1:
+        raise ValueError(f"context_len must be >= 1, got {context_len!r}")
+    if max_ep_len < 1:
+        raise ValueError(f"max_ep_len must be >= 1, got {max_ep_len!r}")
+    if not (math.isfinite(return_scale) and return_scale > 0):
+        raise ValueError(f"return_scale must be a positive finite number, got {return_scale!r}")
+    if padding not in PADDINGS:
+        raise ValueError(f"padding={padding!r} is not one of {list(PADDINGS)}")
+    if not (isinstance(segments, int) and segments >= 1):
+        raise ValueError(f"segments must be an integer >= 1, got {segments!r}")
+    if segments > 1 and (backbone.memory is None or padding != "right"):
+        raise ValueError(
+            f"segments={segments} needs a backbone memory and right padding, got memory="
+            f"{backbone.memory!r}, padding={padding!r}"
+        )
+
+
 class DecisionTransformer(nn.Module):
     """(R̂, s, a) sequence model predicting a_t from the token of s_t. See the module docstring.
 
@@ -146,23 +174,7 @@ class DecisionTransformer(nn.Module):
         check_space(observation_space, "observation")
         check_space(action_space, "action")
         backbone = dt_backbone_config() if backbone is None else backbone
-        if not backbone.causal:
-            raise ValueError("the Decision Transformer needs a causal backbone (BackboneConfig.causal=True)")
-        if context_len < 1:
-            raise ValueError(f"context_len must be >= 1, got {context_len!r}")
-        if max_ep_len < 1:
-            raise ValueError(f"max_ep_len must be >= 1, got {max_ep_len!r}")
-        if not (math.isfinite(return_scale) and return_scale > 0):
-            raise ValueError(f"return_scale must be a positive finite number, got {return_scale!r}")
-        if padding not in PADDINGS:
-            raise ValueError(f"padding={padding!r} is not one of {list(PADDINGS)}")
-        if not (isinstance(segments, int) and segments >= 1):
-            raise ValueError(f"segments must be an integer >= 1, got {segments!r}")
-        if segments > 1 and (backbone.memory is None or padding != "right"):
-            raise ValueError(
-                f"segments={segments} needs a backbone memory and right padding, got memory="
-                f"{backbone.memory!r}, padding={padding!r}"
-            )
+        _check_arguments(backbone, context_len, max_ep_len, return_scale, padding, segments)
         self.observation_space = observation_space
         self.action_space = action_space
         self.backbone_config = backbone
