@@ -17,7 +17,7 @@ from typing import Any, Literal
 import torch
 
 from envs.file_rules import check_file_kwargs
-from rl_transformers.agents.dt_agent import DecisionTransformerAgent, run_dir_of
+from rl_transformers.agents.dt_agent import DecisionTransformerAgent
 from rl_transformers.agents.memory_bound import (
     backbone_bytes,
     backbone_params,
@@ -213,4 +213,4 @@ def _load_dt(
     )
 
 
-__all__ = ["load", "run_dir_of"]
+__all__ = ["load"]

@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 from rl_transformers import tags as T
+from rl_transformers.algos import ppo_checkpoint
 from rl_transformers.algos.distributed import (
     DistContext,
     broadcast_parameters,
@@ -62,7 +63,6 @@ from rl_transformers.algos.distributed import (
 from rl_transformers.algos.env_util import check_same_step, make_vec_env
 from rl_transformers.algos.evaluation import EpisodeStats, evaluate_episodes
 from rl_transformers.algos.lifecycle import RunResult, RunSpec, load_resume, train_run
-from rl_transformers.algos.ppo_checkpoint import RESUME_BLOB, describe_spaces, load_policy_weights, move_loop
 from rl_transformers.algos.ppo_config import TrainConfig, resume_config
 from rl_transformers.algos.ppo_logging import record_update
 from rl_transformers.algos.ppo_update import make_adam, train_epochs, update_obs_norm
@@ -270,7 +270,9 @@ class PPOTrainer:
         blob = None
         if isinstance(self.envs, gym.vector.SyncVectorEnv) and not self._unpicklable:
             try:
-                blob = sign_blob((self.envs.envs, move_loop(self.loop, "cpu")), RESUME_BLOB)
+                blob = sign_blob(
+                    (self.envs.envs, ppo_checkpoint.move_loop(self.loop, "cpu")), ppo_checkpoint.RESUME_BLOB
+                )
             except (pickle.PicklingError, AttributeError, TypeError) as err:
                 self._unpicklable = True
                 warnings.warn(
@@ -286,13 +288,15 @@ class PPOTrainer:
             "update": self.update,
             "num_updates": self.num_updates,
             "lr_anchor": {"update": self.lr_anchor[0], "lr": self.lr_anchor[1]},
-            "spaces": describe_spaces(self.envs.single_observation_space, self.envs.single_action_space),
+            "spaces": ppo_checkpoint.describe_spaces(
+                self.envs.single_observation_space, self.envs.single_action_space
+            ),
             "rng": capture_rng_state(),
             "generator": self.generator.get_state(),
             "episode_returns": list(self.episode_returns),
             "episode_lengths": list(self.episode_lengths),
             "reward_norm": None if self.reward_norm is None else self.reward_norm.state_dict(),
-            RESUME_BLOB: blob,
+            ppo_checkpoint.RESUME_BLOB: blob,
         }
 
     def load_checkpoint_state(self, ckpt: dict[str, Any], source: str | Path = "checkpoint") -> None:
@@ -301,7 +305,7 @@ class PPOTrainer:
         missing = [k for k in ("policy", "optimizer", "global_step", "update") if k not in ckpt]
         if missing:
             raise UserError(f"checkpoint {source} lacks {missing}: not a PPO checkpoint of rl_transformers")
-        load_policy_weights(
+        ppo_checkpoint.load_policy_weights(
             self.policy,
             ckpt,
             source,
@@ -355,7 +359,7 @@ class PPOTrainer:
         """Put back the pickled envs + loop when allowed; False (fresh episodes) otherwise."""
         if not (self.dist.is_main and isinstance(self.envs, gym.vector.SyncVectorEnv)):
             return False
-        entry = ckpt.get(RESUME_BLOB)
+        entry = ckpt.get(ppo_checkpoint.RESUME_BLOB)
         legacy = entry is None and isinstance(ckpt.get("envs"), torch.Tensor) and "loop" in ckpt
         if entry is None and not legacy:  # legacy: written before blobs were signed (two unsigned pickles)
             return False
@@ -367,7 +371,7 @@ class PPOTrainer:
                 envs = load_signed({"data": ckpt["envs"]}, "envs", trust=True)
                 loop = load_signed({"data": ckpt["loop"]}, "loop", trust=True)
             else:
-                envs, loop = load_signed(entry, RESUME_BLOB, trust=trust)
+                envs, loop = load_signed(entry, ppo_checkpoint.RESUME_BLOB, trust=trust)
         except UntrustedBlob as why:
             warnings.warn(
                 f"checkpoint {source}: its saved environments are not unpickled ({why}). The run resumes "
@@ -379,7 +383,7 @@ class PPOTrainer:
         for env in self.envs.envs:
             env.close()
         self.envs.envs = envs
-        self.loop = move_loop(loop, self.device)
+        self.loop = ppo_checkpoint.move_loop(loop, self.device)
         return True
 
     # -- the loop -------------------------------------------------------------------------------------------
