@@ -112,7 +112,7 @@ class PPOTrainer:
         obs_space, act_space = self.envs.single_observation_space, self.envs.single_action_space
         self.policy: ActorCritic = make_policy(cfg.policy, obs_space, act_space).to(self.device)
         broadcast_parameters(self.policy, self.dist)
-        if cfg.compile:  # issue 26: compiled acting step and training forward, eager fallback
+        if cfg.compile:  # compiled acting step and training forward, eager fallback
             from rl_transformers.policies.compile import compile_policy
 
             compile_policy(self.policy, training=cfg.compile_training)
@@ -360,18 +360,17 @@ class PPOTrainer:
         if not (self.dist.is_main and isinstance(self.envs, gym.vector.SyncVectorEnv)):
             return False
         entry = ckpt.get(ppo_checkpoint.RESUME_BLOB)
-        legacy = entry is None and isinstance(ckpt.get("envs"), torch.Tensor) and "loop" in ckpt
-        if entry is None and not legacy:  # legacy: written before blobs were signed (two unsigned pickles)
+        if entry is None:
+            if "envs" in ckpt and "loop" in ckpt:  # 0.1's layout: two unsigned pickles, never read
+                warnings.warn(
+                    f"checkpoint {source}: its saved environments were written by an older version (unsigned "
+                    "pickles), which this version does not read. The run resumes with fresh episodes (policy, "
+                    "optimizer and counters restored; not bit-exact).",
+                    stacklevel=3,
+                )
             return False
-        trust = self.cfg.trust_checkpoint
         try:
-            if legacy:
-                if not trust:
-                    raise UntrustedBlob("it was written by an older version, without a signature")
-                envs = load_signed({"data": ckpt["envs"]}, "envs", trust=True)
-                loop = load_signed({"data": ckpt["loop"]}, "loop", trust=True)
-            else:
-                envs, loop = load_signed(entry, ppo_checkpoint.RESUME_BLOB, trust=trust)
+            envs, loop = load_signed(entry, ppo_checkpoint.RESUME_BLOB, trust=self.cfg.trust_checkpoint)
         except UntrustedBlob as why:
             warnings.warn(
                 f"checkpoint {source}: its saved environments are not unpickled ({why}). The run resumes "

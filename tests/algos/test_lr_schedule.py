@@ -1,4 +1,4 @@
-"""PPO's learning-rate schedules (issue 27, protocol v2): with ``--ppo.anneal-horizon H`` the rate at env step s is
+"""PPO's learning-rate schedules: with ``--ppo.anneal-horizon H`` the rate at env step s is
 ``lr0 * max(0, 1 - s / H)`` whatever the budget, while the default anneals over the budget (two budgets, two
 schedules); resume keeps the horizon schedule and refuses a changed horizon."""
 
