@@ -236,22 +236,19 @@ class PPOTrainer:
         """:meth:`evaluate` with the episodes' success flags where the env reports them."""
         rng = capture_rng_state()
         try:
-            return self._evaluate(n_episodes, deterministic)
+            return evaluate_episodes(
+                self.policy,
+                self.cfg.env_id,
+                self.cfg.env_kwargs,
+                n_episodes,
+                seed=self.cfg.seed + 100_003 + self.update,
+                seq_len=self.cfg.ppo.seq_len,
+                deterministic=deterministic,
+                device=self.device,
+                allow_env_modules=self.cfg.allow_env_modules,
+            )
         finally:
             restore_rng_state(rng)
-
-    def _evaluate(self, n_episodes: int, deterministic: bool) -> EpisodeStats:
-        return evaluate_episodes(
-            self.policy,
-            self.cfg.env_id,
-            self.cfg.env_kwargs,
-            n_episodes,
-            seed=self.cfg.seed + 100_003 + self.update,
-            seq_len=self.cfg.ppo.seq_len,
-            deterministic=deterministic,
-            device=self.device,
-            allow_env_modules=self.cfg.allow_env_modules,
-        )
 
     # -- checkpoints ----------------------------------------------------------------------------------------
     def learning_rate(self, update: int | None = None) -> float:
@@ -419,7 +416,7 @@ class PPOTrainer:
                 # 3. optimise
                 collect_info = ppo.info_every > 0 and self.update % ppo.info_every == 0
                 metrics = self.train_epochs(collect_info=collect_info and logger is not None)
-                self._update_obs_norm()
+                update_obs_norm(self.policy, self.storage, self.dist)
                 self.update += 1
                 self.global_step += self.batch_size
                 # 4. log
@@ -470,9 +467,6 @@ class PPOTrainer:
         ):  # envs that report success (T-Maze, MiniGrid Memory), as SB3 logs it
             values[T.EVAL_SUCCESS_RATE] = stats.success_rate
         return values, mean
-
-    def _update_obs_norm(self) -> None:
-        update_obs_norm(self.policy, self.storage, self.dist)
 
     def close(self) -> None:
         self.envs.close()
