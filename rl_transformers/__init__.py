@@ -13,7 +13,7 @@ from rl_transformers import startup as _startup
 
 _startup.install()  # Ctrl-C while a script still imports: one line, exit 130 (rl_transformers/startup.py)
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _AGENTS = (
     "DecisionTransformerAgent",
@@ -27,6 +27,7 @@ _AGENTS = (
 
 
 def __getattr__(name: str) -> Any:
+    """The package's lazy index (PEP 562): the agents API, imported on first use (no moved name lives here)."""
     if name in _AGENTS:
         from rl_transformers import agents
 

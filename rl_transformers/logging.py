@@ -19,7 +19,7 @@ would be hidden. Without one, the plugin derives the experiment from every run (
 hyper-parameters and of their scalar tags), so each algorithm's runs show their own columns and metrics.
 
 Tags (the names and meanings every trainer shares, Stable-Baselines3's where a name exists) live in
-:mod:`rl_transformers.tags` and are re-exported here. The logger never invents a tag, except the
+:mod:`rl_transformers.tags` (import them from there). The logger never invents a tag, except the
 ``time/<name>_s`` convention of :func:`measure_time`.
 
 Resume: open the logger on the old run directory with ``purge_step=<resumed step + 1>``; TensorBoard hides
@@ -43,7 +43,6 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-from rl_transformers import tags as _tags
 from rl_transformers.utils.atomic import atomic_write_text
 from rl_transformers.utils.runs import to_jsonable
 
@@ -54,13 +53,6 @@ __all__ = [
     "hparams_markdown",
     "measure_time",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    """The tag constants moved to :mod:`rl_transformers.tags`; they stay importable from here."""
-    if name in _tags.__all__:
-        return getattr(_tags, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 OUTPUTS = ("stdout", "json", "tensorboard")

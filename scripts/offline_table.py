@@ -20,7 +20,8 @@ from pathlib import Path
 
 import tyro
 
-from rl_transformers.agents.offline_table import collect_runs, render_markdown, to_json
+from rl_transformers.agents.offline_runs import collect_runs
+from rl_transformers.agents.offline_table import render_markdown, to_json
 from rl_transformers.backbone.options import check_int
 from rl_transformers.utils.atomic import atomic_write_json, atomic_write_text
 from rl_transformers.utils.errors import run_cli

@@ -202,9 +202,13 @@ def test_measure_time_records_elapsed_seconds(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_standard_tags_use_sb3_names() -> None:
-    assert rl_logging.EP_REW_MEAN == "rollout/ep_rew_mean"
-    assert rl_logging.FPS == "time/fps"
-    assert rl_logging.APPROX_KL == "train/approx_kl"
+    from rl_transformers import tags
+
+    assert tags.EP_REW_MEAN == "rollout/ep_rew_mean"
+    assert tags.FPS == "time/fps"
+    assert tags.APPROX_KL == "train/approx_kl"
+    with pytest.raises(AttributeError, match="EP_REW_MEAN"):  # the tags live in rl_transformers.tags only
+        rl_logging.EP_REW_MEAN  # noqa: B018
     assert all(tag.split("/")[0] in {"rollout", "train", "time", "eval"} for tag in STANDARD_TAGS)
 
 

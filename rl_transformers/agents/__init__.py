@@ -12,7 +12,8 @@ from __future__ import annotations
 from rl_transformers.agents.dt_agent import DecisionTransformerAgent, StatefulDTWrapper
 from rl_transformers.agents.load import load
 from rl_transformers.agents.ppo_agent import PolicyState, PPOAgent
-from rl_transformers.agents.train import RunResult, train_dt, train_ppo
+from rl_transformers.agents.train import train_dt, train_ppo
+from rl_transformers.algos.lifecycle import RunResult
 
 __all__ = [
     "DecisionTransformerAgent",

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from rl_transformers.algos.dt_config import DTConfig
+from rl_transformers.algos.lifecycle import run_dir_of
 from rl_transformers.policies.decision_transformer import DecisionTransformer
 from rl_transformers.policies.dt_rollout import DTAgent
 from rl_transformers.utils.errors import UserError
@@ -182,7 +183,7 @@ class DecisionTransformerAgent:
         if self.config.env_id:
             return _by_id(self.config.env_id, allowed)
         try:
-            from offline_data import load_episodes
+            from offline_data.loading import load_episodes
 
             info = load_episodes(
                 self.config.dataset, root=self.config.dataset_root, allow_env_modules=allowed
@@ -243,12 +244,4 @@ def _step_of(path: Path) -> int:
         return -1
 
 
-def run_dir_of(checkpoint: Path) -> Path:
-    """The run directory of a checkpoint file (``<run>/checkpoints/x.pt``) or of a run directory."""
-    checkpoint = Path(checkpoint)
-    if checkpoint.is_file():
-        return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
-    return checkpoint.parent if checkpoint.name == "checkpoints" else checkpoint
-
-
-__all__ = ["DecisionTransformerAgent", "StatefulDTWrapper", "run_dir_of"]
+__all__ = ["DecisionTransformerAgent", "StatefulDTWrapper"]

@@ -17,8 +17,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from rl_transformers.agents.dt_agent import DecisionTransformerAgent, run_dir_of
+from rl_transformers.agents.dt_agent import DecisionTransformerAgent
 from rl_transformers.agents.ppo_agent import PPOAgent
+from rl_transformers.algos.lifecycle import run_dir_of
 from rl_transformers.utils.errors import UserError
 from rl_transformers.utils.safe_paths import run_subdir
 

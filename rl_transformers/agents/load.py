@@ -17,7 +17,7 @@ from typing import Any, Literal
 import torch
 
 from envs.file_rules import check_file_kwargs
-from rl_transformers.agents.dt_agent import DecisionTransformerAgent, run_dir_of
+from rl_transformers.agents.dt_agent import DecisionTransformerAgent
 from rl_transformers.agents.memory_bound import (
     backbone_bytes,
     backbone_params,
@@ -160,7 +160,7 @@ def _load_ppo(
 
 def _bound_dt(ckpt: dict[str, Any], file: Path, batch: int, max_memory_gib: float | None) -> None:
     """The DT model_kwargs' sizes against the shipped weights and the memory bound, before anything is built."""
-    from rl_transformers.backbone import BackboneConfig
+    from rl_transformers.backbone.config import BackboneConfig
 
     kwargs = ckpt["model_kwargs"]
     backbone = BackboneConfig.from_dict(kwargs["backbone"])
@@ -213,4 +213,4 @@ def _load_dt(
     )
 
 
-__all__ = ["load", "run_dir_of"]
+__all__ = ["load"]

@@ -19,9 +19,9 @@ from typing import Any, cast
 
 import numpy as np
 
-from rl_transformers.agents.offline_runs import OfflineRun, collect_runs
+from rl_transformers.agents.offline_runs import OfflineRun
 
-__all__ = ["OfflineRun", "Row", "collect_runs", "render_markdown", "spearman_rows", "summarize", "to_json"]
+__all__ = ["Row", "render_markdown", "spearman_rows", "summarize", "to_json"]
 
 
 @dataclass(frozen=True)

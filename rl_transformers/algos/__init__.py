@@ -1,51 +1,17 @@
-"""Training algorithms: PPO for memory policies (online); the Decision Transformer trainer lives beside it.
+"""Training algorithms: PPO for memory policies (online) and the Decision Transformer / BC trainer (offline).
 
-from rl_transformers.algos import PPOConfig, TrainConfig, train
+Import each name from the module that defines it (the package exports nothing, so importing
+``rl_transformers.algos.dt`` does not import PPO)::
 
-Names are imported lazily (PEP 562), so ``from rl_transformers.algos.dt import ...`` does not import PPO.
-"""
-
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING, Any
-
-_EXPORTS = {
-    "PPOConfig": "ppo_config",
-    "PPOTrainer": "ppo",
-    "TrainConfig": "ppo_config",
-    "TrainResult": "ppo",
-    "train": "ppo",
-    "RolloutStorage": "storage",
-    "compute_gae": "storage",
-    "evaluate_policy": "evaluation",
-    "make_vec_env": "env_util",
-}
-
-__all__ = [
-    "PPOConfig",
-    "PPOTrainer",
-    "RolloutStorage",
-    "TrainConfig",
-    "TrainResult",
-    "compute_gae",
-    "evaluate_policy",
-    "make_vec_env",
-    "train",
-]
-
-if TYPE_CHECKING:
-    from rl_transformers.algos.env_util import make_vec_env
-    from rl_transformers.algos.evaluation import evaluate_policy
-    from rl_transformers.algos.ppo import PPOTrainer, TrainResult, train
+    from rl_transformers.algos.ppo import PPOTrainer, train
     from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
-    from rl_transformers.algos.storage import RolloutStorage, compute_gae
+    from rl_transformers.algos.dt import DTTrainer, train as train_dt
+    from rl_transformers.algos.dt_config import DTConfig
+    from rl_transformers.algos.lifecycle import RunResult
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+Modules: ``ppo`` (the trainer), ``ppo_config``, ``ppo_update`` (loss, Adam, epochs), ``ppo_logging``,
+``ppo_checkpoint`` (checkpoint format, loading a trained policy), ``rollout``, ``storage`` (rollout storage,
+GAE), ``evaluation``, ``env_util``; ``dt`` (the trainer), ``dt_config``, ``dt_data``, ``dt_setup``,
+``dt_logging``, ``dt_checkpoint``, ``bc``; shared: ``lifecycle`` (``train_run``, ``RunResult``), ``run``
+(the run directory's bookkeeping), ``run_config``, ``distributed``, ``recipes``, ``throughput``.
+"""

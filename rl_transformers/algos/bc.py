@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rl_transformers.algos.dt import DTConfig, TrainResult, train
+from rl_transformers.algos.dt import train
+from rl_transformers.algos.dt_config import DTConfig
+from rl_transformers.algos.lifecycle import RunResult
 
 
 def bc_config(dataset: str, top_fraction: float = 1.0, **overrides: Any) -> DTConfig:
@@ -26,6 +28,6 @@ def as_bc(config: DTConfig, top_fraction: float | None = None) -> DTConfig:
     return dataclasses.replace(config, algo="bc", bc_top_fraction=fraction, target_returns=None)
 
 
-def train_bc(dataset: str, top_fraction: float = 1.0, **overrides: Any) -> TrainResult:
+def train_bc(dataset: str, top_fraction: float = 1.0, **overrides: Any) -> RunResult:
     """Train BC / %BC; see :func:`rl_transformers.algos.dt.train`."""
     return train(bc_config(dataset, top_fraction, **overrides))

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import functools
 import time
+import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -44,8 +44,8 @@ from torch import nn
 
 from rl_transformers import logging as L
 from rl_transformers import tags as T
-from rl_transformers.algos.distributed import DistContext
-from rl_transformers.algos.dt_checkpoint import REQUIRED_KEYS, checkpoint_state, restore_checkpoint
+from rl_transformers.algos.distributed import DistContext, gather_objects
+from rl_transformers.algos.dt_checkpoint import REQUIRED_KEYS
 from rl_transformers.algos.dt_config import RESUME_MUTABLE, RESUME_PER_INVOCATION, DTConfig
 from rl_transformers.algos.dt_data import TrajectoryDataset, segment_backward
 from rl_transformers.algos.dt_logging import Window, eval_scalars, record_training, write_eval_episodes
@@ -60,20 +60,17 @@ from rl_transformers.algos.dt_setup import (
     time_limit,
 )
 from rl_transformers.algos.evaluation import evaluate_dt
-from rl_transformers.algos.lifecycle import Resumed, RunOutcome, RunSpec, load_resume, train_run
-from rl_transformers.algos.run import Run
+from rl_transformers.algos.lifecycle import RunResult, RunSpec, load_resume, train_run
+from rl_transformers.algos.run import Resumed, Run
+from rl_transformers.algos.run_config import saved_form
 from rl_transformers.policies.decision_transformer import DecisionTransformer
-from rl_transformers.utils import (
-    capture_rng_state,
-    check_finite,
-    linear_warmup,
-    restore_rng_state,
-    seed_everything,
-    warmup_cosine,
-)
+from rl_transformers.utils.env_record import evaluated_spec
 from rl_transformers.utils.resume import merge_resume
+from rl_transformers.utils.rng import capture_rng_state, restore_rng_state
+from rl_transformers.utils.runs import to_jsonable
+from rl_transformers.utils.training import check_finite, linear_warmup, seed_everything, warmup_cosine
 
-__all__ = ["DTTrainer", "TrainResult", "train"]
+__all__ = ["DTTrainer", "train"]
 
 BEST_METRIC = T.EVAL_RETURN_MEAN
 """The tag that selects best.pt: the mean return of the first (highest) target."""
@@ -94,24 +91,34 @@ def headline(targets: list[float | None]) -> tuple[str, ...]:
     return (*per_target, T.LOSS)
 
 
-@dataclass
-class TrainResult(RunOutcome):
-    """A DT / BC run's outcome (``step``: gradient updates; ``run_dir`` None off rank 0)."""
-
-    model: DecisionTransformer | None = None
-    data_summary: dict[str, Any] = field(default_factory=dict)
-    """The training data actually used (after %BC filtering): episodes, steps, return statistics."""
-
-
 def _merge(saved: DTConfig, given: DTConfig, source: Path) -> DTConfig:
     return merge_resume(
         saved, given, mutable=RESUME_MUTABLE, per_invocation=RESUME_PER_INVOCATION, source=source
     )
 
 
+def _optimiser(
+    model: nn.Module, config: DTConfig, device: torch.device
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over ``model`` and its learning-rate schedule (linear warmup, then constant or cosine decay)."""
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=config.learning_rate,
+        weight_decay=config.weight_decay,
+        betas=config.betas,
+        fused=device.type in FUSED_ADAMW_DEVICES or None,  # one kernel per step, the same AdamW update
+    )
+    warmup, total = config.warmup_steps, config.total_steps
+    if config.lr_decay == "cosine":
+        factor = lambda s: warmup_cosine(s, warmup, total)  # noqa: E731
+    else:
+        factor = lambda s: linear_warmup(s, warmup)  # noqa: E731
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
 class DTTrainer:
     """Data, model and optimiser of one run (built in ``__init__``, restored from ``resumed``); :meth:`learn`
-    trains inside a :class:`~rl_transformers.algos.lifecycle.Run`."""
+    trains inside a :class:`~rl_transformers.algos.run.Run`."""
 
     def __init__(
         self,
@@ -120,7 +127,7 @@ class DTTrainer:
         device: torch.device,
         resumed: Resumed | None = None,
     ) -> None:
-        from offline_data import load_episodes
+        from offline_data.loading import load_episodes
 
         self.config, self.dist, self.device = config, dist, device
         seed_everything(config.seed + dist.rank)
@@ -169,22 +176,10 @@ class DTTrainer:
         if not self.model.discrete_observations:
             self.model.set_state_normalization(*self.data.state_stats())
         self.model.to(device)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=config.learning_rate,
-            weight_decay=config.weight_decay,
-            betas=config.betas,
-            fused=device.type in FUSED_ADAMW_DEVICES or None,  # one kernel per step, the same AdamW update
-        )
-        warmup, total = config.warmup_steps, config.total_steps
-        if config.lr_decay == "cosine":
-            factor = lambda s: warmup_cosine(s, warmup, total)  # noqa: E731
-        else:
-            factor = lambda s: linear_warmup(s, warmup)  # noqa: E731
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
+        self.optimizer, self.scheduler = _optimiser(self.model, config, device)
         self.step = 0
         if resumed is not None:
-            restore_checkpoint(self, resumed.checkpoint)
+            self.load_checkpoint_state(resumed.checkpoint)
         self.net: nn.Module = self.model
         if dist.enabled:
             ids = [device.index] if device.type == "cuda" else None
@@ -273,7 +268,7 @@ class DTTrainer:
         return {**terms, "grad_norm": grad_norm.detach()}
 
     # -- the loop ---------------------------------------------------------------------------------------------
-    def learn(self, run: Run, callback: Callable[[DTTrainer], bool | None] | None = None) -> TrainResult:
+    def learn(self, run: Run, callback: Callable[[DTTrainer], bool | None] | None = None) -> RunResult:
         """Train to ``total_steps``. Each update: sample and step, log every ``log_every``, then checkpoint and
         evaluate when due (:meth:`Run.end_iteration`: saved before evaluating; always at the last update).
         ``callback(trainer)`` after each update; False stops the run (as Ctrl-C does)."""
@@ -307,7 +302,7 @@ class DTTrainer:
                 run.advance(1, **postfix)
                 if run.should_stop(callback is not None and callback(self) is False):
                     break
-        return TrainResult(
+        return RunResult(
             algo=config.algo,
             run_dir=run.dir,
             step=self.step,
@@ -365,9 +360,48 @@ class DTTrainer:
 
     # -- checkpoints ------------------------------------------------------------------------------------------
     def checkpoint(self) -> dict[str, Any] | None:
-        """The checkpoint payload (:func:`~rl_transformers.algos.dt_checkpoint.checkpoint_state`; a collective
-        under DDP; None off rank 0)."""
-        return checkpoint_state(self)
+        """The checkpoint payload (tensors and plain data: module docstring of
+        :mod:`~rl_transformers.algos.dt_checkpoint`; collective under DDP: gathers every rank's RNG states; None
+        off rank 0)."""
+        rngs = gather_objects(capture_rng_state(), self.dist)
+        samplers = gather_objects(self.sampler_rng.bit_generator.state, self.dist)
+        if not self.dist.is_main:
+            return None
+        info = self.info
+        return {
+            "model": self.model.state_dict(),
+            "model_kwargs": self.model.init_kwargs(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "rng": rngs,
+            "sampler_rng": samplers,
+            "world_size": self.dist.world_size,
+            "config": to_jsonable(saved_form(self.config)),
+            "dataset": {
+                "source": info.source,
+                "env_id": info.env_id,
+                "env_spec": evaluated_spec(self.config.env_id, info, self.config.allow_env_modules),
+                "ref_min_score": info.ref_min_score,
+                "ref_max_score": info.ref_max_score,
+            },
+        }
+
+    def load_checkpoint_state(self, ckpt: dict[str, Any]) -> None:
+        """Put back what :meth:`checkpoint` saved (RNG streams only when the world size is unchanged)."""
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        self.step = int(ckpt["step"])
+        if int(ckpt.get("world_size", 1)) == self.dist.world_size:
+            restore_rng_state(ckpt["rng"][self.dist.rank])
+            self.sampler_rng.bit_generator.state = ckpt["sampler_rng"][self.dist.rank]
+        elif self.dist.is_main:
+            warnings.warn(
+                f"resume: world size changed ({ckpt.get('world_size')} -> {self.dist.world_size}); "
+                "random streams are reseeded, the run will not match an uninterrupted one",
+                stacklevel=2,
+            )
 
     def close(self) -> None:
         for env in self.eval_envs:
@@ -380,7 +414,7 @@ def train(
     config: DTConfig,
     run_dir: Path | None = None,
     callback: Callable[[DTTrainer], bool | None] | None = None,
-) -> TrainResult:
+) -> RunResult:
     """Train (or resume, ``config.resume``) a Decision Transformer / BC run (lifecycle:
     :func:`~rl_transformers.algos.lifecycle.train_run`); ``run_dir`` forces the run directory."""
     resume = functools.partial(load_resume, cls=DTConfig, merge=_merge, required=REQUIRED_KEYS, kind="DT")

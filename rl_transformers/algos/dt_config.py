@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Literal
 
 from rl_transformers.algos.run_config import SHARED_RESUME_MUTABLE, RunConfig
-from rl_transformers.backbone import BackboneConfig, available
+from rl_transformers.backbone.config import BackboneConfig
 from rl_transformers.backbone.options import (
     check_choice,
     check_int,
@@ -20,7 +20,9 @@ from rl_transformers.backbone.options import (
     check_positive,
     check_probability,
 )
-from rl_transformers.policies.decision_transformer import Padding, dt_backbone_config
+from rl_transformers.backbone.registry import available
+from rl_transformers.policies.decision_transformer import dt_backbone_config
+from rl_transformers.policies.dt_padding import Padding
 from rl_transformers.utils.checks import (
     MAX_EVAL_EPISODES,
     MAX_NUM_ENVS,
@@ -35,12 +37,6 @@ from rl_transformers.utils.errors import UserError
 class DTConfig(RunConfig):
     """Everything a Decision Transformer / BC run needs (one CLI flag per field in ``scripts/train_dt.py``;
     shared run flags: :class:`RunConfig`)."""
-
-    RENAMED_FIELDS: ClassVar[dict[str, str]] = {
-        "runs_dir": "run_root",
-        "log_stdout": "verbose",
-        "aux_loss_weights": "aux_weights",
-    }
 
     dataset: str = ""
     """Minari dataset id (local, never downloaded), Minari dataset directory, or D4RL-format .hdf5 file."""

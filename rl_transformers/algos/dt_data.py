@@ -4,7 +4,7 @@ Method (Chen et al. 2021, arXiv 2106.01345, §4 and their released code): the ep
 each step stores its undiscounted return-to-go R̂_t = Σ_{t'≥t} r_t' (within its episode, γ = 1) and its
 episode timestep t (from 0). A batch draws B episodes with probability ∝ length and, in each, a start step
 uniformly in [0, T − 1]; the window is the steps [start, start + K) that exist (L = min(K, T − start)),
-padded to K on the model's padding side (:func:`~rl_transformers.policies.decision_transformer.pad_steps`)
+padded to K on the model's padding side (:func:`~rl_transformers.policies.dt_padding.pad_steps`)
 with zeros and ``mask`` False. Rollouts build their contexts the same way, so R̂ alignment is the same in
 training and acting: the token of step t carries R̂_t, which includes r_t, and the agent's R̂_{t+1} = R̂_t − r_t.
 
@@ -33,7 +33,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from rl_transformers.policies.decision_transformer import DecisionTransformer, Padding, pad_steps
+from rl_transformers.policies.decision_transformer import DecisionTransformer
+from rl_transformers.policies.dt_padding import Padding, pad_steps
 
 
 class EpisodeLike(Protocol):

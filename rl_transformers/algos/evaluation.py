@@ -22,7 +22,8 @@ from gymnasium.vector import AutoresetMode
 from rl_transformers.algos.env_util import make_env_thunk, make_vec_env, video_unavailable
 from rl_transformers.algos.rollout import reset_loop
 from rl_transformers.policies.actor_critic import ActorCritic
-from rl_transformers.policies.decision_transformer import DecisionTransformer, DTAgent
+from rl_transformers.policies.decision_transformer import DecisionTransformer
+from rl_transformers.policies.dt_rollout import DTAgent
 from rl_transformers.policies.encoders import obs_to_tensor
 
 __all__ = ["EpisodeStats", "EvalResult", "evaluate_dt", "evaluate_episodes", "evaluate_policy"]

@@ -45,21 +45,16 @@ from rl_transformers.algos.distributed import (
     setup_distributed,
     shutdown,
 )
-from rl_transformers.algos.run import Run
+from rl_transformers.algos.run import Resumed, Run
 from rl_transformers.algos.run_config import RunConfig
-from rl_transformers.utils import (
-    available_cores,
-    latest_checkpoint,
-    load_checkpoint,
-    set_threads,
-    to_jsonable,
-)
+from rl_transformers.utils.checkpoint_load import latest_checkpoint, load_checkpoint
 from rl_transformers.utils.errors import UserError
 from rl_transformers.utils.resume import saved_config
+from rl_transformers.utils.runs import to_jsonable
+from rl_transformers.utils.training import available_cores, set_threads
 
 __all__ = [
-    "Resumed",
-    "RunOutcome",
+    "RunResult",
     "RunSpec",
     "Trainer",
     "load_resume",
@@ -73,8 +68,6 @@ C = TypeVar("C")
 RC = TypeVar("RC", bound=RunConfig)
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
-R = TypeVar("R", bound="RunOutcome")
-R_co = TypeVar("R_co", bound="RunOutcome", covariant=True)
 
 DIST_TIMEOUT = datetime.timedelta(hours=2)
 """Process-group timeout: ranks > 0 wait in the next collective while rank 0 evaluates (long rollouts)."""
@@ -103,16 +96,6 @@ def session(
         shutdown(dist)
 
 
-@dataclass
-class Resumed:
-    """What ``--resume`` found: the merged config, the checkpoint, its file and its run directory."""
-
-    config: Any
-    checkpoint: dict[str, Any]
-    source: Path
-    run_dir: Path
-
-
 def load_resume(
     config: C,
     cls: type[C],
@@ -138,10 +121,13 @@ def load_resume(
 
 
 @dataclass
-class RunOutcome:
-    """What every trainer's ``train`` returns (each trainer's result extends it)."""
+class RunResult:
+    """What a training run ended with: every trainer's ``train`` returns it (PPO, DT, BC), and so do
+    :func:`rl_transformers.train_ppo` / :func:`rl_transformers.train_dt`. ``rl_transformers.load(result.run_dir)``
+    gives the trained agent."""
 
     algo: str
+    """``ppo``, ``dt`` or ``bc``."""
     run_dir: Path | None
     """The run directory (None off rank 0 under torchrun)."""
     step: int
@@ -157,9 +143,15 @@ class RunOutcome:
     holding the model of that step, None when none is kept."""
     best: dict[str, Any] | None = None
     """What ``best.pt`` holds: its ``step``, the ``tag`` that ranks it and that tag's ``value``."""
+    episode_returns: list[float] = field(default_factory=list)
+    """PPO: returns of the last (up to 100) training episodes (their mean is the last rollout/ep_rew_mean)."""
+    model: nn.Module | None = None
+    """DT / BC: the trained model (None off rank 0)."""
+    data_summary: dict[str, Any] = field(default_factory=dict)
+    """DT / BC: the training data actually used (after %BC filtering): episodes, steps, return statistics."""
 
 
-def summary_text(outcome: RunOutcome) -> str:
+def summary_text(outcome: RunResult) -> str:
     """The final summary both training scripts print: JSON with the run directory, step, whether the run was
     interrupted, the last logged values of the headline metrics (``metrics``, keyed by their tags), the step and
     checkpoint each comes from (``sources``) and what ``best.pt`` holds (``best``)."""
@@ -196,21 +188,21 @@ class RunSpec:
     """What the run summary records besides the parameter count."""
 
 
-class Trainer(Protocol[T_co, R_co]):
+class Trainer(Protocol[T_co]):
     """What :func:`train_run` needs of a trainer: built from (config, dist, device, resumed)."""
 
     def run_spec(self) -> RunSpec: ...
-    def learn(self, run: Run, callback: Callable[[T_co], bool | None] | None = None) -> R_co: ...
+    def learn(self, run: Run, callback: Callable[[T_co], bool | None] | None = None) -> RunResult: ...
     def close(self) -> None: ...
 
 
 def train_run(
     config: RC,
     resume: Callable[[RC], Resumed | None],
-    build: Callable[[RC, DistContext, torch.device, Resumed | None], Trainer[T, R]],
+    build: Callable[[RC, DistContext, torch.device, Resumed | None], Trainer[T]],
     run_dir: Path | None = None,
     callback: Callable[[T], bool | None] | None = None,
-) -> R:
+) -> RunResult:
     """Build (or resume) a run, train it, close it: the ``train()`` of every trainer. ``resume(config)``: the
     checkpoint to continue (:func:`load_resume` with the trainer's merge rule), ``build``: the trainer (restored
     from it), whose :meth:`learn` runs the loop inside a :class:`Run` that only rank 0 writes."""

@@ -21,7 +21,9 @@ update, so the summary's ``eval/mean_reward`` and ``best.pt`` consider the final
 turns it off to keep its protocol: evaluations at multiples of ``eval_every`` only).
 
 Modules: the loss, Adam and the epochs :mod:`~rl_transformers.algos.ppo_update`; logged tags
-:mod:`~rl_transformers.algos.ppo_logging`; checkpoints :mod:`~rl_transformers.algos.ppo_checkpoint`; config
+:mod:`~rl_transformers.algos.ppo_logging`; the checkpoint format and loading a trained policy
+:mod:`~rl_transformers.algos.ppo_checkpoint` (what a save holds and how a resume restores it are the trainer's
+:meth:`PPOTrainer.checkpoint_state` / :meth:`PPOTrainer.load_checkpoint_state`); config
 :mod:`~rl_transformers.algos.ppo_config`; throughput :mod:`~rl_transformers.algos.throughput` (the trainer's
 loop without a run directory); the run around the loop :mod:`~rl_transformers.algos.lifecycle`.
 
@@ -38,18 +40,21 @@ so two budgets share one schedule and a resume needs no anchor; ``--ppo.no-annea
 from __future__ import annotations
 
 import functools
+import pickle
 import sys
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 
 from rl_transformers import tags as T
+from rl_transformers.algos import ppo_checkpoint
 from rl_transformers.algos.distributed import (
     DistContext,
     broadcast_parameters,
@@ -57,45 +62,29 @@ from rl_transformers.algos.distributed import (
 )
 from rl_transformers.algos.env_util import check_same_step, make_vec_env
 from rl_transformers.algos.evaluation import EpisodeStats, evaluate_episodes
-from rl_transformers.algos.lifecycle import Resumed, RunOutcome, RunSpec, load_resume, train_run
-from rl_transformers.algos.ppo_checkpoint import checkpoint_state, restore_checkpoint
+from rl_transformers.algos.lifecycle import RunResult, RunSpec, load_resume, train_run
 from rl_transformers.algos.ppo_config import TrainConfig, resume_config
 from rl_transformers.algos.ppo_logging import record_update
 from rl_transformers.algos.ppo_update import make_adam, train_epochs, update_obs_norm
 from rl_transformers.algos.reward_norm import RewardNorm
 from rl_transformers.algos.rollout import collect_rollout, reset_loop
-from rl_transformers.algos.run import Run
+from rl_transformers.algos.run import Resumed, Run
+from rl_transformers.algos.run_config import saved_form
 from rl_transformers.algos.storage import RolloutStorage
 from rl_transformers.logging import Logger
-from rl_transformers.policies.gtrxl import ActorCritic, ContextCore, TwinCore, make_policy
-from rl_transformers.utils import (
-    capture_rng_state,
-    linear_schedule,
-    restore_rng_state,
-    seed_everything,
-)
-from rl_transformers.utils.trust import check_key
+from rl_transformers.policies.actor_critic import ActorCritic
+from rl_transformers.policies.cores import ContextCore, TwinCore
+from rl_transformers.policies.gtrxl import make_policy
+from rl_transformers.utils.errors import UserError
+from rl_transformers.utils.rng import capture_rng_state, restore_rng_state
+from rl_transformers.utils.runs import to_jsonable
+from rl_transformers.utils.training import linear_schedule, seed_everything
+from rl_transformers.utils.trust import UntrustedBlob, check_key, load_signed, sign_blob
 
-__all__ = ["PPOTrainer", "TrainResult", "train"]
+__all__ = ["PPOTrainer", "train"]
 
 HEADLINE = (T.EP_REW_MEAN, T.EP_LEN_MEAN, T.EVAL_MEAN_REWARD)
 """Tags of the final summary (their last logged values)."""
-
-
-@dataclass
-class TrainResult(RunOutcome):
-    """A PPO run's outcome (``step``: environment steps)."""
-
-    episode_returns: list[float] = field(default_factory=list)
-    """Returns of the last (up to 100) training episodes (their mean is the last rollout/ep_rew_mean)."""
-
-    @property
-    def global_step(self) -> int:
-        return self.step
-
-    @property
-    def stopped_early(self) -> bool:
-        return self.interrupted
 
 
 # -- the trainer --------------------------------------------------------------------------------------------
@@ -123,7 +112,7 @@ class PPOTrainer:
         obs_space, act_space = self.envs.single_observation_space, self.envs.single_action_space
         self.policy: ActorCritic = make_policy(cfg.policy, obs_space, act_space).to(self.device)
         broadcast_parameters(self.policy, self.dist)
-        if cfg.compile:  # issue 26: compiled acting step and training forward, eager fallback
+        if cfg.compile:  # compiled acting step and training forward, eager fallback
             from rl_transformers.policies.compile import compile_policy
 
             compile_policy(self.policy, training=cfg.compile_training)
@@ -169,6 +158,8 @@ class PPOTrainer:
         """(update, rate) the linear anneal starts from (see the module docstring)."""
         self.episode_returns: deque[float] = deque(maxlen=100)
         self.episode_lengths: deque[int] = deque(maxlen=100)
+        self._unpicklable = False
+        """The envs failed to pickle once: later checkpoints hold no env blob (warned once)."""
         if resumed is not None:
             try:
                 self.load_checkpoint_state(resumed.checkpoint, resumed.source)
@@ -245,22 +236,19 @@ class PPOTrainer:
         """:meth:`evaluate` with the episodes' success flags where the env reports them."""
         rng = capture_rng_state()
         try:
-            return self._evaluate(n_episodes, deterministic)
+            return evaluate_episodes(
+                self.policy,
+                self.cfg.env_id,
+                self.cfg.env_kwargs,
+                n_episodes,
+                seed=self.cfg.seed + 100_003 + self.update,
+                seq_len=self.cfg.ppo.seq_len,
+                deterministic=deterministic,
+                device=self.device,
+                allow_env_modules=self.cfg.allow_env_modules,
+            )
         finally:
             restore_rng_state(rng)
-
-    def _evaluate(self, n_episodes: int, deterministic: bool) -> EpisodeStats:
-        return evaluate_episodes(
-            self.policy,
-            self.cfg.env_id,
-            self.cfg.env_kwargs,
-            n_episodes,
-            seed=self.cfg.seed + 100_003 + self.update,
-            seq_len=self.cfg.ppo.seq_len,
-            deterministic=deterministic,
-            device=self.device,
-            allow_env_modules=self.cfg.allow_env_modules,
-        )
 
     # -- checkpoints ----------------------------------------------------------------------------------------
     def learning_rate(self, update: int | None = None) -> float:
@@ -275,15 +263,127 @@ class PPOTrainer:
         return linear_schedule(lr0, 0.0, (u - u0) / max(self.num_updates - u0, 1))
 
     def checkpoint_state(self) -> dict[str, Any]:
-        """Everything a resume needs (see :mod:`rl_transformers.algos.ppo_checkpoint`)."""
-        return checkpoint_state(self)
+        """Everything a resume needs (tensors and plain data, plus the signed env blob)."""
+        blob = None
+        if isinstance(self.envs, gym.vector.SyncVectorEnv) and not self._unpicklable:
+            try:
+                blob = sign_blob(
+                    (self.envs.envs, ppo_checkpoint.move_loop(self.loop, "cpu")), ppo_checkpoint.RESUME_BLOB
+                )
+            except (pickle.PicklingError, AttributeError, TypeError) as err:
+                self._unpicklable = True
+                warnings.warn(
+                    f"the envs of {self.cfg.env_id!r} cannot be pickled ({err}); checkpoints hold no env "
+                    "state, a resume starts fresh episodes",
+                    stacklevel=2,
+                )
+        return {
+            "config": to_jsonable(saved_form(self.cfg)),
+            "policy": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "global_step": self.global_step,
+            "update": self.update,
+            "num_updates": self.num_updates,
+            "lr_anchor": {"update": self.lr_anchor[0], "lr": self.lr_anchor[1]},
+            "spaces": ppo_checkpoint.describe_spaces(
+                self.envs.single_observation_space, self.envs.single_action_space
+            ),
+            "rng": capture_rng_state(),
+            "generator": self.generator.get_state(),
+            "episode_returns": list(self.episode_returns),
+            "episode_lengths": list(self.episode_lengths),
+            "reward_norm": None if self.reward_norm is None else self.reward_norm.state_dict(),
+            ppo_checkpoint.RESUME_BLOB: blob,
+        }
 
     def load_checkpoint_state(self, ckpt: dict[str, Any], source: str | Path = "checkpoint") -> None:
-        """Restore what :meth:`checkpoint_state` saved (see :func:`restore_checkpoint`)."""
-        restore_checkpoint(self, ckpt, source)
+        """Restore everything :meth:`checkpoint_state` saved (envs and loop only on rank 0 with sync envs,
+        and only from a blob signed with this user's key unless ``cfg.trust_checkpoint``)."""
+        missing = [k for k in ("policy", "optimizer", "global_step", "update") if k not in ckpt]
+        if missing:
+            raise UserError(f"checkpoint {source} lacks {missing}: not a PPO checkpoint of rl_transformers")
+        ppo_checkpoint.load_policy_weights(
+            self.policy,
+            ckpt,
+            source,
+            self.envs.single_observation_space,
+            self.envs.single_action_space,
+            self.cfg.env_id,
+        )
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.global_step = int(ckpt["global_step"])
+        self.update = int(ckpt["update"])
+        self.episode_returns.extend(float(r) for r in ckpt.get("episode_returns", []))
+        self.episode_lengths.extend(int(n) for n in ckpt.get("episode_lengths", []))
+        self._restore_schedule(ckpt)
+        self._restore_reward_norm(ckpt, source)
+        exact = self._restore_envs(ckpt, source)
+        if exact:
+            try:
+                restore_rng_state(ckpt["rng"])
+                self.generator.set_state(ckpt["generator"])
+            except (KeyError, TypeError, ValueError, RuntimeError) as err:
+                raise UserError(f"checkpoint {source}: its RNG states do not restore ({err})") from None
+        else:  # fresh episodes; different seeds than the start so no episode repeats
+            seed = self.cfg.seed + self.dist.rank * self.cfg.num_envs + 7919 * self.update
+            self.loop = reset_loop(self.envs, self.policy, seed, self.device)
+            if self.reward_norm is not None:
+                self.reward_norm.restart_episodes()
+            seed_everything(seed, self.cfg.torch_deterministic)
+            self.generator.manual_seed(seed)
+
+    def _restore_reward_norm(self, ckpt: dict[str, Any], source: str | Path) -> None:
+        """The reward scaler's statistics (``ppo.norm_reward``); a checkpoint without them starts fresh ones."""
+        saved = ckpt.get("reward_norm")
+        if self.reward_norm is None or saved is None:
+            return
+        try:
+            self.reward_norm.load_state_dict(saved, f"checkpoint {source}")
+        except ValueError as err:
+            raise UserError(str(err)) from None
+
+    def _restore_schedule(self, ckpt: dict[str, Any]) -> None:
+        """The learning-rate anchor: saved, or re-anchored where the budget changed (module docstring of ppo)."""
+        anchor = ckpt.get("lr_anchor") or {"update": 0, "lr": self.cfg.ppo.learning_rate}
+        self.lr_anchor = (int(anchor["update"]), float(anchor["lr"]))
+        saved_updates = int(ckpt.get("num_updates", self.num_updates))
+        if saved_updates != self.num_updates:  # budget changed: continue from the rate reached here
+            u0, lr0 = self.lr_anchor
+            reached = linear_schedule(lr0, 0.0, (self.update - u0) / max(saved_updates - u0, 1))
+            self.lr_anchor = (self.update, reached if self.cfg.ppo.anneal_lr else self.cfg.ppo.learning_rate)
+
+    def _restore_envs(self, ckpt: dict[str, Any], source: str | Path) -> bool:
+        """Put back the pickled envs + loop when allowed; False (fresh episodes) otherwise."""
+        if not (self.dist.is_main and isinstance(self.envs, gym.vector.SyncVectorEnv)):
+            return False
+        entry = ckpt.get(ppo_checkpoint.RESUME_BLOB)
+        if entry is None:
+            if "envs" in ckpt and "loop" in ckpt:  # 0.1's layout: two unsigned pickles, never read
+                warnings.warn(
+                    f"checkpoint {source}: its saved environments were written by an older version (unsigned "
+                    "pickles), which this version does not read. The run resumes with fresh episodes (policy, "
+                    "optimizer and counters restored; not bit-exact).",
+                    stacklevel=3,
+                )
+            return False
+        try:
+            envs, loop = load_signed(entry, ppo_checkpoint.RESUME_BLOB, trust=self.cfg.trust_checkpoint)
+        except UntrustedBlob as why:
+            warnings.warn(
+                f"checkpoint {source}: its saved environments are not unpickled ({why}). The run resumes "
+                "with fresh episodes (policy, optimizer and counters restored; not bit-exact). If you trust "
+                "this file, pass --trust-checkpoint to restore them.",
+                stacklevel=3,
+            )
+            return False
+        for env in self.envs.envs:
+            env.close()
+        self.envs.envs = envs
+        self.loop = ppo_checkpoint.move_loop(loop, self.device)
+        return True
 
     # -- the loop -------------------------------------------------------------------------------------------
-    def learn(self, run: Run, callback: Callable[[PPOTrainer], bool | None] | None = None) -> TrainResult:
+    def learn(self, run: Run, callback: Callable[[PPOTrainer], bool | None] | None = None) -> RunResult:
         """Run updates until total_timesteps. ``callback(trainer)`` after each update; False stops the run.
 
         Each update, cleanrl's phases: anneal the learning rate, collect a rollout, train the epochs, log, then
@@ -316,7 +416,7 @@ class PPOTrainer:
                 # 3. optimise
                 collect_info = ppo.info_every > 0 and self.update % ppo.info_every == 0
                 metrics = self.train_epochs(collect_info=collect_info and logger is not None)
-                self._update_obs_norm()
+                update_obs_norm(self.policy, self.storage, self.dist)
                 self.update += 1
                 self.global_step += self.batch_size
                 # 4. log
@@ -341,7 +441,7 @@ class PPOTrainer:
                 run.advance(self.batch_size, fps=f"{fps:.0f}", ret=recent)
                 if run.should_stop(callback is not None and callback(self) is False):
                     break
-        return TrainResult(
+        return RunResult(
             algo="ppo",
             run_dir=run.dir,
             step=self.global_step,
@@ -368,9 +468,6 @@ class PPOTrainer:
             values[T.EVAL_SUCCESS_RATE] = stats.success_rate
         return values, mean
 
-    def _update_obs_norm(self) -> None:
-        update_obs_norm(self.policy, self.storage, self.dist)
-
     def close(self) -> None:
         self.envs.close()
 
@@ -385,7 +482,7 @@ def train(
     cfg: TrainConfig,
     run_dir: Path | None = None,
     callback: Callable[[PPOTrainer], bool | None] | None = None,
-) -> TrainResult:
+) -> RunResult:
     """Build (or resume) a run, train it, close it (:func:`~rl_transformers.algos.lifecycle.train_run`). Only
     rank 0 writes the run directory.
 

@@ -22,7 +22,7 @@ from rl_transformers.algos.distributed import DistContext, allreduce_gradients, 
 from rl_transformers.algos.ppo_config import PPOConfig
 from rl_transformers.algos.storage import RolloutStorage, SequenceBatch
 from rl_transformers.policies.actor_critic import ActorCritic
-from rl_transformers.utils import NonFiniteError
+from rl_transformers.utils.training import NonFiniteError
 
 __all__ = ["evaluate_minibatch", "make_adam", "ppo_loss", "train_epochs", "update_obs_norm"]
 

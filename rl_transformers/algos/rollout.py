@@ -23,8 +23,8 @@ from torch import Tensor
 from rl_transformers.algos.reward_norm import RewardNorm
 from rl_transformers.algos.storage import RolloutStorage
 from rl_transformers.backbone.state import State, cat_rows
+from rl_transformers.policies.actor_critic import ActorCritic
 from rl_transformers.policies.encoders import Obs, obs_to_tensor
-from rl_transformers.policies.gtrxl import ActorCritic
 
 
 def final_observations(info: dict[str, Any], space: spaces.Space, done_idx: np.ndarray) -> Any:

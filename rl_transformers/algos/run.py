@@ -7,8 +7,9 @@ import contextlib
 import json
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -16,22 +17,24 @@ from torch import nn
 from rl_transformers.algos.distributed import DistContext, any_rank
 from rl_transformers.algos.run_config import saved_form
 from rl_transformers.logging import Logger
-from rl_transformers.utils import (
-    CheckpointManager,
-    GracefulInterrupt,
-    NonFiniteError,
-    make_run_dir,
-    save_config,
-    to_jsonable,
-)
+from rl_transformers.utils.checkpoint import CheckpointManager
 from rl_transformers.utils.params import count_parameters
 from rl_transformers.utils.provenance import SYSTEM_INFO_FILE, record_invocation
 from rl_transformers.utils.runlock import RunLock, claim_run
+from rl_transformers.utils.runs import make_run_dir, save_config, to_jsonable
+from rl_transformers.utils.training import GracefulInterrupt, NonFiniteError
 
-if TYPE_CHECKING:
-    from rl_transformers.algos.lifecycle import Resumed
+__all__ = ["Resumed", "Run"]
 
-__all__ = ["Run"]
+
+@dataclass
+class Resumed:
+    """What ``--resume`` found: the merged config, the checkpoint, its file and its run directory."""
+
+    config: Any
+    checkpoint: dict[str, Any]
+    source: Path
+    run_dir: Path
 
 
 class Run:

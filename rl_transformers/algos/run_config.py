@@ -12,10 +12,6 @@ Vocabulary rule for counts: the backbone, the policies and every options dict us
 ``n_heads``, ``n_buckets``). The PPO run flags keep cleanrl's ``Args`` names verbatim (``--num-envs``,
 ``--ppo.num-steps``, ``--ppo.num-minibatches``, ``--total-timesteps``), because the PPO config is cleanrl's one
 to one and those are the names its users type; no other user-visible option uses ``num_``.
-
-Renamed fields are listed in ``RENAMED_FIELDS`` (old -> new): configs saved under the old names still load
-(:func:`rl_transformers.utils.runs.from_dict`) and the old flags still parse, with a deprecation warning
-(:func:`rl_transformers.utils.resume.parse_cli`).
 """
 
 from __future__ import annotations
@@ -23,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from rl_transformers.backbone.options import check_int
 from rl_transformers.utils.checks import check_device
@@ -55,9 +51,6 @@ class RunConfig:
     """Modules (and their submodules) whose environments a flag or a file may name by entry point or
     ``module:Env-v0`` id, beyond gymnasium, envs, popgym and minigrid (envs/resolve.py). Allowing a module
     trusts its code. Never read from a saved config: give it again with --resume."""
-
-    RENAMED_FIELDS: ClassVar[dict[str, str]] = {}
-    """Old field name -> new one (old saved configs load, old flags parse with a warning)."""
 
     def __post_init__(self) -> None:
         # accept str paths from Python callers; the saved config and comparisons see Path

@@ -8,7 +8,7 @@ policy acts at that step). A PPO minibatch is a set of whole sequences: the poli
 from its stored state, gradients flowing through the W steps of the sequence (the training window) while the
 stored state (XL memory, KV cache, RNN state) is a constant (the memory window can be much longer than W).
 Episode starts inside a sequence are stored with it and applied as in the rollout by
-:meth:`~rl_transformers.policies.gtrxl.ActorCritic.evaluate_sequence`, so sequences never mix episodes.
+:meth:`~rl_transformers.policies.actor_critic.ActorCritic.evaluate_sequence`, so sequences never mix episodes.
 
 GAE (Schulman et al. 2016, arXiv 1506.02438) with Gymnasium's two kinds of episode end:
 δ_t = r_t + γ V_next(t) − V(s_t), A_t = δ_t + γλ (1 − done_t) A_{t+1}, where V_next(t) is 0 if the episode

@@ -15,7 +15,7 @@ from rl_transformers.algos.distributed import DistContext, resolve_device
 from rl_transformers.algos.ppo import PPOTrainer
 from rl_transformers.algos.ppo_config import TrainConfig
 from rl_transformers.algos.rollout import collect_rollout
-from rl_transformers.utils import available_cores, set_threads
+from rl_transformers.utils.training import available_cores, set_threads
 
 __all__ = ["measure_throughput"]
 

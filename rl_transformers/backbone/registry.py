@@ -17,7 +17,6 @@ import dataclasses
 import importlib
 import pkgutil
 import threading
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -168,23 +167,6 @@ def capabilities(family: str, name: str) -> Capabilities:
     return get(family, name).capabilities
 
 
-def renamed_options(cls: type, options: dict[str, Any], where: str) -> dict[str, Any]:
-    """``options`` with the old names of ``cls.RENAMED_OPTIONS`` (old -> new) replaced by the new ones, with a
-    ``DeprecationWarning`` each (old saved configs keep loading); both names at once is an error."""
-    renames = getattr(cls, "RENAMED_OPTIONS", None) or {}
-    if not any(old in options for old in renames):
-        return options
-    out = dict(options)
-    for old, new in renames.items():
-        if old not in out:
-            continue
-        if new in out:
-            raise UserError(f"{where}: give {new!r} only ({old!r} is its old name), not both")
-        warnings.warn(f"{where} option {old!r} is deprecated, use {new!r}", DeprecationWarning, stacklevel=4)
-        out[new] = out.pop(old)
-    return out
-
-
 def build_options(family: str, name: str, options: Any) -> Any:
     """Validate ``options`` (dict or dataclass) against the entry's options dataclass and return an instance."""
     entry = get(family, name)
@@ -198,7 +180,6 @@ def build_options(family: str, name: str, options: Any) -> Any:
         raise UserError(
             f"{family}_options for {name!r} must be a dict or {entry.options.__name__}, got {options!r}"
         )
-    options = renamed_options(entry.options, options, f"{family} {name!r}")
     valid = [f.name for f in dataclasses.fields(entry.options)]
     for key in options:
         if key not in valid:

@@ -29,7 +29,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rl_transformers.backbone import Backbone, BackboneConfig, capabilities
+from rl_transformers.backbone.config import BackboneConfig
+from rl_transformers.backbone.model import Backbone
+from rl_transformers.backbone.registry import capabilities
 from rl_transformers.backbone.state import State
 
 

@@ -28,8 +28,7 @@ returns_to_go (B, K) raw returns (scaled inside by ``return_scale``); observatio
 (raw Discrete values, ``start`` included); timesteps (B, K) long; mask (B, K) bool; tokens (B, n·K, d);
 predictions (B, K, A) actions or (B, K, n_actions) logits.
 
-Layout (one concern per module, no import circle; this module re-exports every moved name, so old import
-paths such as ``from rl_transformers.policies.decision_transformer import DTAgent`` keep working):
+Layout (one concern per module, imports one way):
 
 - ``decision_transformer`` (this module): the network — :func:`dt_backbone_config`, :class:`DTOutput`,
   :class:`DecisionTransformer` (embeddings, forward, head, loss).
@@ -37,13 +36,13 @@ paths such as ``from rl_transformers.policies.decision_transformer import DTAgen
 - ``dt_padding``: ``Padding`` and :func:`~rl_transformers.policies.dt_padding.pad_steps`, shared by training
   batches and rollout contexts.
 - ``dt_fast``: the fused training forward of the plain GPT-2 configuration.
-- ``dt_rollout``: :class:`~rl_transformers.policies.dt_rollout.DTAgent`, the stateful rollout agent, kept
-  apart from the network as d3rlpy keeps its stateful wrapper apart from its model. It needs this module
-  only for type hints, so importing it from here closes no circle. (The user-facing d3rlpy-style wrapper,
-  ``StatefulDTWrapper``, lives in ``rl_transformers/agents/dt_agent.py`` on top of ``DTAgent``.)
+- ``dt_rollout``: :class:`~rl_transformers.policies.dt_rollout.DTAgent`, the stateful rollout agent over this
+  network, kept apart from it as d3rlpy keeps its stateful wrapper apart from its model. (The user-facing
+  d3rlpy-style wrapper, ``StatefulDTWrapper``, lives in ``rl_transformers/agents/dt_agent.py`` on top of
+  ``DTAgent``.)
 
-Imports: ``dt_spaces``, ``dt_padding``, ``dt_fast`` -> nothing of the package; ``dt_rollout`` ->
-``dt_padding``; ``decision_transformer`` -> all four (checked by tests/policies/test_layout.py).
+Imports: ``dt_spaces``, ``dt_padding``, ``dt_fast`` -> nothing of the package; ``decision_transformer`` ->
+those three; ``dt_rollout`` -> ``dt_padding`` and ``decision_transformer``.
 """
 
 from __future__ import annotations
@@ -58,11 +57,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rl_transformers.backbone import Backbone, BackboneConfig, capabilities
+from rl_transformers.backbone.config import BackboneConfig
+from rl_transformers.backbone.model import Backbone
+from rl_transformers.backbone.registry import capabilities
 from rl_transformers.backbone.state import BackboneState
 from rl_transformers.policies.dt_fast import fast_path_reason, fused_embed, fused_forward
-from rl_transformers.policies.dt_padding import PADDINGS, Padding, last_index, pad_steps
-from rl_transformers.policies.dt_rollout import DTAgent
+from rl_transformers.policies.dt_padding import PADDINGS, Padding
 from rl_transformers.policies.dt_spaces import check_space, space_from_dict, space_to_dict
 
 
@@ -101,6 +101,34 @@ class DTOutput:
     """Backbone auxiliary losses (unweighted)."""
     info: dict[str, Any] = field(default_factory=dict)
     """Backbone diagnostics (when ``model.backbone.collect_info``)."""
+
+
+def _check_arguments(
+    backbone: BackboneConfig,
+    context_len: int,
+    max_ep_len: int,
+    return_scale: float,
+    padding: Padding,
+    segments: int,
+) -> None:
+    """ValueError naming the first bad constructor argument of :class:`DecisionTransformer`."""
+    if not backbone.causal:
+        raise ValueError("the Decision Transformer needs a causal backbone (BackboneConfig.causal=True)")
+    if context_len < 1:
+        raise ValueError(f"context_len must be >= 1, got {context_len!r}")
+    if max_ep_len < 1:
+        raise ValueError(f"max_ep_len must be >= 1, got {max_ep_len!r}")
+    if not (math.isfinite(return_scale) and return_scale > 0):
+        raise ValueError(f"return_scale must be a positive finite number, got {return_scale!r}")
+    if padding not in PADDINGS:
+        raise ValueError(f"padding={padding!r} is not one of {list(PADDINGS)}")
+    if not (isinstance(segments, int) and segments >= 1):
+        raise ValueError(f"segments must be an integer >= 1, got {segments!r}")
+    if segments > 1 and (backbone.memory is None or padding != "right"):
+        raise ValueError(
+            f"segments={segments} needs a backbone memory and right padding, got memory="
+            f"{backbone.memory!r}, padding={padding!r}"
+        )
 
 
 class DecisionTransformer(nn.Module):
@@ -146,23 +174,7 @@ class DecisionTransformer(nn.Module):
         check_space(observation_space, "observation")
         check_space(action_space, "action")
         backbone = dt_backbone_config() if backbone is None else backbone
-        if not backbone.causal:
-            raise ValueError("the Decision Transformer needs a causal backbone (BackboneConfig.causal=True)")
-        if context_len < 1:
-            raise ValueError(f"context_len must be >= 1, got {context_len!r}")
-        if max_ep_len < 1:
-            raise ValueError(f"max_ep_len must be >= 1, got {max_ep_len!r}")
-        if not (math.isfinite(return_scale) and return_scale > 0):
-            raise ValueError(f"return_scale must be a positive finite number, got {return_scale!r}")
-        if padding not in PADDINGS:
-            raise ValueError(f"padding={padding!r} is not one of {list(PADDINGS)}")
-        if not (isinstance(segments, int) and segments >= 1):
-            raise ValueError(f"segments must be an integer >= 1, got {segments!r}")
-        if segments > 1 and (backbone.memory is None or padding != "right"):
-            raise ValueError(
-                f"segments={segments} needs a backbone memory and right padding, got memory="
-                f"{backbone.memory!r}, padding={padding!r}"
-            )
+        _check_arguments(backbone, context_len, max_ep_len, return_scale, padding, segments)
         self.observation_space = observation_space
         self.action_space = action_space
         self.backbone_config = backbone
@@ -395,15 +407,4 @@ class DecisionTransformer(nn.Module):
         return (err * valid).sum() / (n_valid * self.action_dim)
 
 
-__all__ = [
-    "PADDINGS",
-    "DTAgent",
-    "DTOutput",
-    "DecisionTransformer",
-    "Padding",
-    "dt_backbone_config",
-    "last_index",
-    "pad_steps",
-    "space_from_dict",
-    "space_to_dict",
-]
+__all__ = ["DTOutput", "DecisionTransformer", "dt_backbone_config"]

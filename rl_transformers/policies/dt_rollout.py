@@ -8,9 +8,8 @@ evaluation (:mod:`rl_transformers.algos.evaluation`) and the user-facing
 in ``rl_transformers/agents/dt_agent.py``) both drive a :class:`DTAgent`.
 
 Named ``dt_rollout`` (not ``dt_agent``) so it is not confused with ``rl_transformers.agents.dt_agent``.
-Import graph, no circle: this module imports :mod:`~rl_transformers.policies.dt_padding` at run time and
-``decision_transformer`` only for type checking; ``decision_transformer`` re-exports :class:`DTAgent` (so
-``from rl_transformers.policies.decision_transformer import DTAgent`` keeps working).
+Imports one way: this module imports :mod:`~rl_transformers.policies.dt_padding` and
+:mod:`~rl_transformers.policies.decision_transformer`, neither imports it.
 
 Method: Chen et al. 2021, "Decision Transformer: Reinforcement Learning via Sequence Modeling", arXiv
 2106.01345 (the return-to-go starts at the target and each reward is subtracted from it).
@@ -18,17 +17,15 @@ Method: Chen et al. 2021, "Decision Transformer: Reinforcement Learning via Sequ
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import Literal, TypeVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from rl_transformers.backbone.state import BackboneState, State
+from rl_transformers.policies.decision_transformer import DecisionTransformer
 from rl_transformers.policies.dt_padding import last_index, pad_steps
-
-if TYPE_CHECKING:
-    from rl_transformers.policies.decision_transformer import DecisionTransformer
 
 S = TypeVar("S", bound=State)
 

@@ -8,8 +8,6 @@ registered attention / position / memory / block / depth) into the generic
 core (:mod:`rl_transformers.policies.cores`). :class:`PolicyConfig` selects the core (transformer, LSTM, GRU or
 memory-less MLP, :mod:`rl_transformers.policies.recurrent`) and :func:`make_policy` builds it, so baselines run
 in the same PPO harness.
-
-The actor-critic, cores and sequence packing used to live here; they are re-exported for old imports.
 """
 
 from __future__ import annotations
@@ -21,20 +19,19 @@ from typing import Annotated, Literal
 import tyro
 from gymnasium import spaces
 
-from rl_transformers.backbone import Backbone, BackboneConfig, available, capabilities
-from rl_transformers.policies.actor_critic import ActorCritic, ActOutput, SequenceOutput
+from rl_transformers.backbone.config import BackboneConfig
+from rl_transformers.backbone.model import Backbone
+from rl_transformers.backbone.registry import available, capabilities
+from rl_transformers.policies.actor_critic import ActorCritic
 from rl_transformers.policies.cores import (
     ContextCore,
-    ContextState,
     Core,
-    CoreOutput,
     TransformerCore,
     TwinCore,
     bounded_backbone,
     replay_exactness,
 )
 from rl_transformers.policies.encoders import flat_size
-from rl_transformers.policies.packing import Packing
 from rl_transformers.policies.recurrent import MLPCore, RecurrentCore
 
 PolicyKind = Literal["transformer", "lstm", "gru", "mlp"]
@@ -215,21 +212,4 @@ def make_policy(
     return policy
 
 
-__all__ = [
-    "ActOutput",
-    "ActorCritic",
-    "ContextCore",
-    "ContextState",
-    "Core",
-    "CoreOutput",
-    "GTrXLPolicy",
-    "Packing",
-    "PolicyConfig",
-    "PolicyKind",
-    "SequenceOutput",
-    "TransformerCore",
-    "bounded_backbone",
-    "gtrxl_backbone",
-    "make_policy",
-    "replay_exactness",
-]
+__all__ = ["CRITICS", "GTrXLPolicy", "PolicyConfig", "PolicyKind", "gtrxl_backbone", "make_policy"]

@@ -152,7 +152,7 @@ def _ppo(job: dict[str, Any], run: Path, attempt: Attempt) -> dict[str, Any]:
     obs_space, act_space = _spaces(job["env_id"]) if not job.get("env_kwargs") else _env_spaces(job)
     policy = make_policy(cfg.policy, obs_space, act_space)
     curve = read_series(run / "progress.jsonl", "eval/mean_reward")
-    record = make_record(job, curve, result.global_step, wall, sum(p.numel() for p in policy.parameters()))
+    record = make_record(job, curve, result.step, wall, sum(p.numel() for p in policy.parameters()))
     if attempt.resumed_from:
         record["resumed_from"] = list(attempt.resumed_from)
     return {**record, **success_fields(run)}

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from envs.registry import return_bounds
-from rl_transformers.algos import PPOConfig, TrainConfig  # the package-level names survive a re-layout
+from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
 from rl_transformers.study.encoders import label, parse_spec, policy_config
 from rl_transformers.tune.knobs import Knob, context_knob
 from rl_transformers.tune.seeds import tuning_seed

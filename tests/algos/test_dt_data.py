@@ -9,7 +9,8 @@ import torch
 
 from offline_data import Episode
 from rl_transformers.algos.dt_data import TrajectoryDataset, returns_to_go, top_fraction_episodes
-from rl_transformers.policies.decision_transformer import DecisionTransformer, DTAgent, dt_backbone_config
+from rl_transformers.policies.decision_transformer import DecisionTransformer, dt_backbone_config
+from rl_transformers.policies.dt_rollout import DTAgent
 
 
 def episode(rewards, obs0=0.0, discrete=False) -> Episode:

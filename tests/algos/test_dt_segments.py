@@ -1,5 +1,5 @@
 """Segment-level recurrence for the Decision Transformer (``--segments N``; RATE, Cherepanov et al. 2023, arXiv
-2306.09459; issue 28, point 2).
+2306.09459).
 
 References are independent of the segment code: one forward pass over the whole N·K window (float64, no state),
 a training step written out by hand (today's single-window update), and the T-Maze's own success flag. The

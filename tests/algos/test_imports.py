@@ -1,4 +1,4 @@
-"""The algos package imports lazily: the offline trainer does not pull the online one."""
+"""The algos package exports no names, so the offline trainer does not pull the online one."""
 
 from __future__ import annotations
 
@@ -16,11 +16,15 @@ def test_dt_import_does_not_import_ppo() -> None:
     assert out.strip() == "False"
 
 
-def test_lazy_names_resolve_and_unknown_names_fail() -> None:
+def test_the_package_exports_no_names() -> None:
+    """Each name is imported from the module that defines it; the package's former lazy names (``from
+    rl_transformers.algos import PPOConfig``) are an ImportError naming the name, not a silent alias."""
     from rl_transformers.algos.storage import compute_gae
 
-    assert algos.compute_gae is compute_gae
-    assert sorted(algos.__all__) == sorted(algos._EXPORTS)
-    assert all(callable(getattr(algos, name)) for name in algos.__all__)
+    assert callable(compute_gae)
+    assert not hasattr(algos, "__all__") and not hasattr(algos, "__getattr__")
+    for name in ("PPOConfig", "TrainConfig", "PPOTrainer", "TrainResult", "train", "compute_gae"):
+        with pytest.raises(ImportError, match=f"cannot import name '{name}'"):
+            exec(f"from rl_transformers.algos import {name}", {})
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         algos.nope  # noqa: B018

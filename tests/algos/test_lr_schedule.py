@@ -1,4 +1,4 @@
-"""PPO's learning-rate schedules (issue 27, protocol v2): with ``--ppo.anneal-horizon H`` the rate at env step s is
+"""PPO's learning-rate schedules: with ``--ppo.anneal-horizon H`` the rate at env step s is
 ``lr0 * max(0, 1 - s / H)`` whatever the budget, while the default anneals over the budget (two budgets, two
 schedules); resume keeps the horizon schedule and refuses a changed horizon."""
 
@@ -93,7 +93,7 @@ def test_resume_with_a_raised_budget_keeps_the_horizon_schedule(tmp_path: Path) 
     horizon = 6 * BATCH
     first = train(tiny(tmp_path, 4, horizon), callback=lambda tr: tr.update < 2)
     resumed = train(dataclasses.replace(tiny(tmp_path, 7, horizon), resume=str(first.run_dir)))
-    assert resumed.global_step == 7 * BATCH
+    assert resumed.step == 7 * BATCH
     np.testing.assert_allclose(
         logged_rates(first.run_dir), closed_form([u * BATCH for u in range(7)], horizon), rtol=1e-12, atol=0
     )

@@ -60,7 +60,7 @@ def progress(run_dir: Path) -> list[dict]:
 )
 def test_learn_runs(tmp_path: Path, env_id: str, kind: str) -> None:
     result = train(tiny(tmp_path, env_id, updates=8, kind=kind))
-    assert result.global_step == 8 * BATCH
+    assert result.step == 8 * BATCH
     run = result.run_dir
     assert run is not None and run.parent == tmp_path / "ppo" / env_id.replace("/", "-")
     assert run.name.endswith("-s3")
@@ -88,9 +88,9 @@ def test_seeded_runs_are_identical(tmp_path: Path) -> None:
 def test_resume_continues_bit_exactly(tmp_path: Path) -> None:
     straight = train(tiny(tmp_path / "straight", updates=6))
     first = train(tiny(tmp_path / "split", updates=6), callback=lambda tr: tr.update < 3)  # stop after 3
-    assert first.stopped_early and first.global_step == 3 * BATCH
+    assert first.interrupted and first.step == 3 * BATCH
     resumed = train(dataclasses.replace(tiny(tmp_path / "split", updates=6), resume=str(first.run_dir)))
-    assert resumed.run_dir == first.run_dir and resumed.global_step == 6 * BATCH
+    assert resumed.run_dir == first.run_dir and resumed.step == 6 * BATCH
     ps, pr = final_params(straight.run_dir), final_params(resumed.run_dir)
     assert all(torch.equal(ps[k], pr[k]) for k in ps)
     # the logged curve continues: one row per update, same losses as the straight run
@@ -186,7 +186,7 @@ def test_ctrl_c_saves_a_checkpoint_and_stops(tmp_path: Path) -> None:
             os.kill(os.getpid(), signal.SIGINT)  # handled by GracefulInterrupt: finish the update, save, stop
 
     result = train(tiny(tmp_path, updates=6), callback=interrupt)
-    assert result.stopped_early and result.global_step == 2 * BATCH
+    assert result.interrupted and result.step == 2 * BATCH
     ckpt = load_checkpoint(result.run_dir)
     assert ckpt["global_step"] == 2 * BATCH and ckpt["update"] == 2
 
@@ -232,7 +232,7 @@ def _rank_worker(rank: int, world: int, port: int, cfg: TrainConfig, out: str) -
             record["obs_norm"] = torch.cat([norm.mean.reshape(-1), norm.var.reshape(-1), norm.count.view(1)])
 
     result = train(cfg, callback=snapshot)
-    torch.save({**record, "step": result.global_step}, Path(out) / f"rank{rank}.pt")
+    torch.save({**record, "step": result.step}, Path(out) / f"rank{rank}.pt")
 
 
 def test_two_gloo_ranks_keep_identical_parameters(tmp_path: Path) -> None:

@@ -107,4 +107,4 @@ def test_ppo_with_zoo_conventions_logs_annealed_clip_and_resumes_bit_exactly(tmp
     resumed = train(dataclasses.replace(cfg(tmp_path / "split"), resume=str(first.run_dir)))  # type: ignore[type-var]
     ps, pr = final_params(straight.run_dir), final_params(resumed.run_dir)
     assert all(np.array_equal(ps[k].numpy(), pr[k].numpy()) for k in ps)
-    assert resumed.global_step == 4 * BATCH
+    assert resumed.step == 4 * BATCH

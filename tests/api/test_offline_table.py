@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from rl_transformers.agents.offline_table import collect_runs, render_markdown, summarize, to_json
+from rl_transformers.agents.offline_runs import collect_runs
+from rl_transformers.agents.offline_table import render_markdown, summarize, to_json
 from rl_transformers.utils.provenance import record_invocation
 from tests.api.conftest import make_offline_run
 

@@ -330,24 +330,17 @@ def test_float32_bias_stays_accurate_for_long_streams() -> None:
     torch.testing.assert_close(far, position.logits(q, k, q_pos, k_pos, 0), atol=0, rtol=0)
 
 
-def test_t5_old_option_name_still_loads() -> None:
-    """``num_buckets`` (the name before the backbone's ``n_`` count prefix) maps to ``n_buckets`` with a
-    deprecation warning, so configs saved with it load; giving both names is an error."""
-    from rl_transformers.backbone.position.bias import T5Options
+def test_t5_old_option_name_is_a_clear_error() -> None:
+    """``num_buckets`` (the name before the backbone's ``n_`` count prefix) is gone: a config.json that still
+    uses it is refused with an error naming the option and the new name, not loaded with another meaning."""
     from rl_transformers.utils.errors import UserError
     from rl_transformers.utils.runs import from_dict, to_jsonable
 
     new = BackboneConfig(d_model=16, n_heads=2, position="t5", position_options={"n_buckets": 8})
     saved = to_jsonable(new)
+    assert from_dict(BackboneConfig, saved) == new
     saved["position_options"] = {"num_buckets": 8}  # as an old config.json stores it
-    with pytest.warns(DeprecationWarning, match="'num_buckets' is deprecated, use 'n_buckets'"):
-        old = from_dict(BackboneConfig, saved)
-    assert old == new and old.position_options["n_buckets"] == 8 and "num_buckets" not in old.position_options
-    assert old.options("position") == T5Options(n_buckets=8)
-    torch.manual_seed(0)
-    weights = Backbone(new).state_dict()
-    Backbone(old).load_state_dict(weights)  # an old checkpoint's weights fit
-    with pytest.raises(UserError, match="give 'n_buckets' only"):
-        BackboneConfig(
-            d_model=16, n_heads=2, position="t5", position_options={"num_buckets": 8, "n_buckets": 8}
-        )
+    with pytest.raises((UserError, ValueError), match=r"unknown option 'num_buckets'.*'n_buckets'"):
+        from_dict(BackboneConfig, saved)
+    with pytest.raises(UserError, match=r"unknown option 'num_buckets'.*Did you mean 'n_buckets'"):
+        BackboneConfig(d_model=16, n_heads=2, position="t5", position_options={"num_buckets": 8})

@@ -1,4 +1,4 @@
-"""envs.resolve: unknown ids get the closest registered ids, bad kwargs name the env and keyword (issue 11, 6)."""
+"""envs.resolve: unknown ids get the closest registered ids, bad kwargs name the env and keyword."""
 
 from __future__ import annotations
 

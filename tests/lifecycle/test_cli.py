@@ -1,5 +1,5 @@
 """Both training scripts share their run flags (names, types, defaults), print the parameter count at the start
-and end with a JSON summary whose metrics are the last logged values; DT's renamed flags still parse."""
+and end with a JSON summary whose metrics are the last logged values; DT's removed flag names are clear errors."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import pytest
 from rl_transformers.algos.dt_config import DTConfig
 from rl_transformers.algos.ppo_config import TrainConfig
 from rl_transformers.algos.run_config import RunConfig
-from rl_transformers.utils import from_dict
-from rl_transformers.utils.resume import parse_cli
+from rl_transformers.utils.errors import UserError
+from rl_transformers.utils.resume import parse_cli, saved_config
+from rl_transformers.utils.runs import to_jsonable
 from tests.lifecycle.conftest import progress
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,16 +66,24 @@ def test_shared_fields_have_one_name_type_and_default() -> None:
     assert TrainConfig(resume="runs/x").resume == Path("runs/x")  # resume is a Path for both
 
 
-def test_renamed_dt_flags_and_saved_configs_still_work(capsys: pytest.CaptureFixture[str]) -> None:
-    cfg = parse_cli(
-        DTConfig, argv=["--dataset", "d.hdf5", "--runs-dir", "old", "--log-stdout", "--aux-loss-weights"]
-    )
-    assert cfg.run_root == Path("old") and cfg.verbose and cfg.aux_weights == {}
-    err = capsys.readouterr().err
-    assert "--runs-dir is deprecated, use --run-root" in err and "use --verbose" in err
-    saved = {"dataset": "d.hdf5", "runs_dir": "r", "log_stdout": True, "aux_loss_weights": {}}
-    loaded = from_dict(DTConfig, saved)
-    assert loaded.run_root == Path("r") and loaded.verbose is True
+def test_removed_dt_names_are_clear_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    """The pre-0.2 names of DT's run flags (--runs-dir, --log-stdout, --aux-loss-weights) are gone: the flag is
+    refused naming it, and a saved config that still uses one is refused naming the field (and the valid ones)."""
+    for old in ("--runs-dir", "--log-stdout", "--aux-loss-weights"):
+        with pytest.raises(SystemExit) as exit_info:
+            parse_cli(DTConfig, argv=["--dataset", "d.hdf5", old, *(["x"] if old == "--runs-dir" else [])])
+        assert exit_info.value.code == 2
+        assert old in capsys.readouterr().err
+    current = to_jsonable(DTConfig(dataset="d.hdf5"))
+    assert saved_config(DTConfig, {"config": current}, "ckpt.pt") == DTConfig(dataset="d.hdf5")
+    for field, new in (
+        ("runs_dir", "run_root"),
+        ("log_stdout", "verbose"),
+        ("aux_loss_weights", "aux_weights"),
+    ):
+        legacy = {k: v for k, v in current.items() if k != new} | {field: current[new]}  # a 0.1 config.json
+        with pytest.raises(UserError, match=rf"ckpt.pt: invalid config: DTConfig: unknown field '{field}'"):
+            saved_config(DTConfig, {"config": legacy}, "ckpt.pt")
 
 
 @pytest.mark.parametrize("name", ["train_gtrxl.py", "train_dt.py"])

@@ -1,4 +1,4 @@
-"""``--compile`` (issue 26): the acting step and the training forward have no graph break, and compiled equals
+"""``--compile``: the acting step and the training forward have no graph break, and compiled equals
 eager.
 
 Every configuration is the GTrXL policy (gated blocks, XL memory, ``xl_relative`` positions; ``rope`` for the
@@ -31,7 +31,7 @@ ACT = gym.spaces.Discrete(3)
 B, STEPS, W = 4, 14, 6
 TOL = 1e-9
 MAX_BREAKS = 0
-"""Graph breaks allowed in the acting step and the training forward (all removed by issue 26)."""
+"""Graph breaks allowed in the acting step and the training forward."""
 
 BASE = gtrxl_backbone(d_model=16, n_layers=2, n_heads=2, mem_len=6)
 CONFIGS: dict[str, BackboneConfig] = {
@@ -163,7 +163,7 @@ def test_acting_step_and_training_forward_have_no_graph_break(name: str) -> None
 
 
 def test_graph_break_count_bites() -> None:
-    """The counter sees a data-dependent branch (what the acting step had before issue 26)."""
+    """The counter sees a data-dependent branch (what the acting step had before it was made compile-friendly)."""
 
     def branchy(x: torch.Tensor) -> torch.Tensor:
         return x + 1 if bool(x.any()) else x - 1

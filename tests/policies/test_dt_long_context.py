@@ -1,4 +1,4 @@
-"""The Decision Transformer at long context (issue 28, point 2): every causal attention at K = 64 (192 tokens,
+"""The Decision Transformer at long context: every causal attention at K = 64 (192 tokens,
 past every default window and block of the registry) and K = 200 (600 tokens, a T-Maze corridor of 200).
 
 References are independent runs, never the code under test on the same inputs:

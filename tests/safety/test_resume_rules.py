@@ -114,7 +114,7 @@ def test_raised_budget_keeps_the_learning_rate_continuous(tmp_path: Path) -> Non
     """4-update budget stopped after 2, resumed with 8: lr(u) = lr_2 (1 - (u - 2) / 6) with lr_2 = LR / 2."""
     first = train(tiny(tmp_path, updates=4), callback=lambda tr: tr.update < 2)
     resumed = train(dataclasses.replace(tiny(tmp_path, updates=8), resume=str(first.run_dir)))
-    assert resumed.global_step == 8 * BATCH
+    assert resumed.step == 8 * BATCH
     expected = [LR * (1 - u / 4) for u in range(2)] + [LR / 2 * (1 - (u - 2) / 6) for u in range(2, 8)]
     np.testing.assert_allclose(lrs(first.run_dir), expected, rtol=1e-12)
     assert all(a > b for a, b in itertools.pairwise(lrs(first.run_dir)))  # decreasing: no jump back up
@@ -131,7 +131,7 @@ def test_allowed_flags_apply_on_resume(tmp_path: Path) -> None:
         )
     )
     rows = [json.loads(line) for line in (first.run_dir / "progress.jsonl").read_text().splitlines()]
-    assert resumed.global_step == 3 * BATCH and "eval/mean_reward" in rows[-1]
+    assert resumed.step == 3 * BATCH and "eval/mean_reward" in rows[-1]
     index = json.loads((first.run_dir / "checkpoints" / "index.json").read_text())
     assert index["best"]["step"] == 3 * BATCH  # the evaluation was attached to the checkpoint saved before it
 

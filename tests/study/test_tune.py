@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("optuna")
 
-from rl_transformers.algos import PPOConfig, TrainConfig
+from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
 from rl_transformers.study.encoders import policy_config
 from rl_transformers.tune.knobs import context_knob
 from rl_transformers.tune.seeds import (

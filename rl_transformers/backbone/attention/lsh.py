@@ -40,13 +40,63 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rl_transformers.backbone.attention import _lsh_fast as fast
-from rl_transformers.backbone.attention._lsh_hash import draw_rotations, hash_buckets
 from rl_transformers.backbone.attention.base import Attention, assignment_input, same_segment
 from rl_transformers.backbone.context import ForwardContext
 from rl_transformers.backbone.registry import Capabilities, register
 
 SELF_LOGIT = -1e4
 """Logit given to a token's own key under shared-QK: weight exp(-1e4) ~ 0 unless the token has no other key."""
+
+
+# -- angular LSH: the stored random rotations, the bucket of each unit key -----------------------------------
+def draw_rotations(
+    n_hashes: int, n_heads: int, d_head: int, n_buckets: int, generator: torch.Generator | None = None
+) -> Tensor:
+    """(R, H, D, n_buckets/2) Gaussian rotations; round r's draw does not depend on n_hashes (nested rounds)."""
+    half = n_buckets // 2
+    return torch.stack([torch.randn(n_heads, d_head, half, generator=generator) for _ in range(n_hashes)])
+
+
+def hash_buckets(x: Tensor, rotations: Tensor) -> Tensor:
+    """Angular LSH buckets (B, H, R, S) of x (B, H, S, D): argmax over [xR; -xR] (Kitaev 2020, §2).
+
+    Half-precision keys are hashed in float32: rounding the projections to 8 bits of mantissa flips the argmax of
+    keys near a bucket boundary, so a bf16 run attended other keys than the same run in float32 or float64 (the
+    GPU benchmark's gate measured a 0.9 relative error)."""
+    if rotations.shape[-1] == 0:
+        b, h, s, _ = x.shape
+        return torch.zeros(b, h, rotations.shape[0], s, dtype=torch.long, device=x.device)
+    if x.dtype in (torch.float16, torch.bfloat16):
+        x = x.float()
+    proj = torch.einsum("bhsd,rhdn->bhrsn", x, rotations.to(x.dtype))
+    return torch.cat([proj, -proj], dim=-1).argmax(dim=-1)
+
+
+def _in_window(delta: Tensor, w: int, causal: bool) -> Tensor:
+    """Pairs at most ``w`` sorted places apart (causal: the key at most ``w`` places before the query)."""
+    return (delta >= 0) & (delta <= w) if causal else delta.abs() <= w
+
+
+def _round_counts(
+    met: Tensor, tok_q: Tensor, tok_k: Tensor, buckets: Tensor, rank: Tensor, w: int, causal: bool
+) -> Tensor:
+    """N_ij (B, H, R, n, m, W·m): in how many hash rounds key j is in query i's bucket window, for the pairs of
+    every round's chunk slices (``met``: each slice's own round)."""
+    b, h, r = buckets.shape[:3]
+    sp = buckets.shape[3]
+    count = met.to(torch.int8 if r < 127 else torch.int32)  # the pairs of each slice's own round
+    small = torch.int32 if sp < 2**31 - 1 else torch.int64  # halves the memory traffic of the gathers
+    buckets_s, rank_s = buckets.to(small), rank.to(small)
+    for r2 in range(r):  # round r2's verdict on the pairs of the other rounds' slices
+        others = torch.tensor([r0 for r0 in range(r) if r0 != r2], device=buckets.device)
+        tq, tk = tok_q.index_select(2, others), tok_k.index_select(2, others).clamp_min(0)
+        fq, fk = tq.reshape(b, h, -1), tk.reshape(b, h, -1)
+        bq = buckets_s[:, :, r2].gather(2, fq).view_as(tq).unsqueeze(-1)
+        bk = buckets_s[:, :, r2].gather(2, fk).view_as(tk).unsqueeze(-2)
+        rq = rank_s[:, :, r2].gather(2, fq).view_as(tq).unsqueeze(-1)
+        rk = rank_s[:, :, r2].gather(2, fk).view_as(tk).unsqueeze(-2)
+        count.index_add_(2, others, ((bq == bk) & _in_window(rq - rk, w, causal)).to(count.dtype))
+    return count
 
 
 # -- positions that differ per head (content-based sorting is per head) -------------------------------------------
@@ -254,6 +304,39 @@ class LSHAttention(Attention):
             )
         return out if extra is None else out + extra
 
+    def _padded_buckets(
+        self, qa: Tensor, k: Tensor, v: Tensor, k_valid: Tensor, k_pos: Tensor, pad: int
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """Queries, unit keys, values, validity and positions padded by ``pad`` tokens at the end, and each
+        token's bucket (B, H, R, Sp) per hash round (padding tokens in bucket ``n_buckets``: sorted last)."""
+        kn = F.normalize(k, dim=-1)
+        hashed = assignment_input(k, kn)
+        valid, pos = k_valid, k_pos
+        if pad:
+            qa, kn, v = (F.pad(x, (0, 0, 0, pad)) for x in (qa, kn, v))
+            hashed = F.pad(hashed, (0, 0, 0, pad)) if hashed is not kn else kn
+            valid = F.pad(valid, (0, pad), value=False)
+            pos = F.pad(pos, (0, pad))
+        buckets = hash_buckets(hashed, self.current_rotations())  # (B, H, R, Sp)
+        nb = self.options.n_buckets
+        buckets = torch.where(valid[:, None, None, :], buckets, torch.full_like(buckets, nb))  # padding last
+        return qa, kn, v, valid, pos, buckets
+
+    def _merge_rounds(self, logits: Tensor, vs: Tensor, pos_q: Tensor, pos_k: Tensor, rank: Tensor) -> Tensor:
+        """Each round's attention over its sorted chunk windows (``logits`` masked), back in token order, the
+        rounds merged with softmax(lse_r) weights: (B, H, Sp, D)."""
+        b, h, r, sp = rank.shape
+        lse = torch.logsumexp(logits, dim=-1)  # finite: the own key is always allowed
+        probs = torch.softmax(logits, dim=-1)
+        dropped = self.attn_dropout(probs) if self.training else probs
+        out = torch.matmul(dropped, vs)
+        extra = per_head_value_term(self, dropped, pos_q, pos_k)
+        if extra is not None:
+            out = out + extra
+        out = fast.unsort_rows(out.view(b, h, r, sp, out.shape[-1]), rank)
+        lse = lse.view(b, h, r, sp).gather(3, rank)
+        return (torch.softmax(lse, dim=2).unsqueeze(-1) * out).sum(dim=2)
+
     def attend_chunked(
         self,
         q: Tensor,
@@ -265,30 +348,19 @@ class LSHAttention(Attention):
         ctx: ForwardContext,
     ) -> Tensor:
         """Sorted chunks of every token of the sequence (Kitaev 2020): O(R·S·chunk_size)."""
-        b, h, t, d = q.shape
+        b, h, t, _ = q.shape
         s = k.shape[2]
         opts = self.options
         w = opts.chunk_size
         # Every token of the sequence is a query (cached / memory tokens' raw shared key is their query): the
         # rank windows are then plain chunk neighbourhoods. Only the last T outputs are returned.
         qa = torch.cat([k[:, :, : s - t], q], dim=2) if s > t else q
-        kn = F.normalize(k, dim=-1)
-        hashed = assignment_input(k, kn)
         m = w if w < s else s
         n = math.ceil(s / m)
         sp = n * m
-        pad = sp - s
-        valid, pos = k_valid, k_pos
-        if pad:
-            qa, kn, v = (F.pad(x, (0, 0, 0, pad)) for x in (qa, kn, v))
-            hashed = F.pad(hashed, (0, 0, 0, pad)) if hashed is not kn else kn
-            valid = F.pad(valid, (0, pad), value=False)
-            pos = F.pad(pos, (0, pad))
-        rounds = self.current_rotations()
-        r = rounds.shape[0]
+        qa, kn, v, valid, pos, buckets = self._padded_buckets(qa, k, v, k_valid, k_pos, sp - s)
+        r = buckets.shape[2]
         nb = opts.n_buckets
-        buckets = hash_buckets(hashed, rounds)  # (B, H, R, Sp)
-        buckets = torch.where(valid[:, None, None, :], buckets, torch.full_like(buckets, nb))  # padding last
         idx = torch.arange(sp, device=q.device)
         order = torch.argsort(buckets * sp + idx, dim=-1)  # sort by (bucket, index)
         rank = torch.empty_like(order).scatter_(-1, order, idx.expand_as(order))  # sorted place of each token
@@ -313,20 +385,15 @@ class LSHAttention(Attention):
         rank_q = idx.view(1, 1, 1, n, m)  # sorted place: the same layout in every row, head and round
         rank_k = fast.neighbours(rank_q, offsets, -(10 * sp))
 
-        def in_window(delta: Tensor) -> Tensor:
-            return (delta >= 0) & (delta <= w) if causal else delta.abs() <= w
-
         iq, ik = tok_q.unsqueeze(-1), tok_k.unsqueeze(-2)
         # Causal: bucket-mates at most w places before in (bucket, index) order have index <= the query's.
-        met = (bucket_q.unsqueeze(-1) == bucket_k.unsqueeze(-2)) & in_window(
-            rank_q.unsqueeze(-1) - rank_k.unsqueeze(-2)
+        met = (bucket_q.unsqueeze(-1) == bucket_k.unsqueeze(-2)) & _in_window(
+            rank_q.unsqueeze(-1) - rank_k.unsqueeze(-2), w, causal
         )
         allowed = valid_k.unsqueeze(-2) & met
         if opts.max_cache is not None:
             allowed = allowed & (iq - ik <= opts.max_cache)
-        own = rank_q.unsqueeze(-1) == rank_k.unsqueeze(
-            -2
-        )  # each token sits once per round: its own sorted place
+        own = rank_q.unsqueeze(-1) == rank_k.unsqueeze(-2)  # each token sits once per round: its own place
         allowed = allowed | own
 
         logits = per_head_logits(self, qs, ks, pos_q, pos_k)  # (B, H, R, n, m, W·m)
@@ -334,31 +401,9 @@ class LSHAttention(Attention):
         if r > 1:
             # N_ij = number of rounds in which j is in i's bucket window; logits - log N_ij make the merged result
             # the softmax over the union of the rounds' key sets (Kitaev 2020, §2.3, "multi-round LSH").
-            count = met.to(torch.int8 if r < 127 else torch.int32)  # the pairs of each slice's own round
-            small = torch.int32 if sp < 2**31 - 1 else torch.int64  # halves the memory traffic of the gathers
-            buckets_s, rank_s = buckets.to(small), rank.to(small)
-            for r2 in range(r):  # round r2's verdict on the pairs of the other rounds' slices
-                others = torch.tensor([r0 for r0 in range(r) if r0 != r2], device=q.device)
-                tq, tk = tok_q.index_select(2, others), tok_k.index_select(2, others).clamp_min(0)
-                fq, fk = tq.reshape(b, h, -1), tk.reshape(b, h, -1)
-                bq = buckets_s[:, :, r2].gather(2, fq).view_as(tq).unsqueeze(-1)
-                bk = buckets_s[:, :, r2].gather(2, fk).view_as(tk).unsqueeze(-2)
-                rq = rank_s[:, :, r2].gather(2, fq).view_as(tq).unsqueeze(-1)
-                rk = rank_s[:, :, r2].gather(2, fk).view_as(tk).unsqueeze(-2)
-                count.index_add_(2, others, ((bq == bk) & in_window(rq - rk)).to(count.dtype))
+            count = _round_counts(met, tok_q, tok_k, buckets, rank, w, causal)
             logits = fast.minus_log_count(logits, count, r)
-        logits = logits.masked_fill(~allowed, float("-inf"))
-        lse = torch.logsumexp(logits, dim=-1)  # finite: the own key is always allowed
-        probs = torch.softmax(logits, dim=-1)
-        dropped = self.attn_dropout(probs) if self.training else probs
-        out = torch.matmul(dropped, vs)
-        extra = per_head_value_term(self, dropped, pos_q, pos_k)
-        if extra is not None:
-            out = out + extra
-        # Back to token order and merge the rounds with softmax(lse_r) weights.
-        out = fast.unsort_rows(out.view(b, h, r, sp, d), rank)
-        lse = lse.view(b, h, r, sp).gather(3, rank)
-        merged = (torch.softmax(lse, dim=2).unsqueeze(-1) * out).sum(dim=2)
+        merged = self._merge_rounds(logits.masked_fill(~allowed, float("-inf")), vs, pos_q, pos_k, rank)
         if ctx.collect_info:
             ctx.add_info(
                 f"backbone/lsh_keys_per_query/layer{self.layer}",

@@ -10,8 +10,7 @@ positions continue across chunks, and a sliding window (``full`` with ``max_cach
   buckets - one bucket per distance below ``n_buckets/2`` (exact), then log-spaced buckets up to
   ``max_distance`` (all longer distances share the last one). Bidirectional models give past and future keys
   separate halves of the buckets; causal models use all buckets for the past. One learned scalar per bucket
-  and head, shared by all layers. (The option was called ``num_buckets`` before the backbone's ``n_`` count
-  prefix; configs saved with that name still load, with a deprecation warning.)
+  and head, shared by all layers.
 - ``alibi`` (Press et al. 2022, arXiv 2108.12409): b = -m_h·|i - j| with fixed slopes m_h = 2^(-8h/H),
   h = 1..H; for H not a power of two, the 2^⌊log2 H⌋ slopes of that power plus every other slope of the next
   power (the paper's rule). Causal models only see i >= j, where |i - j| = i - j.
@@ -35,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -111,9 +110,6 @@ class T5Options:
     """Number of distance buckets (split in two halves, past / future, when causal=False)."""
     max_distance: int = 128
     """Distances >= max_distance share the last bucket."""
-
-    RENAMED_OPTIONS: ClassVar[dict[str, str]] = {"num_buckets": "n_buckets"}
-    """Old option name -> new one: saved configs using the old name load, with a deprecation warning."""
 
     def __post_init__(self) -> None:
         if self.n_buckets < 4:
