@@ -17,7 +17,8 @@ from __future__ import annotations
 import tyro
 
 from rl_transformers.study.launch import STUDY_INTERRUPTED
-from rl_transformers.study.offline_memory import OfflineMemoryConfig, run_offline_memory
+from rl_transformers.study.offline_memory import OfflineMemoryConfig
+from rl_transformers.study.offline_memory_run import run_offline_memory
 from rl_transformers.utils.errors import run_cli
 
 if __name__ == "__main__":

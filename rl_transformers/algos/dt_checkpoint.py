@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from envs.spec_record import evaluated_spec
 from rl_transformers.algos.distributed import gather_objects
 from rl_transformers.algos.run_config import saved_form
 from rl_transformers.policies.decision_transformer import DecisionTransformer
@@ -26,7 +27,6 @@ from rl_transformers.utils import (
     to_jsonable,
 )
 from rl_transformers.utils.checkpoint_load import DT_WHAT, check_weights_fit
-from rl_transformers.utils.env_record import evaluated_spec
 from rl_transformers.utils.errors import UserError
 
 if TYPE_CHECKING:

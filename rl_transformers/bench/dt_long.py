@@ -36,10 +36,11 @@ import torch
 
 from rl_transformers.bench.dt_timing import time_rounds
 from rl_transformers.bench.memory import malloc_returns_memory, measure_rss, run_in_child
-from rl_transformers.bench.meta import finish_machine_info, load_text, machine_info
+from rl_transformers.bench.meta import load_text
 from rl_transformers.study import offline_memory as om
 from rl_transformers.utils.atomic import atomic_write_text
 from rl_transformers.utils.errors import UserError, choice_hint
+from rl_transformers.utils.provenance import finish_machine_info, machine_info
 
 REFERENCE = "full"
 MIB = 2**20

@@ -25,7 +25,6 @@ import torch
 from torch import Tensor, nn
 
 from rl_transformers.policies.decision_transformer import DecisionTransformer, dt_backbone_config
-from rl_transformers.utils.params import count_parameters
 
 OBS_DIM, ACT_DIM, MAX_EP_LEN = 11, 3, 1000
 """Hopper's observation and action sizes, and the paper's timestep-embedding rows."""
@@ -195,4 +194,4 @@ INSTALL_HINT = {
     "d3rlpy": "pip install d3rlpy",
 }
 
-__all__ = ["BUILDERS", "Candidate", "DTShape", "count_parameters", "make_batch"]
+__all__ = ["BUILDERS", "Candidate", "DTShape", "make_batch"]

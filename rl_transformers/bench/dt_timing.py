@@ -23,9 +23,10 @@ from typing import Any
 import torch
 
 from rl_transformers.algos.dt import FUSED_ADAMW_DEVICES
-from rl_transformers.bench.dt_models import Candidate, count_parameters
+from rl_transformers.bench.dt_models import Candidate
 from rl_transformers.bench.meta import load_text
 from rl_transformers.utils.atomic import atomic_write_text
+from rl_transformers.utils.params import count_parameters
 
 
 def make_update(candidate: Candidate, batch: dict[str, torch.Tensor]) -> Callable[[], None]:

@@ -57,8 +57,7 @@ OUR_MODELS: dict[str, dict[str, Any]] = {
 def our_config(model: dict[str, Any], threads: int = 1, compile: bool = False) -> Any:
     """The TrainConfig of one of :data:`OUR_MODELS` with cleanrl's rollout / update shape (``compile``: the
     acting step compiled, ``--compile``)."""
-    from rl_transformers.algos.ppo import TrainConfig
-    from rl_transformers.algos.ppo_config import PPOConfig
+    from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
     from rl_transformers.backbone import BackboneConfig
     from rl_transformers.policies.gtrxl import PolicyConfig
 

@@ -20,8 +20,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from rl_transformers.bench.meta import finish_machine_info, load_text
+from rl_transformers.bench.meta import load_text
 from rl_transformers.utils.atomic import atomic_write_text
+from rl_transformers.utils.provenance import finish_machine_info
 
 STATUS_OK, STATUS_UNSUPPORTED, STATUS_ERROR = "ok", "unsupported", "error"
 

@@ -34,6 +34,7 @@ from rl_transformers.study import files, launch, records
 from rl_transformers.study.confirm_headline import write_headline
 from rl_transformers.study.encoders import Encoder, select
 from rl_transformers.study.progress import Progress
+from rl_transformers.study.records import Job
 from rl_transformers.utils.atomic import atomic_write_json
 from rl_transformers.utils.errors import EXIT_INTERRUPTED, UserError
 
@@ -247,7 +248,7 @@ def dry_run_report(
     cfg: ConfirmConfig,
     encoders: list[Encoder],
     tuned: dict,
-    todo: list[launch.Job],
+    todo: list[Job],
     log,
     separated: frozenset[str] = frozenset(),
 ) -> float:

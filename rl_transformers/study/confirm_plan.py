@@ -30,9 +30,10 @@ from typing import Any
 
 from rl_transformers.study import launch
 from rl_transformers.study.encoders import Encoder, label, ppo_encoders, select
+from rl_transformers.study.knobs import context_knob
+from rl_transformers.study.records import Job
 from rl_transformers.study.suite import BATCH, Task
-from rl_transformers.tune.knobs import context_knob
-from rl_transformers.tune.space import SearchSpace
+from rl_transformers.study.tuning_space import SearchSpace
 from rl_transformers.utils.errors import UserError, choice_hint
 
 UNTUNED, TUNED = "v2-untuned", "v2-tuned"
@@ -270,7 +271,7 @@ def tuned_config(encoder: Encoder, entry: Any, source: str) -> Tuned:
 def _check_tuned(encoder: Encoder, entry: dict[str, Any], knob: Any, source: str) -> None:
     from envs.registry import return_bounds
     from rl_transformers.algos.ppo_config import TrainConfig
-    from rl_transformers.tune.validate import check_params, value_problem
+    from rl_transformers.study.tuning_checks import check_params, value_problem
 
     what = f"tuning result of {encoder.name!r}"
     envs = int(JOB_EXTRAS.get("num_envs", TrainConfig.__dataclass_fields__["num_envs"].default))  # type: ignore[arg-type]
@@ -325,7 +326,7 @@ def tuning_results(encoders: list[Encoder], committed: Path | None, tune_out: Pa
 
 # -- jobs -----------------------------------------------------------------------------------------------------
 def covering_spec(spec: str, memory: int) -> str:
-    """``spec`` with its reach knob (:func:`~rl_transformers.tune.knobs.context_knob`: ``mem_len``, ``max_cache``,
+    """``spec`` with its reach knob (:func:`~rl_transformers.study.knobs.context_knob`: ``mem_len``, ``max_cache``,
     ``store_size``, ...) raised to ``memory + 1`` when it is below the rung's ``memory``; unchanged otherwise, and
     for capacity knobs (``hidden_size``, ``n_features``) and encoders without a knob.
 
@@ -344,7 +345,7 @@ def covering_spec(spec: str, memory: int) -> str:
 
 def make_job(
     r: Rung, encoder: Encoder, variant: str, seed: int, out: Path, tuned: Tuned | None = None
-) -> launch.Job:
+) -> Job:
     """The job of one (rung, encoder, variant, seed); the tuned variant needs ``tuned``."""
     spec, ppo = encoder.spec, dict(PPO_RECIPE)
     if variant == TUNED:
@@ -361,7 +362,7 @@ def plan(
     seeds: tuple[int, ...],
     tuned: dict[str, Tuned | str],
     out: Path,
-) -> list[launch.Job]:
+) -> list[Job]:
     """Rung-major, then seed, encoder and variant (short budgets first; partial results cover encoders evenly).
     Tuned jobs only for encoders with a tuning result (never for :data:`CANDIDATES`)."""
     jobs = []

@@ -249,7 +249,7 @@ def build_policy(spec: str, settings: ProbeSettings) -> ActorCritic:
 
 def measure(spec: str, k: int, seed: int, settings: ProbeSettings) -> CellResult:
     """Train and measure one cell (see the module docstring)."""
-    from rl_transformers.policies.gtrxl import replay_exactness
+    from rl_transformers.policies.cores import replay_exactness
     from rl_transformers.utils import seed_everything
 
     seed_everything(seed)

@@ -1,6 +1,6 @@
 """The memory probe's grid: encoders x context bound x k x seeds, resumable, with a stop rule and a dry run.
 
-A **row** is an encoder with its context knob (:mod:`rl_transformers.tune.knobs`) either at its default
+A **row** is an encoder with its context knob (:mod:`rl_transformers.study.knobs`) either at its default
 (``bound="default"``) or raised to cover k (``bound="cover"``: knob = max(default, k + 1)); encoders without a
 reach knob (GRU / LSTM / MLP, kernel attentions, ...) have the default row only (a capacity knob, e.g. the
 RNNs' hidden size, stays at the encoder's value). A row runs k in increasing
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rl_transformers.study.encoders import Encoder, label
+from rl_transformers.study.knobs import Knob, context_knob
 from rl_transformers.study.probe import CellResult, ProbeSettings, measure
-from rl_transformers.tune.knobs import Knob, context_knob
 from rl_transformers.utils.atomic import atomic_write_json
 from rl_transformers.utils.errors import UserError
 

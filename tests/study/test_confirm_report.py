@@ -11,7 +11,7 @@ import pytest
 
 from rl_transformers.study import confirm, confirm_report
 from rl_transformers.study import confirm_plan as cp
-from rl_transformers.tune.space import SearchSpace
+from rl_transformers.study.tuning_space import SearchSpace
 from tests.study.test_confirm import GRU, MLP, best
 from tests.study.test_confirm import short_windows as short_windows  # the windows of best()'s tuning results
 

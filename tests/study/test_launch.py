@@ -16,7 +16,7 @@ import pytest
 
 from rl_transformers.study import launch, suite
 from rl_transformers.study.encoders import Encoder
-from rl_transformers.study.records import expected_steps, machine_text, restore
+from rl_transformers.study.records import Job, expected_steps, machine_text, restore
 from rl_transformers.utils.errors import UserError
 from rl_transformers.utils.provenance import git_sha
 
@@ -28,7 +28,7 @@ MLP = Encoder("mlp", "policy=mlp;hidden_size=16", "baseline")
 VOLATILE = ("wall_s", "steps_per_s", "status")
 
 
-def jobs(out: Path, broken: bool = False) -> list[launch.Job]:
+def jobs(out: Path, broken: bool = False) -> list[Job]:
     made = [
         launch.make_job(TMAZE, GRU, 0, "quick", out, **TINY),
         launch.make_job(TMAZE, MLP, 1, "quick", out, **TINY),

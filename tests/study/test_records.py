@@ -18,6 +18,7 @@ import pytest
 
 from rl_transformers.study import launch, plots, records, report, suite
 from rl_transformers.study.encoders import Encoder
+from rl_transformers.study.records import Job
 from rl_transformers.utils.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +29,7 @@ GRU = Encoder("gru", "policy=gru", "baseline")
 FULL = Encoder("full", "attention=full", "attention")
 
 
-def finished(job: launch.Job, **changes: object) -> dict:
+def finished(job: Job, **changes: object) -> dict:
     """A record of ``job`` that ran its whole budget (what the worker writes), with ``changes``."""
     steps = records.expected_steps(job.spec)
     rec = {k: job.spec[k] for k in ("algo", "task", "encoder", "encoder_name", "seed", "preset", "key")}
