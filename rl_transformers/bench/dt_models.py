@@ -89,7 +89,7 @@ def ours_generic(shape: DTShape, device: torch.device) -> Candidate:
 
 def ours_compiled(shape: DTShape, device: torch.device, fused: bool = True) -> Candidate:
     """Our model with its forward under ``torch.compile`` (inductor; the first calls compile, so give the
-    timing enough warm-up): does the PPO side's compile work pay for the DT update (issue 26, point 4)?"""
+    timing enough warm-up): does the PPO side's compile work pay for the DT update?"""
     plain = ours(shape, device, fused)
     model = plain.module
     compiled = torch.compile(model)

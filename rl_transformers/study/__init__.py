@@ -1,4 +1,4 @@
-"""The encoder study (issue 14): every attention variant as a policy encoder, online (PPO) and offline (DT).
+"""The encoder study: every attention variant as a policy encoder, online (PPO) and offline (DT).
 
 - :mod:`~rl_transformers.study.suite` - tasks, budgets, presets;
 - :mod:`~rl_transformers.study.encoders` - registry expansion, positional rule, parameter matching;

@@ -1,4 +1,4 @@
-"""The encoder study's second edition, confirmation stage (issue 27, points 3, 4, 6): tasks, encoders, tuning
+"""The encoder study's second edition, confirmation stage: tasks, encoders, tuning
 settings, tuned parameters and jobs. Running it: :mod:`~rl_transformers.study.confirm`; documents:
 :mod:`~rl_transformers.study.confirm_report`; design and commands: docs/encoder_study_v2.md.
 
@@ -52,7 +52,7 @@ JOB_EXTRAS: dict[str, Any] = {}
 """Extra job fields of every job (tests: num_envs, eval_episodes)."""
 ENCODERS = ("gtrxl", "full", "gaussian_prior", "lsh", "performer", "block_local_2d", "compressive", "knn",
             "gru", "lstm", "mlp")  # fmt: skip
-"""The confirmation rows (issue 27.6): GTrXL, full, gaussian_prior, lsh, a kernel attention (performer, with
+"""The confirmation rows: GTrXL, full, gaussian_prior, lsh, a kernel attention (performer, with
 rope), block_local_2d, compressive, knn, GRU, LSTM and the MLP floor."""
 REFERENCE = "gru"
 CANDIDATES = (
@@ -61,7 +61,7 @@ CANDIDATES = (
     Encoder("gtrxl_critic", "critic=separate", "default candidate",
             "GTrXL with a separate critic core (docs/results/xl_relative.md section 7); twice the core's parameters"),
 )  # fmt: skip
-"""Candidate defaults (issue 27.5: "when a setting wins across the ladder, it becomes the default"): GTrXL with
+"""Candidate defaults ("when a setting wins across the ladder, it becomes the default"): GTrXL with
 one setting changed, run **untuned only** on every rung and seed, beside the rows. They are settings, not
 encoders: never tuned, not parameter-matched (the separate critic doubles the core), and compared with the
 untuned GTrXL, which is the default they would replace (added 2026-11-27, after 214 runs)."""
@@ -152,7 +152,7 @@ RUNGS: tuple[Rung, ...] = (
          RANDOM_CARTPOLE),
 )  # fmt: skip
 """The ladder. Budgets (caps): RepeatPrevious 262k / 524k / 786k, T-Maze 131k / 262k / 524k, control and noisy
-197k env steps (the GTrXL default with rope solved RepeatPreviousEasy at 98k-131k steps: issue 27)."""
+197k env steps (the GTrXL default with rope solved RepeatPreviousEasy at 98k-131k steps)."""
 
 
 def rungs(names: tuple[str, ...] = ()) -> tuple[Rung, ...]:
@@ -190,14 +190,14 @@ TUNING_TASK = "RepeatPreviousEasy"
 RepeatPreviousMedium (k = 32) until every trial of the first three encoders tuned there (gtrxl, full, performer:
 24 trials) ended within 0.05 of the random score -0.5: a task on which nothing learns in a trial's budget tunes
 nothing. On Easy the GTrXL default stays at chance while rope or a memory of 8 solves it in 98k-131k steps
-(issue 27), so the trials can separate."""
+so the trials can separate."""
 TUNING_PRUNER_WARMUP = 131_072
 """Env steps before a tuning trial may be pruned (half its budget): memory tasks are learned late (Easy at
 98k-131k steps), and a median pruner from the first evaluation stopped trials at 16k steps on noise."""
 TUNING_UPDATES = 128
 """Budget of a tuning trial: 128 updates (262,144 env steps; half the rung's confirmation budget)."""
 TRIALS = 8
-"""Finished trials per encoder (issue 27.3: the same number for every encoder, at least 8)."""
+"""Finished trials per encoder (the same number for every encoder, at least 8)."""
 TUNING_OBJECTIVE = "mean"
 """A trial's score: the mean of its evaluations (the area under its evaluation curve: sample efficiency)."""
 TUNING_EVAL_EVERY = 16_384

@@ -1,6 +1,6 @@
 """The offline memory table: the Decision Transformer on T-Maze corridors, one row per causal attention and memory.
 
-Issue 28, point 3. Data: the passive T-Maze (Bakker 2001; in the form of Ni et al. 2023, arXiv 2307.03864) built
+Data: the passive T-Maze (Bakker 2001; in the form of Ni et al. 2023, arXiv 2307.03864) built
 locally by :data:`DATASET_COMMAND` (500 episodes per corridor length L: 80 % scripted oracle, 20 % uniform random;
 the cue of t = 0 is needed at t = L). A DT must carry the cue L steps to choose the arm; the score is the
 **success rate** at the target return 1 over :data:`RECIPE` ``eval_episodes`` greedy episodes (the env's
@@ -148,7 +148,7 @@ def make_job(length: int, row: Row, seed: int, out: Path) -> Job:
 
 @dataclass(frozen=True)
 class OfflineMemoryConfig:
-    """The offline memory table (issue 28): T-Maze corridors x attentions and memories x seeds."""
+    """The offline memory table: T-Maze corridors x attentions and memories x seeds."""
 
     lengths: tuple[int, ...] = LENGTHS
     """Corridor lengths to run (the documents always cover every length of the table)."""

@@ -177,7 +177,7 @@ def repeat_of(cfg: ProbeConfig, row: Row, rows: list[Row], k: int) -> Row | None
     ``row`` repeats at ``k``: the first seed's cells of both finished with equal training curves (the accuracy
     of every 10th update to 4 decimals: what the committed documents keep, so a fresh checkout decides the
     same), final accuracy, updates to success, parameter count and replay flag. That is the same
-    model under two names at this k (issue 27.8 marks such rows instead of re-running them; the screening found
+    model under two names at this k (such rows are marked instead of re-run; the screening found
     ``local`` equal to ``full`` and ``early_exit`` to GTrXL). Checked per k, since the knob and the episodes
     change with k: ``bigbird`` equals ``full`` over the short episodes of k = 1 and 4, not at k = 16."""
     first = cfg.seeds[0]

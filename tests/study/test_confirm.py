@@ -1,4 +1,4 @@
-"""The encoder study's second edition, confirmation stage (issue 27): its plan, tuned parameters read as data, the
+"""The encoder study's second edition, confirmation stage: its plan, tuned parameters read as data, the
 tuning commands, and a tiny stage run end to end through the study's worker (real PPO runs on a corridor-2
 T-Maze) with resume, restore and the README headline. Its documents' rules: test_confirm_report.py."""
 

@@ -307,7 +307,7 @@ def test_the_launcher_gives_its_timeout_to_the_worker(tmp_path: Path) -> None:
 
 
 def test_a_killed_launcher_leaves_a_lock_that_the_next_invocation_takes_over(tmp_path: Path) -> None:
-    """Reproduces the stale running.lock of issue 25: a launcher and its worker killed by SIGKILL mid-run leave
+    """Reproduces a stale running.lock: a launcher and its worker killed by SIGKILL mid-run leave
     the lock behind; the next invocation takes it over, runs the job and removes it."""
     job = jobs(tmp_path)[0]
     script = (

@@ -1,4 +1,4 @@
-"""The offline memory table (issue 28, point 3): its rows and jobs, and a tiny table run end to end through the
+"""The offline memory table: its rows and jobs, and a tiny table run end to end through the
 study's worker (real DT runs on a corridor-3 T-Maze), its documents, resume and restore."""
 
 from __future__ import annotations

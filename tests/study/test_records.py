@@ -1,6 +1,6 @@
 """Study records survive any checkout: keys without paths, records validated against their jobs, nothing lost.
 
-Each case of issue 25 point 1 is reproduced first: the absolute dataset root in the DT keys (a clone at another
+Each case of the lost and misread records is reproduced first: the absolute dataset root in the DT keys (a clone at another
 path restored 468 of 576 records), a record whose task, encoder, seed or score is not its job's, a task with
 ``../``, a garbage ``result.json``, a ``--report-only`` that wrote fewer records than it read.
 """

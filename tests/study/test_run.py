@@ -137,7 +137,7 @@ def test_a_dry_run_changes_nothing_on_disk(tmp_path: Path, captured: dict) -> No
 
 
 def test_report_only_never_writes_fewer_records_than_it_read(tmp_path: Path, captured: dict) -> None:
-    """Reproduces the lost records of issue 25: a rebuild that would drop committed records writes nothing."""
+    """Reproduces the lost committed records: a rebuild that would drop committed records writes nothing."""
     docs = tmp_path / "docs"
     cfg = run.StudyConfig(preset="full", out=tmp_path / "runs", docs=docs, report_only=True)
     jobs, _ = run.plan(cfg)
