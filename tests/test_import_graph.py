@@ -22,6 +22,7 @@ Violations that another branch of the same layout change removes are listed in
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -356,3 +357,12 @@ def test_the_checks_catch_a_planted_violation(source: str, expected: str | None)
             IMPORTS.remove(imp)
         del MODULES[name], TREES[name]
     assert bool(found) == (expected == "layer"), found
+
+
+@pytest.mark.parametrize("package", ["rl_transformers.study", "rl_transformers.tune"])
+def test_the_package_index_names_every_module(package: str) -> None:
+    """The package docstring indexes each of its modules (``:mod:`~package.module```), and only those."""
+    doc = ast.get_docstring(TREES[package]) or ""
+    named = set(re.findall(rf":mod:`~{re.escape(package)}\.(\w+)`", doc))
+    modules = {m.rsplit(".", 1)[1] for m in MODULES if m.startswith(package + ".") and m.count(".") == 2}
+    assert named == modules, f"not indexed: {sorted(modules - named)}; not modules: {sorted(named - modules)}"
