@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_transformers.utils.atomic import atomic_write_text
+from rl_transformers.utils.tables import markdown_table
 
 ROW_SCHEMA: dict[str, tuple[type, ...]] = {
     "variant": (str,),
@@ -267,10 +268,10 @@ def markdown(results: dict[str, Any]) -> str:
             "",
             f"## {target} · {mode} · position {position} · H={heads}, D={d_head}, B={'/'.join(map(str, batches))}",
             "",
-            "| variant | " + " | ".join(f"L={_fmt_len(n)}" for n in lengths)
-            + " | peak MiB (longest run) | num err | err vs full attn | notes |",
-            "|---|" + "---|" * (len(lengths) + 4),
-        ]  # fmt: skip
+        ]
+        headers = ["variant", *(f"L={_fmt_len(n)}" for n in lengths), "peak MiB (longest run)", "num err",
+                   "err vs full attn", "notes"]  # fmt: skip
+        rows = []
         by_variant: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
         for r in items:
             by_variant[r["variant"]][r["length"]] = r
@@ -300,10 +301,9 @@ def markdown(results: dict[str, Any]) -> str:
                     " + bias" if probe["biased"] else ""
                 )
             note = "; ".join(x for x in [tag, *notes, *failed[:1]] if x)
-            lines.append(f"| {variant} | " + " | ".join(cells) + f" | {peak} | {num} | {ref} | {note} |")
-    lines += ["", "## Crossover vs SDPA", "",
-              "| variant | target | mode | position | H, D | crossover L | wins at | runs where SDPA was skipped |",
-              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+            rows.append([variant, *cells, peak, num, ref, note])
+        lines += markdown_table(headers, rows)
+    crossings = []
     for c in results["crossover"]:
         if not c["ratios"]:
             continue
@@ -312,10 +312,20 @@ def markdown(results: dict[str, Any]) -> str:
         else:
             cross = f"{_fmt_len(c['crossover'])} (interp. {c['crossover_interp']:.0f})"
         wins = ", ".join(_fmt_len(n) for n in c["wins_at"]) or "-"
-        lines.append(
-            f"| {c['variant']} | {c['target']} | {c['mode']} | {c['position']} | {c['heads']}, {c['d_head']} | "
-            f"{cross} | {wins} | {', '.join(_fmt_len(n) for n in c['runs_where_sdpa_skipped']) or '-'} |"
-        )
+        skipped = ", ".join(_fmt_len(n) for n in c["runs_where_sdpa_skipped"]) or "-"
+        crossings.append([c["variant"], c["target"], c["mode"], c["position"], f"{c['heads']}, {c['d_head']}", cross,
+                          wins, skipped])  # fmt: skip
+    headers = [
+        "variant",
+        "target",
+        "mode",
+        "position",
+        "H, D",
+        "crossover L",
+        "wins at",
+        "runs where SDPA was skipped",
+    ]
+    lines += ["", "## Crossover vs SDPA", "", *markdown_table(headers, crossings)]
     return "\n".join(lines) + "\n"
 
 
