@@ -13,7 +13,7 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-from rl_transformers.utils.tables import markdown_table
+from rl_transformers.utils.tables import markdown_row, markdown_table
 
 ATTENTION_COLUMNS = ("variant",)
 """First column of every attention table; one further column per length L."""
@@ -297,16 +297,25 @@ def render_markdown(results: dict[str, Any]) -> str:
             "",
             f"## PPO, default GTrXL on {ppo['env_id']}",
             "",
-            "| envs | parameters | rollout env steps/s | update samples/s | env steps/s (both) |",
-            "|---:|---:|---:|---:|---:|",
+            *markdown_table(
+                ["envs", "parameters", "rollout env steps/s", "update samples/s", "env steps/s (both)"],
+                align="rrrrr",
+            ),
         ]
-        for r in ppo["rows"]:
+        for r in ppo["rows"]:  # a row that did not run keeps its empty cells written "| |"
             if r["status"] != "ok":
                 lines.append(f"| {int(r['num_envs'])} | {r['status']}: {r.get('reason', '')} | | | |")
                 continue
             lines.append(
-                f"| {int(r['num_envs'])} | {int(r['parameters']):,} | {r['rollout_steps_per_s']:,.0f} | "
-                f"{r['train_steps_per_s']:,.0f} | {r['steps_per_s']:,.0f} |"
+                markdown_row(
+                    [
+                        int(r["num_envs"]),
+                        f"{int(r['parameters']):,}",
+                        f"{r['rollout_steps_per_s']:,.0f}",
+                        f"{r['train_steps_per_s']:,.0f}",
+                        f"{r['steps_per_s']:,.0f}",
+                    ]
+                )
             )
     dt = stages.get("dt", {}).get("data")
     if dt:
@@ -316,16 +325,16 @@ def render_markdown(results: dict[str, Any]) -> str:
             "",
             f"Shape {dt['shape']}; {dt['rounds']} interleaved rounds of {dt['steps']} updates (median round).",
             "",
-            "| candidate | parameters | updates/s | samples/s | rl_transformers speed-up |",
-            "|---|---:|---:|---:|---:|",
         ]
         batch = dt["shape"]["batch_size"]
-        for name, row in dt["table"].items():
-            speed = row.get("rl_transformers_speedup_wall", "1 (reference)")
-            lines.append(
-                f"| {name} | {row['n_parameters']:,} | {row['wall_samples_per_s'] / batch:,.1f} | "
-                f"{row['wall_samples_per_s']:,.0f} | {speed} |"
-            )
+        table = [
+            [name, f"{row['n_parameters']:,}", f"{row['wall_samples_per_s'] / batch:,.1f}",
+             f"{row['wall_samples_per_s']:,.0f}", row.get("rl_transformers_speedup_wall", "1 (reference)")]
+            for name, row in dt["table"].items()
+        ]  # fmt: skip
+        headers = ["candidate", "parameters", "updates/s", "samples/s", "rl_transformers speed-up"]
+        lines += markdown_table(headers, table, "lrrrr")
+        # a skipped candidate's empty cells are written "| |", as in the committed pages
         for name, why in dt.get("skipped", {}).items():
             lines.append(f"| {name} | skipped: {why} | | | |")
     return "\n".join(lines) + "\n"
