@@ -25,10 +25,10 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.registration import EnvSpec
 
-from offline_data.episode import DatasetInfo, Episode
+from offline_data.episode import DatasetInfo, Episode, check_episode_limit
 from offline_data.errors import DatasetError
 
-__all__ = ["check_episode_limit", "checked_minari_metadata", "conform_to_env", "env_spaces", "file_env_spec"]
+__all__ = ["checked_minari_metadata", "conform_to_env", "env_spaces", "file_env_spec"]
 
 _MAX_SHOWN = 5
 
@@ -52,17 +52,6 @@ def file_env_spec(value: Any, where: str, allow_env_modules: Sequence[str] = ())
         return None
     check_episode_limit(spec, where)
     return spec
-
-
-def check_episode_limit(spec: EnvSpec, where: str) -> None:
-    """Refuse a spec whose ``max_episode_steps`` is not a positive count (gymnasium's ``TimeLimit`` would raise
-    when the env is built, long after the file was read)."""
-    steps = spec.max_episode_steps
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-        raise DatasetError(
-            f"{where}: env spec {spec.id!r} has max_episode_steps = {steps!r}, but a time limit must be a "
-            "positive number of steps (or null for none); fix the file's env spec, or give the env with --env-id"
-        )
 
 
 def checked_minari_metadata(

@@ -23,11 +23,24 @@ from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.registration import EnvSpec
 from numpy.typing import ArrayLike
 
+from offline_data.errors import DatasetError
 from offline_data.scores import normalized_score
 
-__all__ = ["DatasetInfo", "Episode", "OfflineDataset", "episode_returns"]
+__all__ = ["DatasetInfo", "Episode", "OfflineDataset", "check_episode_limit", "episode_returns"]
+
+
+def check_episode_limit(spec: EnvSpec, where: str) -> None:
+    """Refuse a spec whose ``max_episode_steps`` is not a positive count (gymnasium's ``TimeLimit`` would raise
+    when the env is built, long after the file was read)."""
+    steps = spec.max_episode_steps
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise DatasetError(
+            f"{where}: env spec {spec.id!r} has max_episode_steps = {steps!r}, but a time limit must be a "
+            "positive number of steps (or null for none); fix the file's env spec, or give the env with --env-id"
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -226,8 +239,6 @@ class DatasetInfo:
         spec = self.eval_env_spec or self.env_spec
         if spec is None:
             raise ValueError(f"dataset {self.source!r} records no environment spec; cannot make its env")
-        from offline_data.env_check import check_episode_limit
-
         check_episode_limit(spec, f"dataset {self.source!r}")
         return make_env(
             spec, source=f"dataset {self.source!r}", allow_modules=self.allow_env_modules, **kwargs

@@ -4,7 +4,7 @@
     python scripts/ab_attention_timing.py --commit HEAD~3 --attention routing --length 4096 --rounds 3
     python scripts/ab_attention_timing.py --commit 28096be --attention full --target ppo --compile --rounds 3
 
-``--target ppo`` (issue 26) times whole PPO updates instead: the default GTrXL policy on the default env
+``--target ppo`` times whole PPO updates instead: the default GTrXL policy on the default env
 (T-Maze) with ``--attention`` swapped in (``rope`` for attentions that refuse ``xl_relative``), 32 envs, one
 thread, ``measure_throughput`` (``--warmup`` updates, then ``--updates`` timed ones: env steps per second of
 rollout + training). With ``--compile`` each round also times today's tree with ``--compile`` (warm-up absorbs

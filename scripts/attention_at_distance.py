@@ -6,7 +6,7 @@ the content part ((q + u)·k) / sqrt(D) and the position part ((q + v)·W_R R_{i
 (Dai et al. 2019, arXiv 1901.02860). Per layer it prints the largest std of the position part over the keys, the
 most negative "position at distance d minus the row mean" over heads, and the largest attention mass at distance
 d over heads, averaged over episodes. Distance d = 3 is the key RepeatPreviousEasy's action needs (its k = 4
-counts the current observation). Used by docs/results/xl_relative.md (issue 27, point 5).
+counts the current observation). Used by docs/results/xl_relative.md.
 
     python scripts/attention_at_distance.py runs/ppo/rlt-popgym-RepeatPreviousEasy-v0/<run> --distance 3
 """

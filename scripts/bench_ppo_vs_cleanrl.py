@@ -22,9 +22,11 @@ from pathlib import Path
 import tyro
 
 from rl_transformers.bench import ppo_reference
-from rl_transformers.bench.meta import finish_machine_info, load_text, machine_info
+from rl_transformers.bench.meta import load_text
 from rl_transformers.utils.atomic import atomic_write_text
 from rl_transformers.utils.errors import run_cli
+from rl_transformers.utils.provenance import finish_machine_info, machine_info
+from rl_transformers.utils.tables import markdown_row, markdown_table
 
 
 @dataclass(frozen=True)
@@ -75,21 +77,26 @@ def render(report: dict) -> str:
         f"git {meta['git_sha']} · {load_text(meta)}",
         f"- cleanrl: {cleanrl_text(report.get('cleanrl'))}",
         "",
-        "| model | parameters (vs cleanrl) | env steps/s | rounds | speed-up vs cleanrl | rollout / training steps/s |",
-        "|---|---:|---:|---|---:|---|",
     ]
-    for row in report["rows"]:
-        if row["status"] != "ok":
-            lines.append(
-                f"| {row['model']} | {row['parameters']} | error: {row.get('reason', '')[:200]} | | | |"
-            )
-            continue
-        lines.append(
-            f"| {row['model']} | {row['parameters']:,} ({row.get('parameters_vs_cleanrl', 1.0):.3f}) | "
-            f"{row['steps_per_s']:,.0f} | {row['steps_per_s_rounds']} | {row.get('speedup_vs_cleanrl', 1.0):.2f} | "
-            f"{phases(row)} |"
-        )
+    headers = ["model", "parameters (vs cleanrl)", "env steps/s", "rounds", "speed-up vs cleanrl",
+               "rollout / training steps/s"]  # fmt: skip
+    lines += markdown_table(headers, align="lrrlrl")
+    for row in report["rows"]:  # a failed model's row keeps its empty cells written "| |"
+        failed = f"| {row['model']} | {row['parameters']} | error: {row.get('reason', '')[:200]} | | | |"
+        lines.append(markdown_row(model_cells(row)) if row["status"] == "ok" else failed)
     return "\n".join(lines) + "\n"
+
+
+def model_cells(row: dict) -> list[str]:
+    """A measured model's cells: parameters (and their ratio to cleanrl's), env steps/s, rounds, speed-up, phases."""
+    return [
+        row["model"],
+        f"{row['parameters']:,} ({row.get('parameters_vs_cleanrl', 1.0):.3f})",
+        f"{row['steps_per_s']:,.0f}",
+        str(row["steps_per_s_rounds"]),
+        f"{row.get('speedup_vs_cleanrl', 1.0):.2f}",
+        phases(row),
+    ]
 
 
 def main(args: Args) -> None:

@@ -1,6 +1,6 @@
 """The encoder study's second edition, confirmation stage: 11 encoders, untuned and tuned, on a memory-length
 ladder (RepeatPrevious Easy / Medium / Hard, T-Maze 10 / 100 / 400) plus a control and a noisy task, 3 seeds
-(method: rl_transformers/study/confirm_plan.py; design: docs/encoder_study_v2.md; issue 27).
+(method: rl_transformers/study/confirm_plan.py; design: docs/encoder_study_v2.md).
 
     python scripts/encoder_study_v2.py --dry-run                            # run count and core-hours of both stages
     python scripts/encoder_study_v2.py --stage tune --workers 2             # tune every encoder (8 trials each, resumable)

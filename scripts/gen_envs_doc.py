@@ -21,6 +21,7 @@ import gymnasium as gym
 import envs
 from envs.scores import random_policy_score
 from rl_transformers.utils.atomic import atomic_write_text
+from rl_transformers.utils.tables import markdown_table
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "envs.md"
 EPISODES, SEED = 100, 0
@@ -108,7 +109,7 @@ def render() -> str:
     header = ["id", "what the agent must do", "memory needed", "observation", "action", "time limit",
               "random (exact / reference)", f"random (measured, {EPISODES} ep.)", "optimal", "extra"]  # fmt: skip
     lines = [INTRO.format(episodes=EPISODES, seed=SEED).strip(), "", "## Tasks", ""]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
     for task in envs.MEMORY_TASKS.values():
         env = gym.make(task.id)
         obs, act = env.observation_space, env.action_space
@@ -119,8 +120,8 @@ def render() -> str:
             str(task.max_episode_steps or "task ends it"), f"{task.random_score:.4g}",
             f"{est.mean:.4g} ± {est.stderr:.2g}", f"{task.optimal_score:.4g}", task.extra or "–",
         ]  # fmt: skip
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    lines += ["", NOTES.strip(), ""]
+        rows.append([c.replace("|", "\\|") for c in cells])
+    lines += [*markdown_table(header, rows), "", NOTES.strip(), ""]
     return "\n".join(lines)
 
 

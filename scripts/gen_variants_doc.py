@@ -20,6 +20,7 @@ import torch
 
 from rl_transformers.backbone import Backbone, BackboneConfig, available, registry
 from rl_transformers.utils.atomic import atomic_write_text
+from rl_transformers.utils.tables import markdown_table
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "variants.md"
 KIND_EXAMPLE = {"none": "none", "input": "sinusoidal", "qk": "rope", "bias": "alibi", "scores": "xl_relative"}
@@ -94,9 +95,8 @@ def option_names(family: str, name: str) -> str:
 
 
 def table(header: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
-    return [*out, ""]
+    escaped = [[cell.replace("|", "\\|") for cell in row] for row in rows]
+    return [*markdown_table(header, escaped), ""]
 
 
 def render() -> str:

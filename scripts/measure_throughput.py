@@ -25,9 +25,9 @@ from typing import Annotated
 import tyro
 
 from rl_transformers.algos.ppo_config import TrainConfig
+from rl_transformers.algos.ppo_sizing import match_run_config
 from rl_transformers.algos.throughput import measure_throughput
-from rl_transformers.policies.sizing import match_run_config
-from rl_transformers.utils.cli import cli_registry
+from rl_transformers.backbone.cli import cli_registry
 from rl_transformers.utils.errors import UserError, closest
 
 DEFAULT_OUT = Path("benchmarks/results/ppo_throughput")
@@ -54,7 +54,7 @@ class Args:
 def table(args: Args) -> None:
     from rl_transformers.backbone import available
     from rl_transformers.bench import ppo_throughput
-    from rl_transformers.bench.meta import machine_info
+    from rl_transformers.utils.provenance import machine_info
 
     registered = list(available()["attention"])
     names = list(args.attentions) or registered

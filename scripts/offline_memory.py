@@ -1,6 +1,6 @@
 """The offline memory table: the Decision Transformer on T-Maze corridors of 10 / 25 / 50, one row per causal
 attention (context covering the corridor), per memory (segments with carried memory) and a floor (method:
-rl_transformers/study/offline_memory.py; issue 28).
+rl_transformers/study/offline_memory.py).
 
     python scripts/make_memory_dataset.py --task tmaze --memory-lengths 10 25 50 --random-share 0.2 --root datasets/minari
     python scripts/offline_memory.py --dry-run                        # run count and estimated core-hours
@@ -17,7 +17,8 @@ from __future__ import annotations
 import tyro
 
 from rl_transformers.study.launch import STUDY_INTERRUPTED
-from rl_transformers.study.offline_memory import OfflineMemoryConfig, run_offline_memory
+from rl_transformers.study.offline_memory import OfflineMemoryConfig
+from rl_transformers.study.offline_memory_run import run_offline_memory
 from rl_transformers.utils.errors import run_cli
 
 if __name__ == "__main__":

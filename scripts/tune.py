@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from rl_transformers.backbone.cli import cli_registry
 from rl_transformers.tune.tuner import TuneConfig, best_trial, rebuilt, run_tuning
-from rl_transformers.utils.cli import cli_registry
 from rl_transformers.utils.errors import run_cli
 
 

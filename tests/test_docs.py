@@ -332,7 +332,7 @@ def test_envs_doc_is_generated() -> None:
 
 
 README_MAX_BYTES = 25_000
-"""The README is a user guide (issue 15: at most 25 KB); results, design and env notes live in docs/."""
+"""The README is a user guide (at most 25 KB); results, design and env notes live in docs/."""
 
 
 def test_readme_stays_a_short_user_guide() -> None:
@@ -343,7 +343,7 @@ def test_readme_stays_a_short_user_guide() -> None:
 
 
 def test_the_readme_headline_follows_the_encoder_study_page() -> None:
-    """Issue 27.8: the README's encoder-study headline is the block the committed page gives (its status and
+    """The README's encoder-study headline is the block the committed page gives (its status and
     verdict lines), so a rebuilt page that is committed without its README block fails here."""
     from rl_transformers.study.confirm_headline import headline, replace_block
 

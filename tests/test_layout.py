@@ -49,35 +49,16 @@ LAZY_INDEXES = {
 }
 """Modules allowed a module-level ``__getattr__``: package indexes that import their names on first use."""
 
-KNOWN_CIRCLES: set[frozenset[str]] = {
-    # records.py names launch.Job in type hints only; study/ is re-laid out separately.
-    frozenset({"rl_transformers.study.launch", "rl_transformers.study.records"}),
-}
+KNOWN_CIRCLES: set[frozenset[str]] = set()
 """Import circles outside the 0.2.0 layout pass (each to be removed; none may be added)."""
 
-INDIRECT_IMPORTS = {
-    # Library modules outside the 0.2.0 layout pass that still import a name through an index or a module that
-    # imports it (utils/ and bench/ are re-laid out separately).
-    "rl_transformers/bench/dt_long.py",
-    "rl_transformers/bench/dt_timing.py",
-    "rl_transformers/bench/gpu_suite.py",
-    "rl_transformers/bench/harness.py",
-    "rl_transformers/bench/ppo_profile.py",
-    "rl_transformers/bench/ppo_reference.py",
-    "rl_transformers/bench/ppo_throughput.py",
-    "rl_transformers/study/encoders.py",
-    "rl_transformers/study/probe.py",
-    "rl_transformers/tune/tuner.py",
-    "rl_transformers/utils/cli.py",
-}
+INDIRECT_IMPORTS: set[str] = set()
 """Files allowed to import a name from a module that does not define it (none may be added)."""
 
 
 REEXPORTS = {
-    # Outside the 0.2.0 layout pass (offline_data/ and bench/ are re-laid out separately); none may be added.
+    # offline_data/ is re-laid out separately; none may be added.
     "offline_data.build": "the builder's public names in one place for scripts/make_dataset.py",
-    "rl_transformers.bench.dt_models": "count_parameters for the benchmark scripts",
-    "rl_transformers.bench.meta": "the provenance helpers under the benchmark's names",
 }
 """Modules whose ``__all__`` still lists names they import."""
 

@@ -167,13 +167,13 @@ class DecisionTransformerAgent:
         """A constructor ``make_env(**kwargs)`` of the env this run was evaluated on while training, exactly.
 
         In order: the ``env_id`` given to :func:`rl_transformers.load` (the user restating the env knowingly);
-        the full env spec the checkpoint records (:mod:`rl_transformers.utils.env_record`); the run's
+        the full env spec the checkpoint records (:mod:`envs.spec_record`); the run's
         ``--env-id``; for a checkpoint that records no spec, the dataset's own spec when the dataset is still
         readable. Anything else -- a recorded spec that is refused or malformed, a dataset that moved, is
         unreadable or refused -- is a :class:`UserError` naming the cause and the fix, never a fall-back to
         the bare env id. Every env goes through :mod:`envs.resolve` with the ``allow_env_modules`` given to
         :func:`rl_transformers.load`."""
-        from rl_transformers.utils.env_record import RESTATE_FIX, recorded_env_factory
+        from envs.spec_record import RESTATE_FIX, recorded_env_factory
 
         allowed = self.config.allow_env_modules
         if self._env_id:

@@ -21,9 +21,9 @@ from rl_transformers.algos.lifecycle import RunResult
 def train_ppo(config: Any, run_dir: str | Path | None = None, **kwargs: Any) -> RunResult:
     """Train (or resume) a PPO run from a :class:`~rl_transformers.algos.ppo_config.TrainConfig`; an lstm / gru /
     mlp policy is first sized to the transformer's parameter count unless ``policy.match_params`` is off or
-    ``policy.hidden_size`` is given (:func:`~rl_transformers.policies.sizing.match_run_config`)."""
+    ``policy.hidden_size`` is given (:func:`~rl_transformers.algos.ppo_sizing.match_run_config`)."""
     from rl_transformers.algos.ppo import train
-    from rl_transformers.policies.sizing import match_run_config
+    from rl_transformers.algos.ppo_sizing import match_run_config
 
     return train(match_run_config(config), None if run_dir is None else Path(run_dir), **kwargs)
 

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from envs.spec_record import evaluated_spec
 from rl_transformers import logging as L
 from rl_transformers import tags as T
 from rl_transformers.algos.distributed import DistContext, gather_objects
@@ -64,7 +65,6 @@ from rl_transformers.algos.lifecycle import RunResult, RunSpec, load_resume, tra
 from rl_transformers.algos.run import Resumed, Run
 from rl_transformers.algos.run_config import saved_form
 from rl_transformers.policies.decision_transformer import DecisionTransformer
-from rl_transformers.utils.env_record import evaluated_spec
 from rl_transformers.utils.resume import merge_resume
 from rl_transformers.utils.rng import capture_rng_state, restore_rng_state
 from rl_transformers.utils.runs import to_jsonable

@@ -14,6 +14,7 @@ from typing import Literal
 from rl_transformers.algos.run_config import SHARED_RESUME_MUTABLE, RunConfig
 from rl_transformers.backbone.config import BackboneConfig
 from rl_transformers.backbone.options import (
+    check_aux_weights,
     check_choice,
     check_int,
     check_number,
@@ -27,7 +28,6 @@ from rl_transformers.utils.checks import (
     MAX_EVAL_EPISODES,
     MAX_NUM_ENVS,
     check_at_most,
-    check_aux_weights,
     flag,
 )
 from rl_transformers.utils.errors import UserError

@@ -13,14 +13,19 @@ from typing import Annotated, Literal
 import tyro
 
 from rl_transformers.algos.run_config import SHARED_RESUME_MUTABLE, RunConfig
-from rl_transformers.backbone.options import check_choice, check_int, check_number, check_positive
+from rl_transformers.backbone.options import (
+    check_aux_weights,
+    check_choice,
+    check_divides,
+    check_int,
+    check_number,
+    check_positive,
+)
 from rl_transformers.policies.gtrxl import PolicyConfig
 from rl_transformers.utils.checks import (
     MAX_EVAL_EPISODES,
     MAX_NUM_ENVS,
     check_at_most,
-    check_aux_weights,
-    check_divides,
     flag,
 )
 from rl_transformers.utils.cli import JsonDict

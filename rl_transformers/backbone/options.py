@@ -7,8 +7,9 @@ Two layers:
   ``str``, ``Literal[...]`` as ``str``, ``X | None``, ``tuple[...]``), so ``{"mem_len": "abc"}`` is refused with
   the field, the value and the expected type instead of failing later inside a comparison.
 * the ``check_*`` helpers are what each options class calls in ``__post_init__`` for values: ints with a minimum,
-  numbers in a range, probabilities, (rows, cols) pairs, position lists and ``Literal`` choices — the message
-  lists the valid choices and the closest match (difflib).
+  numbers in a range, probabilities, (rows, cols) pairs, position lists, divisors, aux-loss weights (each a loss
+  the model produces) and ``Literal`` choices — the message lists the valid choices and the closest match
+  (difflib).
 
 Errors are :class:`~rl_transformers.utils.errors.UserError` (a ``ValueError``).
 """
@@ -19,9 +20,10 @@ import dataclasses
 import math
 import types
 import typing
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal, Union
 
-from rl_transformers.utils.errors import UserError, closest, describe
+from rl_transformers.utils.errors import UserError, choice_hint, closest, describe
 
 
 # -- choices --------------------------------------------------------------------------------------------------
@@ -121,6 +123,33 @@ def check_positions(label: str, value: Any) -> None:
 
 
 # -- field types (before construction) ------------------------------------------------------------------------
+def check_aux_weights(weights: Mapping[str, Any], produced: Iterable[str], source: str) -> None:
+    """Every name in ``weights`` is an aux loss the model produces; every weight a finite number >= 0."""
+    valid = sorted(set(produced))
+    for name, weight in weights.items():
+        if name not in valid:
+            where = (
+                f"valid for this backbone: {', '.join(valid)}"
+                if valid
+                else "this model produces no aux losses"
+            )
+            close = choice_hint(name, valid) if valid else ""
+            hint = close[close.index(" (") :] if " (" in close else ""
+            raise UserError(f"unknown aux loss {name!r}; {where}{hint}", source=source)
+        check_number(f"{source} {name!r}", weight, low=0.0)
+
+
+def check_divides(name: str, value: int, total: int, what: str, *, source: str | None = None) -> None:
+    """``value`` (an int >= 1) divides ``total``; the message names ``name=value`` (``source``: its flag) and
+    lists the valid values."""
+    label = f"{name}={value}" + (f" ({source})" if source else "")
+    check_int(label, value, 1)
+    if total % value:
+        divisors = [d for d in range(1, total + 1) if total % d == 0]
+        shown = ", ".join(map(str, divisors[:12])) + (", ..." if len(divisors) > 12 else "")
+        raise UserError(f"{label} does not divide {what}; valid: {shown}")
+
+
 def _expected(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if tp is type(None):

@@ -1,6 +1,6 @@
 """Updates/s and memory of the Decision Transformer at long context: every row of the offline memory table.
 
-Issue 28, point 3 ("updates/s and peak memory per (attention, K), measured side by side"). For each corridor
+The offline memory table's speed column ("updates/s and peak memory per (attention, K), measured side by side"). For each corridor
 length L and each row of :func:`rl_transformers.study.offline_memory.rows` (an attention with K = L + 1, a
 memory with K_s = ⌈(L + 1) / 3⌉ and 3 segments, the floor), the real trainer of the table's job is built —
 ``DTTrainer`` on the T-Maze dataset with the row's backbone and ``dt_args`` (batch 32, aligned windows),
@@ -36,10 +36,12 @@ import torch
 
 from rl_transformers.bench.dt_timing import time_rounds
 from rl_transformers.bench.memory import malloc_returns_memory, measure_rss, run_in_child
-from rl_transformers.bench.meta import finish_machine_info, load_text, machine_info
+from rl_transformers.bench.meta import load_text
 from rl_transformers.study import offline_memory as om
 from rl_transformers.utils.atomic import atomic_write_text
 from rl_transformers.utils.errors import UserError, choice_hint
+from rl_transformers.utils.provenance import finish_machine_info, machine_info
+from rl_transformers.utils.tables import markdown_table
 
 REFERENCE = "full"
 MIB = 2**20
@@ -47,7 +49,7 @@ MIB = 2**20
 
 @dataclass(frozen=True)
 class DTLongConfig:
-    """Updates/s and memory of every (row, K) of the offline memory table (issue 28)."""
+    """Updates/s and memory of every (row, K) of the offline memory table."""
 
     lengths: tuple[int, ...] = om.LENGTHS
     """Corridor lengths L (datasets rlt/tmaze-<L>/<dataset-name> under --dataset-root)."""
@@ -345,15 +347,22 @@ def render_markdown(report: dict[str, Any]) -> str:
             "",
             f"## Corridor {length}",
             "",
-            "| row | K | segments | tokens | parameters | updates/s (CPU) | updates/s (wall) | vs full (CPU) | vs full (wall) | "
-            "saved MiB | saved MiB (peak alive) | peak RSS MiB |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            *markdown_table(
+                LENGTH_COLUMNS,
+                [length_cells(r) for r in report["results"] if r["length"] == length],
+                "l" + "r" * 11,
+            ),
         ]
-        for r in (r for r in report["results"] if r["length"] == length):
-            lines.append(
-                f"| {r['row']} | {r['K']} | {r['segments']} | {r['tokens']} | {r['n_parameters']:,} | "
-                f"{r['cpu_updates_per_s']} | "
-                f"{r['wall_updates_per_s']} | {r['speed_vs_full_cpu']} | {r['speed_vs_full_wall']} | "
-                f"{_mib(r['saved_bytes'])} | {_mib(r['peak_saved_bytes'])} | {_mib(r.get('rss_peak_bytes'))} |"
-            )
     return "\n".join(lines) + "\n"
+
+
+LENGTH_COLUMNS = ["row", "K", "segments", "tokens", "parameters", "updates/s (CPU)", "updates/s (wall)",
+                  "vs full (CPU)", "vs full (wall)", "saved MiB", "saved MiB (peak alive)", "peak RSS MiB"]  # fmt: skip
+"""Columns of a corridor length's table."""
+
+
+def length_cells(r: dict[str, Any]) -> list[Any]:
+    """One (row, K)'s cells of its corridor length's table."""
+    return [r["row"], r["K"], r["segments"], r["tokens"], f"{r['n_parameters']:,}", r["cpu_updates_per_s"],
+            r["wall_updates_per_s"], r["speed_vs_full_cpu"], r["speed_vs_full_wall"], _mib(r["saved_bytes"]),
+            _mib(r["peak_saved_bytes"]), _mib(r.get("rss_peak_bytes"))]  # fmt: skip

@@ -25,7 +25,6 @@ import torch
 from torch import Tensor, nn
 
 from rl_transformers.policies.decision_transformer import DecisionTransformer, dt_backbone_config
-from rl_transformers.utils.params import count_parameters
 
 OBS_DIM, ACT_DIM, MAX_EP_LEN = 11, 3, 1000
 """Hopper's observation and action sizes, and the paper's timestep-embedding rows."""
@@ -90,7 +89,7 @@ def ours_generic(shape: DTShape, device: torch.device) -> Candidate:
 
 def ours_compiled(shape: DTShape, device: torch.device, fused: bool = True) -> Candidate:
     """Our model with its forward under ``torch.compile`` (inductor; the first calls compile, so give the
-    timing enough warm-up): does the PPO side's compile work pay for the DT update (issue 26, point 4)?"""
+    timing enough warm-up): does the PPO side's compile work pay for the DT update?"""
     plain = ours(shape, device, fused)
     model = plain.module
     compiled = torch.compile(model)
@@ -195,4 +194,4 @@ INSTALL_HINT = {
     "d3rlpy": "pip install d3rlpy",
 }
 
-__all__ = ["BUILDERS", "Candidate", "DTShape", "count_parameters", "make_batch"]
+__all__ = ["BUILDERS", "Candidate", "DTShape", "make_batch"]

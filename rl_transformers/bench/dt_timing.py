@@ -23,9 +23,11 @@ from typing import Any
 import torch
 
 from rl_transformers.algos.dt import FUSED_ADAMW_DEVICES
-from rl_transformers.bench.dt_models import Candidate, count_parameters
+from rl_transformers.bench.dt_models import Candidate
 from rl_transformers.bench.meta import load_text
 from rl_transformers.utils.atomic import atomic_write_text
+from rl_transformers.utils.params import count_parameters
+from rl_transformers.utils.tables import markdown_table
 
 
 def make_update(candidate: Candidate, batch: dict[str, torch.Tensor]) -> Callable[[], None]:
@@ -141,17 +143,17 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"- machine: {meta.get('device_name')} · threads {meta.get('threads')} of {meta.get('cores')} cores · "
         f"torch {meta.get('torch_version')} · git {meta.get('git_sha')} · {load_text(meta)}",
         "",
-        f"| candidate | parameters | samples/s (CPU time) | samples/s (wall) | {ref} speed-up (CPU) | "
-        f"{ref} speed-up (wall) |",
-        "|---|---:|---:|---:|---:|---:|",
     ]
+    rows = []
     for name, row in report["table"].items():
         up_cpu = row.get(f"{ref}_speedup_cpu", "—" if name != ref else "1 (reference)")
         up_wall = row.get(f"{ref}_speedup_wall", "—" if name != ref else "1 (reference)")
-        lines.append(
-            f"| {name} | {row['n_parameters']:,} | {row['cpu_samples_per_s']} | {row['wall_samples_per_s']} | "
-            f"{up_cpu} | {up_wall} |"
-        )
+        rows.append([name, f"{row['n_parameters']:,}", row["cpu_samples_per_s"], row["wall_samples_per_s"], up_cpu,
+                     up_wall])  # fmt: skip
+    headers = ["candidate", "parameters", "samples/s (CPU time)", "samples/s (wall)", f"{ref} speed-up (CPU)",
+               f"{ref} speed-up (wall)"]  # fmt: skip
+    lines += markdown_table(headers, rows, "lrrrrr")
+    # a skipped candidate's empty cells are written "| |", as the committed pages have them
     for name, why in report.get("skipped", {}).items():
         lines.append(f"| {name} | — | skipped: {why} | | | |")
     return "\n".join(lines) + "\n"

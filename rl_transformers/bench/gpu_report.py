@@ -13,6 +13,8 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+from rl_transformers.utils.tables import markdown_row, markdown_table
+
 ATTENTION_COLUMNS = ("variant",)
 """First column of every attention table; one further column per length L."""
 LIMIT_LENGTH = 16384
@@ -42,15 +44,20 @@ def attention_tables(rows: list[dict[str, Any]], title: str) -> list[str]:
         variants = sorted(
             {r["variant"] for r in sub}, key=lambda v: (not v.startswith(("sdpa", "peer:sdpa")), v)
         )
-        lines += ["", f"### {title}: {target}, {mode}", ""]
-        lines.append("| variant | " + " | ".join(f"L = {n:,}" for n in lengths) + " |")
-        lines.append("|---|" + "---:|" * len(lengths))
+        table = []
         for variant in variants:
             cells = []
             for n in lengths:
                 match = [r for r in sub if r["variant"] == variant and r["length"] == n]
                 cells.append(_cell(match[0]) if match else "")
-            lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+            table.append([variant, *cells])
+        headers = ["variant", *(f"L = {n:,}" for n in lengths)]
+        lines += [
+            "",
+            f"### {title}: {target}, {mode}",
+            "",
+            *markdown_table(headers, table, "l" + "r" * len(lengths)),
+        ]
     return lines
 
 
@@ -61,19 +68,25 @@ def kernel_tables(rows: list[dict[str, Any]], title: str) -> list[str]:
     timed = [r for r in rows if r["target"] == "kernel" and r.get("time_ms") is not None]
     if not any(r.get("backends") for r in timed):
         return []
-    lines = ["", f"### {title}: kernels and real work (kernel target, longest timed L)", ""]
-    lines.append("| variant | mode | L | kernels | real TFLOP/s | dense-equivalent TFLOP/s |")
-    lines.append("|---|---|---:|---|---:|---:|")
+    table = []
     for variant, mode in sorted({(r["variant"], r["mode"]) for r in timed}):
         row = max(
             (r for r in timed if r["variant"] == variant and r["mode"] == mode), key=lambda r: r["length"]
         )
         kernels = ", ".join(row.get("backends") or []) or "—"
-        lines.append(
-            f"| {variant} | {mode} | {row['length']:,} | {kernels} | {_fmt(row.get('real_tflops'))} | "
-            f"{_fmt(row.get('tflops'))} |"
+        table.append(
+            [
+                variant,
+                mode,
+                f"{row['length']:,}",
+                kernels,
+                _fmt(row.get("real_tflops")),
+                _fmt(row.get("tflops")),
+            ]
         )
-    return lines
+    headers = ["variant", "mode", "L", "kernels", "real TFLOP/s", "dense-equivalent TFLOP/s"]
+    title_line = f"### {title}: kernels and real work (kernel target, longest timed L)"
+    return ["", title_line, "", *markdown_table(headers, table, "llrlrr")]
 
 
 def _min_bytes(row: dict[str, Any]) -> float:
@@ -210,11 +223,15 @@ def render_markdown(results: dict[str, Any]) -> str:
         f"{dev.get('torch_version')} · CUDA {dev.get('cuda_version')} · cuDNN {dev.get('cudnn_version', '—')} · "
         f"{dev.get('timestamp')}",
         "",
-        "| stage | status | seconds | note |",
-        "|---|---|---:|---|",
+        *markdown_table(
+            ["stage", "status", "seconds", "note"],
+            [
+                [name, rec["status"], rec.get("seconds", "—"), rec.get("reason", "")]
+                for name, rec in stages.items()
+            ],
+            "llrl",
+        ),
     ]
-    for name, rec in stages.items():
-        lines.append(f"| {name} | {rec['status']} | {rec.get('seconds', '—')} | {rec.get('reason', '')} |")
     ceil = stages.get("ceilings", {}).get("data")
     if ceil:
         lines += [
@@ -233,14 +250,31 @@ def render_markdown(results: dict[str, Any]) -> str:
             "",
             "TFLOP/s are dense-equivalent (a sparse or linear kernel does less work than they count).",
             "",
-            "| which | variant | mode | TFLOP/s | share of matmul rate | TB/s (fewest bytes) | share of copy |",
-            "|---|---|---|---:|---:|---:|---:|",
+            *markdown_table(
+                [
+                    "which",
+                    "variant",
+                    "mode",
+                    "TFLOP/s",
+                    "share of matmul rate",
+                    "TB/s (fewest bytes)",
+                    "share of copy",
+                ],
+                [
+                    [
+                        r["which"],
+                        r["variant"],
+                        r["mode"],
+                        f"{r['tflops']:.1f}",
+                        f"{r['share_matmul']:.1%}",
+                        f"{r['tb_per_s']:.3f}",
+                        f"{r['share_copy']:.1%}",
+                    ]
+                    for r in limits
+                ],
+                "lllrrrr",
+            ),
         ]
-        for r in limits:
-            lines.append(
-                f"| {r['which']} | {r['variant']} | {r['mode']} | {r['tflops']:.1f} | {r['share_matmul']:.1%} | "
-                f"{r['tb_per_s']:.3f} | {r['share_copy']:.1%} |"
-            )
     slow = slower_than_sdpa(results)
     if slow:
         lines += ["", f"## Slower than SDPA, or not timed, at L = {LIMIT_LENGTH:,} (kernel, bf16)", ""]
@@ -263,16 +297,25 @@ def render_markdown(results: dict[str, Any]) -> str:
             "",
             f"## PPO, default GTrXL on {ppo['env_id']}",
             "",
-            "| envs | parameters | rollout env steps/s | update samples/s | env steps/s (both) |",
-            "|---:|---:|---:|---:|---:|",
+            *markdown_table(
+                ["envs", "parameters", "rollout env steps/s", "update samples/s", "env steps/s (both)"],
+                align="rrrrr",
+            ),
         ]
-        for r in ppo["rows"]:
+        for r in ppo["rows"]:  # a row that did not run keeps its empty cells written "| |"
             if r["status"] != "ok":
                 lines.append(f"| {int(r['num_envs'])} | {r['status']}: {r.get('reason', '')} | | | |")
                 continue
             lines.append(
-                f"| {int(r['num_envs'])} | {int(r['parameters']):,} | {r['rollout_steps_per_s']:,.0f} | "
-                f"{r['train_steps_per_s']:,.0f} | {r['steps_per_s']:,.0f} |"
+                markdown_row(
+                    [
+                        int(r["num_envs"]),
+                        f"{int(r['parameters']):,}",
+                        f"{r['rollout_steps_per_s']:,.0f}",
+                        f"{r['train_steps_per_s']:,.0f}",
+                        f"{r['steps_per_s']:,.0f}",
+                    ]
+                )
             )
     dt = stages.get("dt", {}).get("data")
     if dt:
@@ -282,16 +325,16 @@ def render_markdown(results: dict[str, Any]) -> str:
             "",
             f"Shape {dt['shape']}; {dt['rounds']} interleaved rounds of {dt['steps']} updates (median round).",
             "",
-            "| candidate | parameters | updates/s | samples/s | rl_transformers speed-up |",
-            "|---|---:|---:|---:|---:|",
         ]
         batch = dt["shape"]["batch_size"]
-        for name, row in dt["table"].items():
-            speed = row.get("rl_transformers_speedup_wall", "1 (reference)")
-            lines.append(
-                f"| {name} | {row['n_parameters']:,} | {row['wall_samples_per_s'] / batch:,.1f} | "
-                f"{row['wall_samples_per_s']:,.0f} | {speed} |"
-            )
+        table = [
+            [name, f"{row['n_parameters']:,}", f"{row['wall_samples_per_s'] / batch:,.1f}",
+             f"{row['wall_samples_per_s']:,.0f}", row.get("rl_transformers_speedup_wall", "1 (reference)")]
+            for name, row in dt["table"].items()
+        ]  # fmt: skip
+        headers = ["candidate", "parameters", "updates/s", "samples/s", "rl_transformers speed-up"]
+        lines += markdown_table(headers, table, "lrrrr")
+        # a skipped candidate's empty cells are written "| |", as in the committed pages
         for name, why in dt.get("skipped", {}).items():
             lines.append(f"| {name} | skipped: {why} | | | |")
     return "\n".join(lines) + "\n"

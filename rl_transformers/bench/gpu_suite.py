@@ -40,8 +40,8 @@ from typing import Any
 
 import torch
 
-from rl_transformers.bench.meta import git_sha, machine_info
 from rl_transformers.utils.atomic import atomic_write_text
+from rl_transformers.utils.provenance import git_sha, machine_info
 
 SCHEMA_VERSION = 1
 
@@ -216,7 +216,8 @@ class Suite:
         self, dtype: str, lengths: tuple[int, ...], targets: tuple[str, ...], share: float
     ) -> dict[str, Any]:
         from rl_transformers.backbone.attention import _flex
-        from rl_transformers.bench import BenchConfig, run_benchmark
+        from rl_transformers.bench.config import BenchConfig
+        from rl_transformers.bench.harness import run_benchmark
 
         _flex.FLEX_PATH = self.cfg.flex
         tiny = self.cfg.dry_run

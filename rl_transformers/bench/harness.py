@@ -39,10 +39,10 @@ from rl_transformers.bench.config import BenchConfig, ResolvedConfig, Shape
 from rl_transformers.bench.gate import GateError, Gatekeeper
 from rl_transformers.bench.kernels import census
 from rl_transformers.bench.memory import Extrapolator, MemoryJob, measure_cpu, measure_gpu
-from rl_transformers.bench.meta import machine_info
 from rl_transformers.bench.ops import Impl, Op, build_op, cheap_step_state, compile_op, registry_impls
 from rl_transformers.bench.rows import base_row, flops, skip  # noqa: F401 - flops re-exported
 from rl_transformers.bench.timing import RepeatPolicy, clock_for, time_interleaved
+from rl_transformers.utils.provenance import machine_info
 
 SCHEMA_VERSION = 1
 MIB = 2**20

@@ -1,22 +1,15 @@
 """Provenance of a benchmark table: the code's git commit and the machine it ran on.
 
-The records come from :mod:`rl_transformers.utils.provenance` (shared with the training runs' ``system_info.json``);
-this module re-exports them and formats the load of a measurement.
+The records come from :mod:`rl_transformers.utils.provenance` (shared with the training runs'
+``system_info.json``: ``git_sha``, ``machine_info``, ``finish_machine_info``); this module formats the load of a
+measurement.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from rl_transformers.utils.provenance import (
-    PACKAGE_DIR,
-    device_name,
-    finish_machine_info,
-    git_sha,
-    machine_info,
-)
-
-__all__ = ["PACKAGE_DIR", "device_name", "finish_machine_info", "git_sha", "load_text", "machine_info"]
+__all__ = ["load_text"]
 
 
 def load_text(meta: dict[str, Any]) -> str:

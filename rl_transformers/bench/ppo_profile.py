@@ -1,6 +1,6 @@
 """Where a PPO update spends its time: ``torch.profiler`` over one rollout and one training pass.
 
-Used by ``scripts/profile_ppo.py`` (issue 26: "where the time goes, with a profile"). After ``warmup`` whole
+Used by ``scripts/profile_ppo.py`` ("where the time goes, with a profile"). After ``warmup`` whole
 updates, one :func:`~rl_transformers.algos.rollout.collect_rollout` and one
 :meth:`~rl_transformers.algos.ppo.PPOTrainer.train_epochs` run under the CPU profiler, each separately. Per
 phase the table lists the operators by self CPU time (time inside the operator itself, children excluded),
@@ -22,7 +22,8 @@ from rl_transformers.algos.distributed import DistContext, resolve_device
 from rl_transformers.algos.ppo import PPOTrainer
 from rl_transformers.algos.ppo_config import TrainConfig
 from rl_transformers.algos.rollout import collect_rollout
-from rl_transformers.utils import available_cores, set_threads
+from rl_transformers.utils.tables import markdown_table
+from rl_transformers.utils.training import available_cores, set_threads
 
 
 def op_table(run: Callable[[], Any], top: int, shapes_of: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -110,23 +111,34 @@ def render(result: dict[str, Any], header: list[str]) -> str:
         lines += [
             f"## {phase}: {table['self_cpu_s']:.3f} s of self CPU time for {result['steps']:,} env steps",
             "",
-            "| op | share | calls | mean µs |",
-            "|---|---:|---:|---:|",
+            *markdown_table(
+                ["op", "share", "calls", "mean µs"], [op_cells(row) for row in table["ops"]], "lrrr"
+            ),
+            "",
         ]
-        for row in table["ops"]:
-            mean = "" if row["mean_us"] is None else f"{row['mean_us']:.1f}"
-            lines.append(f"| `{row['op']}` | {100 * row['share']:.1f} % | {row['calls']:,} | {mean} |")
-        lines.append("")
         if table.get("by_shape"):
             lines += [
                 f"### {phase}: by input shape",
                 "",
-                "| op | input shapes | share | calls |",
-                "|---|---|---:|---:|",
+                *markdown_table(
+                    ["op", "input shapes", "share", "calls"],
+                    [
+                        [
+                            f"`{row['op']}`",
+                            f"`{row['shapes']}`",
+                            f"{100 * row['share']:.2f} %",
+                            f"{row['calls']:,}",
+                        ]
+                        for row in table["by_shape"]
+                    ],
+                    "llrr",
+                ),
+                "",
             ]
-            for row in table["by_shape"]:
-                lines.append(
-                    f"| `{row['op']}` | `{row['shapes']}` | {100 * row['share']:.2f} % | {row['calls']:,} |"
-                )
-            lines.append("")
     return "\n".join(lines)
+
+
+def op_cells(row: dict[str, Any]) -> list[str]:
+    """One op's cells of a phase's table: its share of the self CPU time, calls and mean time per call."""
+    mean = "" if row["mean_us"] is None else f"{row['mean_us']:.1f}"
+    return [f"`{row['op']}`", f"{100 * row['share']:.1f} %", f"{row['calls']:,}", mean]

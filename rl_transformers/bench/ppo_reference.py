@@ -58,7 +58,7 @@ def our_config(model: dict[str, Any], threads: int = 1, compile: bool = False) -
     """The TrainConfig of one of :data:`OUR_MODELS` with cleanrl's rollout / update shape (``compile``: the
     acting step compiled, ``--compile``)."""
     from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
-    from rl_transformers.backbone import BackboneConfig
+    from rl_transformers.backbone.config import BackboneConfig
     from rl_transformers.policies.gtrxl import PolicyConfig
 
     backbone = BackboneConfig(

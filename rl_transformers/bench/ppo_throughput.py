@@ -20,8 +20,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from rl_transformers.bench.meta import finish_machine_info, load_text
+from rl_transformers.bench.meta import load_text
 from rl_transformers.utils.atomic import atomic_write_text
+from rl_transformers.utils.provenance import finish_machine_info
+from rl_transformers.utils.tables import markdown_table
 
 STATUS_OK, STATUS_UNSUPPORTED, STATUS_ERROR = "ok", "unsupported", "error"
 
@@ -201,20 +203,26 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"- machine: {meta['device_name']} · threads {meta['threads']} of {meta['cores']} cores · torch "
         f"{meta['torch_version']} · git {meta['git_sha']} · {load_text(meta)}",
         "",
-        "| attention | env steps/s | ratio to full | env steps/CPU-s | ratio (CPU) | rollout steps/s "
-        "| train steps/s | parameters | status |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for row in report["rows"]:
-        if row["status"] != STATUS_OK:
-            lines.append(
-                f"| {row['attention']} | — | — | — | — | — | — | — | {row['status']}: {row['reason'][:160]} |"
-            )
-            continue
-        cpu, cpu_ratio = row.get("steps_per_cpu_s"), row.get("ratio_full_cpu")
-        lines.append(
-            f"| {row['attention']} | {row['steps_per_s']:,.0f} | {row['ratio_full']:.2f} | "
-            f"{'—' if cpu is None else f'{cpu:,.0f}'} | {'—' if cpu_ratio is None else f'{cpu_ratio:.2f}'} | "
-            f"{row['rollout_steps_per_s']:,.0f} | {row['train_steps_per_s']:,.0f} | {row['parameters']:,} | ok |"
-        )
+    headers = ["attention", "env steps/s", "ratio to full", "env steps/CPU-s", "ratio (CPU)", "rollout steps/s",
+               "train steps/s", "parameters", "status"]  # fmt: skip
+    lines += markdown_table(headers, [throughput_cells(row) for row in report["rows"]], "lrrrrrrrl")
     return "\n".join(lines) + "\n"
+
+
+def throughput_cells(row: dict[str, Any]) -> list[str]:
+    """One attention's cells of the throughput table ("—" and the reason for one that did not run)."""
+    if row["status"] != STATUS_OK:
+        return [row["attention"], *["—"] * 7, f"{row['status']}: {row['reason'][:160]}"]
+    cpu, cpu_ratio = row.get("steps_per_cpu_s"), row.get("ratio_full_cpu")
+    return [
+        row["attention"],
+        f"{row['steps_per_s']:,.0f}",
+        f"{row['ratio_full']:.2f}",
+        "—" if cpu is None else f"{cpu:,.0f}",
+        "—" if cpu_ratio is None else f"{cpu_ratio:.2f}",
+        f"{row['rollout_steps_per_s']:,.0f}",
+        f"{row['train_steps_per_s']:,.0f}",
+        f"{row['parameters']:,}",
+        "ok",
+    ]

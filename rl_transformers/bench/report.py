@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_transformers.utils.atomic import atomic_write_text
+from rl_transformers.utils.tables import markdown_table
 
 ROW_SCHEMA: dict[str, tuple[type, ...]] = {
     "variant": (str,),
@@ -240,6 +241,70 @@ def _fmt_mib(value: float | None) -> str:
     return "" if value is None else f"{value / 2**20:.0f}"
 
 
+def _group_table(items: list[dict[str, Any]], baselines: dict[Any, Any]) -> list[str]:
+    """One (position, target, mode, H, D) group as a pivot table: a row per variant, a column per length."""
+    lengths = sorted({r["length"] for r in items})
+    headers = ["variant", *(f"L={_fmt_len(n)}" for n in lengths), "peak MiB (longest run)", "num err",
+               "err vs full attn", "notes"]  # fmt: skip
+    rows = []
+    by_variant: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
+    for r in items:
+        by_variant[r["variant"]][r["length"]] = r
+    for variant, per_len in by_variant.items():
+        cells = [
+            _cell(per_len[n], versus_sdpa(per_len[n], baselines.get(_group_key(per_len[n]))))
+            if n in per_len
+            else ""
+            for n in lengths
+        ]
+        timed = [per_len[n] for n in lengths if n in per_len and per_len[n]["peak_mem_bytes"] is not None]
+        peak = _fmt_mib(timed[-1]["peak_mem_bytes"]) if timed else ""
+        errs = [per_len[n] for n in lengths if n in per_len and per_len[n]["num_err"] is not None]
+        num = _fmt_err(max(r["num_err"] for r in errs)) if errs else ""
+        refs = [per_len[n] for n in lengths if n in per_len and per_len[n]["ref_err"] is not None]
+        ref = _fmt_err(refs[-1]["ref_err"]) if refs else ""
+        first = next(iter(per_len.values()))
+        notes = sorted({r["note"] for r in per_len.values() if r["note"] and "early stop" not in r["note"]})
+        failed = [r["reason"] for r in per_len.values() if r["status"] in ("failed", "error")]
+        tag = "" if first["exact"] else "approx"
+        probe = next((r["probe"] for r in per_len.values() if r["probe"]), None)
+        if probe and probe.get("ok") and probe.get("density") is not None:
+            mask = "causal" if first["causal"] else "full"
+            tag = f"softmax on {probe['density']:.0%} of the {mask} mask at L={probe.get('length')}" + (
+                " + bias" if probe["biased"] else ""
+            )
+        note = "; ".join(x for x in [tag, *notes, *failed[:1]] if x)
+        rows.append([variant, *cells, peak, num, ref, note])
+    return markdown_table(headers, rows)
+
+
+def _crossover_table(results: dict[str, Any]) -> list[str]:
+    """The crossover lengths vs SDPA, a row per (variant, target, mode, position, H, D)."""
+    crossings = []
+    for c in results["crossover"]:
+        if not c["ratios"]:
+            continue
+        if c["crossover"] is None:
+            cross = f"never (≤ {_fmt_len(c['max_length'])})"
+        else:
+            cross = f"{_fmt_len(c['crossover'])} (interp. {c['crossover_interp']:.0f})"
+        wins = ", ".join(_fmt_len(n) for n in c["wins_at"]) or "-"
+        skipped = ", ".join(_fmt_len(n) for n in c["runs_where_sdpa_skipped"]) or "-"
+        crossings.append([c["variant"], c["target"], c["mode"], c["position"], f"{c['heads']}, {c['d_head']}", cross,
+                          wins, skipped])  # fmt: skip
+    headers = [
+        "variant",
+        "target",
+        "mode",
+        "position",
+        "H, D",
+        "crossover L",
+        "wins at",
+        "runs where SDPA was skipped",
+    ]
+    return markdown_table(headers, crossings)
+
+
 def markdown(results: dict[str, Any]) -> str:
     """The results as Markdown: header, one pivot table per (position, target, mode, H, D), crossovers, rows."""
     meta, rows = results["meta"], results["rows"]
@@ -261,61 +326,14 @@ def markdown(results: dict[str, Any]) -> str:
     for row in rows:
         groups[(row["position"], row["target"], row["mode"], row["heads"], row["d_head"])].append(row)
     for (position, target, mode, heads, d_head), items in groups.items():
-        lengths = sorted({r["length"] for r in items})
         batches = sorted({r["batch"] for r in items})
         lines += [
             "",
             f"## {target} · {mode} · position {position} · H={heads}, D={d_head}, B={'/'.join(map(str, batches))}",
             "",
-            "| variant | " + " | ".join(f"L={_fmt_len(n)}" for n in lengths)
-            + " | peak MiB (longest run) | num err | err vs full attn | notes |",
-            "|---|" + "---|" * (len(lengths) + 4),
-        ]  # fmt: skip
-        by_variant: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
-        for r in items:
-            by_variant[r["variant"]][r["length"]] = r
-        for variant, per_len in by_variant.items():
-            cells = [
-                _cell(per_len[n], versus_sdpa(per_len[n], baselines.get(_group_key(per_len[n]))))
-                if n in per_len
-                else ""
-                for n in lengths
-            ]
-            timed = [per_len[n] for n in lengths if n in per_len and per_len[n]["peak_mem_bytes"] is not None]
-            peak = _fmt_mib(timed[-1]["peak_mem_bytes"]) if timed else ""
-            errs = [per_len[n] for n in lengths if n in per_len and per_len[n]["num_err"] is not None]
-            num = _fmt_err(max(r["num_err"] for r in errs)) if errs else ""
-            refs = [per_len[n] for n in lengths if n in per_len and per_len[n]["ref_err"] is not None]
-            ref = _fmt_err(refs[-1]["ref_err"]) if refs else ""
-            first = next(iter(per_len.values()))
-            notes = sorted(
-                {r["note"] for r in per_len.values() if r["note"] and "early stop" not in r["note"]}
-            )
-            failed = [r["reason"] for r in per_len.values() if r["status"] in ("failed", "error")]
-            tag = "" if first["exact"] else "approx"
-            probe = next((r["probe"] for r in per_len.values() if r["probe"]), None)
-            if probe and probe.get("ok") and probe.get("density") is not None:
-                mask = "causal" if first["causal"] else "full"
-                tag = f"softmax on {probe['density']:.0%} of the {mask} mask at L={probe.get('length')}" + (
-                    " + bias" if probe["biased"] else ""
-                )
-            note = "; ".join(x for x in [tag, *notes, *failed[:1]] if x)
-            lines.append(f"| {variant} | " + " | ".join(cells) + f" | {peak} | {num} | {ref} | {note} |")
-    lines += ["", "## Crossover vs SDPA", "",
-              "| variant | target | mode | position | H, D | crossover L | wins at | runs where SDPA was skipped |",
-              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for c in results["crossover"]:
-        if not c["ratios"]:
-            continue
-        if c["crossover"] is None:
-            cross = f"never (≤ {_fmt_len(c['max_length'])})"
-        else:
-            cross = f"{_fmt_len(c['crossover'])} (interp. {c['crossover_interp']:.0f})"
-        wins = ", ".join(_fmt_len(n) for n in c["wins_at"]) or "-"
-        lines.append(
-            f"| {c['variant']} | {c['target']} | {c['mode']} | {c['position']} | {c['heads']}, {c['d_head']} | "
-            f"{cross} | {wins} | {', '.join(_fmt_len(n) for n in c['runs_where_sdpa_skipped']) or '-'} |"
-        )
+            *_group_table(items, baselines),
+        ]
+    lines += ["", "## Crossover vs SDPA", "", *_crossover_table(results)]
     return "\n".join(lines) + "\n"
 
 

@@ -7,26 +7,24 @@ on the same spaces. Counts grow monotonically with the width, so :func:`closest_
 width whose count reaches the target and keeps whichever of it and the width below is closer. The study
 (:mod:`rl_transformers.study.encoders`) sizes its encoders with the same function and :data:`TOLERANCE`.
 
-:func:`match_width` works on spaces; :func:`match_run_config` on a PPO run's config, the way
-``scripts/train_gtrxl.py`` and :func:`rl_transformers.train_ppo` apply ``--match-params`` when a run starts
-(a resumed run keeps its saved width). The chosen ``hidden_size`` is written into the config, so
-``config.json`` says what was built and loading a run never sizes anything again.
+:func:`match_width` works on spaces; a PPO run's config is sized on its env's spaces by
+:func:`rl_transformers.algos.ppo_sizing.match_run_config` (a layer up: it builds the env). The chosen
+``hidden_size`` is written into the config, so ``config.json`` says what was built and loading a run never sizes
+anything again.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gymnasium import spaces
 
 if TYPE_CHECKING:
-    from rl_transformers.algos.ppo_config import TrainConfig
     from rl_transformers.policies.gtrxl import PolicyConfig
 
 TOLERANCE = 0.10
@@ -116,49 +114,10 @@ def match_width(
     return dataclasses.replace(config, hidden_size=width), sizing
 
 
-def match_run_config(cfg: TrainConfig, echo: Callable[[str], Any] | None = print) -> TrainConfig:
-    """A fresh PPO run's config with ``--match-params`` applied on its env's spaces; prints both counts (rank 0
-    only under torchrun). A resumed run (``cfg.resume``) is never sized again: an unset ``hidden_size`` takes
-    the saved run's, so the config of the fresh run resumes it unchanged (and runs saved before this option
-    keep their width)."""
-    if cfg.policy.kind == "transformer" or not cfg.policy.match_params or cfg.policy.hidden_size is not None:
-        return cfg
-    if cfg.resume is not None:
-        return _with_saved_width(cfg)
-    from rl_transformers.algos.env_util import make_env_thunk
-
-    env = make_env_thunk(cfg.env_id, cfg.env_kwargs, allow_env_modules=cfg.allow_env_modules)()
-    try:
-        policy, sizing = match_width(cfg.policy, env.observation_space, env.action_space)
-    finally:
-        env.close()
-    if sizing is not None and echo is not None and os.environ.get("RANK", "0") == "0":
-        echo(sizing.text())
-    return dataclasses.replace(cfg, policy=policy)
-
-
-def _with_saved_width(cfg: TrainConfig) -> TrainConfig:
-    """``cfg`` with the hidden_size saved in the checkpoint it resumes (unchanged when there is none to read:
-    the trainer then reports the missing or foreign checkpoint itself)."""
-    from rl_transformers.utils.checkpoint_load import latest_checkpoint, load_checkpoint
-    from rl_transformers.utils.resume import saved_config
-
-    path = latest_checkpoint(cfg.resume) if cfg.resume is not None else None
-    if path is None:
-        return cfg
-    saved = saved_config(type(cfg), load_checkpoint(path), path)
-    if saved.policy.kind != cfg.policy.kind:
-        return cfg
-    return dataclasses.replace(
-        cfg, policy=dataclasses.replace(cfg.policy, hidden_size=saved.policy.hidden_size)
-    )
-
-
 __all__ = [
     "TOLERANCE",
     "Sizing",
     "closest_value",
     "count_policy_parameters",
-    "match_run_config",
     "match_width",
 ]

@@ -1,19 +1,57 @@
-"""The encoder study (issue 14): every attention variant as a policy encoder, online (PPO) and offline (DT).
+"""The encoder study: every attention variant as a policy encoder, online (PPO) and offline (DT).
+
+Plan and run (the screening stage, ``scripts/encoder_study.py``, :class:`~rl_transformers.study.run.StudyConfig`):
 
 - :mod:`~rl_transformers.study.suite` - tasks, budgets, presets;
 - :mod:`~rl_transformers.study.encoders` - registry expansion, positional rule, parameter matching;
-- :mod:`~rl_transformers.study.launch` - jobs, resume, local pool and Ray;
-- :mod:`~rl_transformers.study.records` - job keys (no checkout path), record validation, restore of the
+- :mod:`~rl_transformers.study.ranges` - the values a record can hold for its task;
+- :mod:`~rl_transformers.study.records` - jobs and job keys (no checkout path), record validation, restore of the
   committed records;
-- :mod:`~rl_transformers.study.progress` - the progress bar / lines over jobs, ETA from measured rates;
+- :mod:`~rl_transformers.study.launch` - making and running jobs: local pool and Ray;
+- :mod:`~rl_transformers.study.joblock` - a job's ``running.lock`` (one job never runs twice);
+- :mod:`~rl_transformers.study.attempts` - an interrupted PPO run resumes from its checkpoint;
 - :mod:`~rl_transformers.study.worker` - one run in a subprocess (calls the trainers' ``train``);
-- :mod:`~rl_transformers.study.aggregate` - rliable statistics;
-- :mod:`~rl_transformers.study.report` - the screening stage: encoders_screening.{md,json}, its aggregate;
-- :mod:`~rl_transformers.study.plots` - the plots (learning curves as small multiples per family);
-- :mod:`~rl_transformers.study.probe` / :mod:`~rl_transformers.study.probe_grid` /
-  :mod:`~rl_transformers.study.probe_report` / :mod:`~rl_transformers.study.probe_restore` - the supervised
-  memory probe: one cell, the grid, its documents, restore of the committed cells;
-- :mod:`~rl_transformers.study.notes` - the page's method, notes and caveat, numbers computed from the records.
+- :mod:`~rl_transformers.study.progress` - the progress bar / lines over jobs, ETA from measured rates;
+- :mod:`~rl_transformers.study.run` - the driver: plan a preset, run the unfinished jobs, rebuild the documents.
 
-The CLI is ``scripts/encoder_study.py`` (:class:`~rl_transformers.study.run.StudyConfig`).
+Documents of the screening stage:
+
+- :mod:`~rl_transformers.study.files` - the document names under ``--docs``;
+- :mod:`~rl_transformers.study.aggregate` - rliable statistics;
+- :mod:`~rl_transformers.study.report` - encoders_screening.{md,json} and its aggregate;
+- :mod:`~rl_transformers.study.summary` - the findings in words, from the same aggregates;
+- :mod:`~rl_transformers.study.notes` - the page's method, notes and caveat, numbers computed from the records;
+- :mod:`~rl_transformers.study.plots` - the plots (learning curves as small multiples per family).
+
+The confirmation stage (the second edition, ``scripts/encoder_study_v2.py``):
+
+- :mod:`~rl_transformers.study.knobs` - each encoder's context knob (shared with the memory probe and the tuner);
+- :mod:`~rl_transformers.study.tuning_space` - the tuning search space;
+- :mod:`~rl_transformers.study.tuning_checks` - tuned parameters and values read back as data, checked;
+- :mod:`~rl_transformers.study.confirm_plan` - tasks (the memory-length ladder), encoders, tuned jobs;
+- :mod:`~rl_transformers.study.confirm` - one command that tunes, runs, resumes and reports;
+- :mod:`~rl_transformers.study.confirm_report` - encoders.{md,json};
+- :mod:`~rl_transformers.study.confirm_verdict` - the verdict: where an encoder overtakes GRU, if anywhere;
+- :mod:`~rl_transformers.study.confirm_candidates` - the candidate-default decision;
+- :mod:`~rl_transformers.study.confirm_stages` - the screening and probe sections of the main page;
+- :mod:`~rl_transformers.study.confirm_headline` - the README's headline, rebuilt from the page.
+
+The memory probe (``scripts/memory_probe.py``):
+
+- :mod:`~rl_transformers.study.probe` - one supervised cell: recall the symbol seen k steps ago;
+- :mod:`~rl_transformers.study.probe_grid` - the grid: encoders x context bound x k x seeds, with a stop rule;
+- :mod:`~rl_transformers.study.probe_report` - memory_probe.{md,json} and its plot;
+- :mod:`~rl_transformers.study.probe_restore` - restore of the committed cells into a fresh checkout.
+
+The offline memory table (``scripts/offline_memory.py``):
+
+- :mod:`~rl_transformers.study.offline_memory` - rows, jobs and estimates of the T-Maze table;
+- :mod:`~rl_transformers.study.offline_memory_report` - offline_memory.{md,json} and the study's offline section;
+- :mod:`~rl_transformers.study.offline_memory_run` - run, dry-run or rebuild the table.
+
+Side-by-side with the ecosystem (``scripts/compare_peer.py``):
+
+- :mod:`~rl_transformers.study.peer_ppo` - sb3-contrib's RecurrentPPO with rl-baselines3-zoo's recipe;
+- :mod:`~rl_transformers.study.peer_compare` - the paired runs of both libraries;
+- :mod:`~rl_transformers.study.peer_report` - learning.md, generated from their records.
 """

@@ -34,7 +34,7 @@ SCALE = {"ppo": 1.0, "dt": 100.0}
 def normalized_auc(
     curve: Sequence[Sequence[float]], budget: float, low: float, high: float, start: float | None = None
 ) -> float:
-    """Normalized area under an evaluation curve (sample efficiency, issue 27.3), in [0, 1].
+    """Normalized area under an evaluation curve (sample efficiency), in [0, 1].
 
     ``curve`` holds (env step, score) points with steps in [0, budget]. Each score is normalized by the task's
     random score ``low`` and maximum ``high`` and clipped, ``n(v) = min(1, max(0, (v - low) / (high - low)))``.

@@ -1,5 +1,5 @@
 """The encoder study's second edition: one command that tunes, runs, resumes and reports the confirmation stage
-(issue 27, points 3, 4, 6, 7; what runs: :mod:`~rl_transformers.study.confirm_plan`).
+(what runs: :mod:`~rl_transformers.study.confirm_plan`).
 
 - ``--stage tune``: one Optuna study per encoder (``scripts/tune.py``, TPE + median pruner, SQLite, tuning seeds
   disjoint from the test seeds; :func:`tune_command` gives each study's exact command, run as a subprocess with
@@ -34,6 +34,7 @@ from rl_transformers.study import files, launch, records
 from rl_transformers.study.confirm_headline import write_headline
 from rl_transformers.study.encoders import Encoder, select
 from rl_transformers.study.progress import Progress
+from rl_transformers.study.records import Job
 from rl_transformers.utils.atomic import atomic_write_json
 from rl_transformers.utils.errors import EXIT_INTERRUPTED, UserError
 
@@ -48,7 +49,7 @@ checkout whose package is installed from another one still rewrites its own); ot
 
 @dataclass(frozen=True)
 class ConfirmConfig:
-    """The confirmation stage of the encoder study's second edition (issue 27)."""
+    """The confirmation stage of the encoder study's second edition."""
 
     stage: Literal["tune", "run"] = "run"
     """tune: the tuning studies (same trials and task for every encoder); run: the jobs of both variants."""
@@ -247,7 +248,7 @@ def dry_run_report(
     cfg: ConfirmConfig,
     encoders: list[Encoder],
     tuned: dict,
-    todo: list[launch.Job],
+    todo: list[Job],
     log,
     separated: frozenset[str] = frozenset(),
 ) -> float:

@@ -1,4 +1,4 @@
-"""Issue 27.5's decision: does a candidate default (:data:`~rl_transformers.study.confirm_plan.CANDIDATES`) replace
+"""The candidate-default decision: does a candidate default (:data:`~rl_transformers.study.confirm_plan.CANDIDATES`) replace
 GTrXL's default? Each candidate is compared on every rung with the setting it would replace, the untuned `gtrxl`,
 by P(candidate > GTrXL) of the normalized final score with its 95 % stratified-bootstrap interval (``rliable``;
 ``study.aggregate.improvement_over``), as the verdict compares encoders with GRU.
@@ -7,7 +7,7 @@ by P(candidate > GTrXL) of the normalized final score with its 95 % stratified-b
 of three seeds of the noisy rung), so the longer rungs' results did not choose it: a candidate *qualifies* when, on every rung that separated and was not stopped, its interval does not
 lie wholly below 0.5 (it is nowhere worse than the default), and on at least one such rung it lies wholly above
 0.5 (it is somewhere better). If several qualify, the one above on more rungs wins, then the higher mean P.
-A qualifying candidate then faces the issue's condition for a default change: the README's PPO results
+A qualifying candidate then faces the condition for a default change: the README's PPO results
 (T-Maze, CartPoleNoVel) re-run with it; the page says whether the library default follows it (:func:`applied`).
 The decision waits until both cells of every such rung have all their seeds and until whether each rung
 separated is settled (:func:`~rl_transformers.study.confirm_report.settled_rungs`: all its runs finished, or
@@ -26,6 +26,7 @@ import numpy as np
 from rl_transformers.study import confirm_plan as cp
 from rl_transformers.study.aggregate import improvement_over
 from rl_transformers.study.confirm_verdict import Comparison, cell, side
+from rl_transformers.utils.tables import markdown_table
 
 DEFAULT = "gtrxl"
 """The row whose default the candidates would replace (compared untuned)."""
@@ -89,7 +90,7 @@ def decision(
 
 NOT_APPLIED = (", not applied: the README's tasks, re-run with it, fell below the default "
                "(encoder_study_v2.md).")  # fmt: skip
-"""Said while the library default is not the qualifying candidate: issue 27.5 changes a default only after the
+"""Said while the library default is not the qualifying candidate: the rule changes a default only after the
 README's T-Maze and CartPoleNoVel results are re-run with it, and that check (2026-11-28) found ``rope`` far below
 ``xl_relative`` on CartPoleNoVel."""
 
@@ -120,7 +121,7 @@ def candidate_lines(
     lines = [
         "## Candidate defaults against GTrXL's default",
         "",
-        "Issue 27.5: P(candidate > the untuned `gtrxl`) of the normalized final score, [95 % CI], per rung. A "
+        "P(candidate > the untuned `gtrxl`) of the normalized final score, [95 % CI], per rung. A "
         "candidate qualifies when, on every rung that separated and was not stopped, it is nowhere below and at "
         "least once **above** (the interval wholly above 0.5); several: the most rungs above, then the higher "
         "mean P. Fixed on 2026-11-27, before the longer rungs ran; method: "
@@ -128,11 +129,11 @@ def candidate_lines(
         "",
         decision(comps, by_cell, unseparated, stopped, settled),
         "",
-        "| candidate | " + " | ".join(r.name + note(r.name, unseparated, stopped) for r in cp.RUNGS) + " |",
-        "|---|" + "---|" * len(cp.RUNGS),
     ]
     seeds = len(cp.SEEDS)
-    for e in cp.CANDIDATES:
-        row = [cell(comps.get(r.name, {}).get(e.name), seeds) for r in cp.RUNGS]
-        lines.append(f"| `{e.name}` (`{e.spec}`) | " + " | ".join(row) + " |")
-    return lines
+    headers = ["candidate", *(r.name + note(r.name, unseparated, stopped) for r in cp.RUNGS)]
+    rows = [
+        [f"`{e.name}` (`{e.spec}`)", *(cell(comps.get(r.name, {}).get(e.name), seeds) for r in cp.RUNGS)]
+        for e in cp.CANDIDATES
+    ]
+    return [*lines, *markdown_table(headers, rows)]

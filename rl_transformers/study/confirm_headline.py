@@ -1,9 +1,9 @@
-"""The README's headline of the encoder study (issue 27.8: "the README headline follows the new result"), rebuilt
+"""The README's headline of the encoder study ("the README headline follows the new result"), rebuilt
 from the study's main page, ``docs/results/encoders.md``.
 
 The headline is a block of the README between two marker comments (:data:`BEGIN`, :data:`END`). It holds the
 page's status (complete, or how many runs are finished), the verdict's summary lines (one per task family and
-variant) and the candidate-default decision (issue 27.5), all copied from the page: the README cannot say more
+variant) and the candidate-default decision (:mod:`~rl_transformers.study.confirm_candidates`), all copied from the page: the README cannot say more
 than the page, and a rebuild of the page (``python scripts/encoder_study_v2.py --report-only``) rewrites it.
 ``tests/test_docs.py`` checks that the committed README's block is the one the committed page gives.
 """
@@ -51,7 +51,7 @@ def page_verdict(page: str) -> list[tuple[str, str]]:
 
 
 def page_decision(page: str) -> str | None:
-    """The page's candidate-default decision (issue 27.5), without its bold label; None on a page without it."""
+    """The page's candidate-default decision, without its bold label; None on a page without it."""
     found = re.search(r"^\*\*Decision\*\*: (.*)$", page, re.MULTILINE)
     return found.group(1) if found else None
 

@@ -1,4 +1,4 @@
-"""The encoder study's second edition, confirmation stage (issue 27, points 3, 4, 6): tasks, encoders, tuning
+"""The encoder study's second edition, confirmation stage: tasks, encoders, tuning
 settings, tuned parameters and jobs. Running it: :mod:`~rl_transformers.study.confirm`; documents:
 :mod:`~rl_transformers.study.confirm_report`; design and commands: docs/encoder_study_v2.md.
 
@@ -30,9 +30,10 @@ from typing import Any
 
 from rl_transformers.study import launch
 from rl_transformers.study.encoders import Encoder, label, ppo_encoders, select
+from rl_transformers.study.knobs import context_knob
+from rl_transformers.study.records import Job
 from rl_transformers.study.suite import BATCH, Task
-from rl_transformers.tune.knobs import context_knob
-from rl_transformers.tune.space import SearchSpace
+from rl_transformers.study.tuning_space import SearchSpace
 from rl_transformers.utils.errors import UserError, choice_hint
 
 UNTUNED, TUNED = "v2-untuned", "v2-tuned"
@@ -51,7 +52,7 @@ JOB_EXTRAS: dict[str, Any] = {}
 """Extra job fields of every job (tests: num_envs, eval_episodes)."""
 ENCODERS = ("gtrxl", "full", "gaussian_prior", "lsh", "performer", "block_local_2d", "compressive", "knn",
             "gru", "lstm", "mlp")  # fmt: skip
-"""The confirmation rows (issue 27.6): GTrXL, full, gaussian_prior, lsh, a kernel attention (performer, with
+"""The confirmation rows: GTrXL, full, gaussian_prior, lsh, a kernel attention (performer, with
 rope), block_local_2d, compressive, knn, GRU, LSTM and the MLP floor."""
 REFERENCE = "gru"
 CANDIDATES = (
@@ -60,7 +61,7 @@ CANDIDATES = (
     Encoder("gtrxl_critic", "critic=separate", "default candidate",
             "GTrXL with a separate critic core (docs/results/xl_relative.md section 7); twice the core's parameters"),
 )  # fmt: skip
-"""Candidate defaults (issue 27.5: "when a setting wins across the ladder, it becomes the default"): GTrXL with
+"""Candidate defaults ("when a setting wins across the ladder, it becomes the default"): GTrXL with
 one setting changed, run **untuned only** on every rung and seed, beside the rows. They are settings, not
 encoders: never tuned, not parameter-matched (the separate critic doubles the core), and compared with the
 untuned GTrXL, which is the default they would replace (added 2026-11-27, after 214 runs)."""
@@ -151,7 +152,7 @@ RUNGS: tuple[Rung, ...] = (
          RANDOM_CARTPOLE),
 )  # fmt: skip
 """The ladder. Budgets (caps): RepeatPrevious 262k / 524k / 786k, T-Maze 131k / 262k / 524k, control and noisy
-197k env steps (the GTrXL default with rope solved RepeatPreviousEasy at 98k-131k steps: issue 27)."""
+197k env steps (the GTrXL default with rope solved RepeatPreviousEasy at 98k-131k steps)."""
 
 
 def rungs(names: tuple[str, ...] = ()) -> tuple[Rung, ...]:
@@ -189,14 +190,14 @@ TUNING_TASK = "RepeatPreviousEasy"
 RepeatPreviousMedium (k = 32) until every trial of the first three encoders tuned there (gtrxl, full, performer:
 24 trials) ended within 0.05 of the random score -0.5: a task on which nothing learns in a trial's budget tunes
 nothing. On Easy the GTrXL default stays at chance while rope or a memory of 8 solves it in 98k-131k steps
-(issue 27), so the trials can separate."""
+so the trials can separate."""
 TUNING_PRUNER_WARMUP = 131_072
 """Env steps before a tuning trial may be pruned (half its budget): memory tasks are learned late (Easy at
 98k-131k steps), and a median pruner from the first evaluation stopped trials at 16k steps on noise."""
 TUNING_UPDATES = 128
 """Budget of a tuning trial: 128 updates (262,144 env steps; half the rung's confirmation budget)."""
 TRIALS = 8
-"""Finished trials per encoder (issue 27.3: the same number for every encoder, at least 8)."""
+"""Finished trials per encoder (the same number for every encoder, at least 8)."""
 TUNING_OBJECTIVE = "mean"
 """A trial's score: the mean of its evaluations (the area under its evaluation curve: sample efficiency)."""
 TUNING_EVAL_EVERY = 16_384
@@ -270,7 +271,7 @@ def tuned_config(encoder: Encoder, entry: Any, source: str) -> Tuned:
 def _check_tuned(encoder: Encoder, entry: dict[str, Any], knob: Any, source: str) -> None:
     from envs.registry import return_bounds
     from rl_transformers.algos.ppo_config import TrainConfig
-    from rl_transformers.tune.validate import check_params, value_problem
+    from rl_transformers.study.tuning_checks import check_params, value_problem
 
     what = f"tuning result of {encoder.name!r}"
     envs = int(JOB_EXTRAS.get("num_envs", TrainConfig.__dataclass_fields__["num_envs"].default))  # type: ignore[arg-type]
@@ -325,7 +326,7 @@ def tuning_results(encoders: list[Encoder], committed: Path | None, tune_out: Pa
 
 # -- jobs -----------------------------------------------------------------------------------------------------
 def covering_spec(spec: str, memory: int) -> str:
-    """``spec`` with its reach knob (:func:`~rl_transformers.tune.knobs.context_knob`: ``mem_len``, ``max_cache``,
+    """``spec`` with its reach knob (:func:`~rl_transformers.study.knobs.context_knob`: ``mem_len``, ``max_cache``,
     ``store_size``, ...) raised to ``memory + 1`` when it is below the rung's ``memory``; unchanged otherwise, and
     for capacity knobs (``hidden_size``, ``n_features``) and encoders without a knob.
 
@@ -344,7 +345,7 @@ def covering_spec(spec: str, memory: int) -> str:
 
 def make_job(
     r: Rung, encoder: Encoder, variant: str, seed: int, out: Path, tuned: Tuned | None = None
-) -> launch.Job:
+) -> Job:
     """The job of one (rung, encoder, variant, seed); the tuned variant needs ``tuned``."""
     spec, ppo = encoder.spec, dict(PPO_RECIPE)
     if variant == TUNED:
@@ -361,7 +362,7 @@ def plan(
     seeds: tuple[int, ...],
     tuned: dict[str, Tuned | str],
     out: Path,
-) -> list[launch.Job]:
+) -> list[Job]:
     """Rung-major, then seed, encoder and variant (short budgets first; partial results cover encoders evenly).
     Tuned jobs only for encoders with a tuning result (never for :data:`CANDIDATES`)."""
     jobs = []

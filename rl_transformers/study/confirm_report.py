@@ -32,6 +32,7 @@ from rl_transformers.study.confirm_verdict import verdict_lines
 from rl_transformers.study.encoders import Encoder
 from rl_transformers.study.report import code_text, machines_text, public
 from rl_transformers.utils.atomic import atomic_write_json, atomic_write_text
+from rl_transformers.utils.tables import markdown_table
 
 REPS = 2000
 RECORDS, PAGE, TUNING = files.RECORDS, files.PAGE, files.TUNING
@@ -60,7 +61,7 @@ def cells(found: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str], list[di
 
 def separation(found: Sequence[dict[str, Any]]) -> dict[str, str | None]:
     """{task: why it did not separate, or None when it did (or has no record yet)}: every (encoder, variant)
-    mean final score within :data:`SEPARATION` of the random score or of the maximum (issue 27.4), or, where a
+    mean final score within :data:`SEPARATION` of the random score or of the maximum (the "did not separate" rule), or, where a
     memoryless policy beats random (``Rung.memoryless``: T-Maze), none more than that above it."""
     by_cell = cells(found)
     return {r.name: _unseparated(r, _means(by_cell, r.name)) for r in cp.RUNGS}
@@ -108,7 +109,7 @@ def protocol_runs_per_rung(rows: int, candidates: int) -> int:
 
 
 def stopped_rungs(found: Sequence[dict[str, Any]], planned: dict[str, int]) -> dict[str, str]:
-    """The ladder's stop rule (the memory probe's, issue 27.1, applied to the rungs): {rung: why} for every rung
+    """The ladder's stop rule (the memory probe's, applied to the rungs): {rung: why} for every rung
     of a family that comes after a rung that did not separate once all its ``planned`` runs finished. A longer
     memory of the same task is harder in every respect, so it cannot separate where the shorter one did not, and
     its runs would cost the most of all (RepeatPreviousHard, TMaze400)."""
@@ -148,7 +149,7 @@ def family_aggregates(found: Sequence[dict[str, Any]], reps: int | None = None) 
 
 
 PLATEAU = 0.05
-"""Issue 27.3: a budget is enough when the last quarter adds less than this to the mean evaluation."""
+"""The plateau rule: a budget is enough when the last quarter adds less than this to the mean evaluation."""
 
 
 def last_quarter_gain(record: dict[str, Any]) -> float | None:
@@ -159,7 +160,7 @@ def last_quarter_gain(record: dict[str, Any]) -> float | None:
 
 
 def plateau_text(r: cp.Rung, by_cell: dict[tuple[str, str, str], list[dict[str, Any]]]) -> str:
-    """Whether GRU and the best tuned encoder had plateaued: their mean last-quarter gain (issue 27.3)."""
+    """Whether GRU and the best tuned encoder had plateaued: their mean last-quarter gain (:data:`PLATEAU`)."""
     tuned = {n: statistics.fmean(final(x) for x in recs) for (t, n, v), recs in by_cell.items()
              if t == r.name and v == cp.TUNED}  # fmt: skip
     rows = [(cp.REFERENCE, v) for v in cp.VARIANTS] + (
@@ -199,15 +200,14 @@ def tuning_lines(table: Sequence[Encoder], tuned: dict[str, Any]) -> list[str]:
         "Results tuned under earlier settings are kept in the tuning file's `previous` list, never used here "
         '(docs/encoder_study_v2.md, "Why Easy").',
         "",
-        "| encoder | status | learning rate | ent_coef | seq_len | knob | trial score |",
-        "|---|---|---|---|---|---|---|",
     ]
     low = cp.rung(s["task"]).low
     silent: list[str] = []
+    rows: list[list[Any]] = []
     for e in table:
         t = tuned.get(e.name, "not tuned yet")
         if not isinstance(t, cp.Tuned):
-            lines.append(f"| `{e.name}` | {t} | – | – | – | – | – |")
+            rows.append([f"`{e.name}`", t, "–", "–", "–", "–", "–"])
             continue
         knob = ", ".join(f"{k} {v}" for k, v in t.params.items() if k not in t.ppo) or "–"
         value = t.entry.get("value")
@@ -216,8 +216,11 @@ def tuning_lines(table: Sequence[Encoder], tuned: dict[str, Any]) -> list[str]:
         if no_tuning_signal(value, low):
             status += ", **no signal**"
             silent.append(f"`{e.name}`")
-        lines.append(f"| `{e.name}` | {status} | {t.ppo['learning_rate']:.2e} "
-                     f"| {t.ppo['ent_coef']:.2e} | {t.ppo['seq_len']} | {knob} | {score} |")  # fmt: skip
+        ppo = t.ppo
+        rows.append([f"`{e.name}`", status, f"{ppo['learning_rate']:.2e}", f"{ppo['ent_coef']:.2e}", ppo["seq_len"],
+                     knob, score])  # fmt: skip
+    headers = ["encoder", "status", "learning rate", "ent_coef", "seq_len", "knob", "trial score"]
+    lines += markdown_table(headers, rows)
     if silent:
         lines += ["", f"**No signal**: the best of the trials of {', '.join(silent)} scored within {SEPARATION} of "
                   f"the random score {low:g} on {s['task']}, so every trial stayed at chance and their \"best\" "
@@ -230,7 +233,7 @@ def candidate_lines(candidates: Sequence[Encoder]) -> list[str]:
     """The candidate defaults, below the tuning table (they are never tuned)."""
     if not candidates:
         return []
-    lines = ["", "**Candidate defaults** (issue 27.5; untuned only, not parameter-matched: settings of GTrXL that "
+    lines = ["", "**Candidate defaults** (untuned only, not parameter-matched: settings of GTrXL that "
              "could become its default, compared on the ladder with the untuned `gtrxl` they would replace):", ""]  # fmt: skip
     return lines + [f"- `{e.name}` (`{e.spec}`): {e.note}" for e in candidates]
 
@@ -239,6 +242,10 @@ def no_tuning_signal(value: Any, low: float) -> bool:
     """Whether a tuning study's best trial score ``value`` is within :data:`SEPARATION` of the tuning task's
     random score ``low`` (the same rule as a task that did not separate): nothing was learned in any trial."""
     return isinstance(value, int | float) and abs(float(value) - low) <= SEPARATION
+
+
+VARIANT_COLUMNS = ["encoder", "final untuned", "final tuned", "AUC untuned", "AUC tuned"]
+"""Columns of the per-task and per-family tables: final score and AUC, untuned then tuned."""
 
 
 def task_lines(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned: dict[str, Any],
@@ -258,8 +265,8 @@ def task_lines(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned:
             mark = f" — **stopped** ({stopped[r.name]}): not run, by the ladder's stop rule"
         lines += ["", f"### {r.name}{mark}", "",
                   f"{r.family}, memory {r.memory or '–'} steps; budget {r.budget:,} env steps (cap), evaluations every "
-                  f"{r.eval_every:,}; random {r.low:g}, max {r.high:g}.{plateau_text(r, by_cell)}", "",
-                  "| encoder | final untuned | final tuned | AUC untuned | AUC tuned |", "|---|---|---|---|---|"]  # fmt: skip
+                  f"{r.eval_every:,}; random {r.low:g}, max {r.high:g}.{plateau_text(r, by_cell)}", ""]  # fmt: skip
+        rows = []
         for e in table:
             row = []
             for fn in (final, auc):
@@ -268,7 +275,8 @@ def task_lines(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned:
                     untuned_only = v == cp.TUNED and not isinstance(tuned.get(e.name), cp.Tuned)
                     why = "untuned only" if e.name in cp.CANDIDATE_NAMES else "not tuned yet"
                     row.append(why if untuned_only and not recs else _cell([fn(x) for x in recs], seeds))
-            lines.append(f"| `{e.name}` | {' | '.join(row)} |")
+            rows.append([f"`{e.name}`", *row])
+        lines += markdown_table(VARIANT_COLUMNS, rows)
     return lines
 
 
@@ -281,15 +289,16 @@ def aggregate_lines(aggs: dict[str, Any], table: Sequence[Encoder]) -> list[str]
         if not entry["tasks"]:
             lines.append("No separating task with finished runs yet.")
             continue
-        lines += [f"Tasks: {', '.join(entry['tasks'])}.", "",
-                  "| encoder | final untuned | final tuned | AUC untuned | AUC tuned |", "|---|---|---|---|---|"]  # fmt: skip
+        lines += [f"Tasks: {', '.join(entry['tasks'])}.", ""]
+        rows = []
         for e in table:
             row = []
             for metric in ("final", "auc"):
                 for v in cp.VARIANTS:
                     x = entry[metric].get(f"{e.name} ({v})")
                     row.append("–" if x is None else f"{x[0]:.2f} [{x[1]:.2f}, {x[2]:.2f}]")
-            lines.append(f"| `{e.name}` | {' | '.join(row)} |")
+            rows.append([f"`{e.name}`", *row])
+        lines += markdown_table(VARIANT_COLUMNS, rows)
     return lines
 
 
@@ -305,7 +314,7 @@ def markdown(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned: d
     complete = len(found) >= expected and n_tuned == len(table)
     by_cell, unseparated = cells(found), frozenset(t for t, why in separation(found).items() if why)
     settled = settled_rungs(found, per_rung) if n_tuned == len(table) else frozenset()
-    shown = (  # issue 27.5's decision, when the candidate defaults are in the study
+    shown = (  # the candidate-default decision, when the candidate defaults are in the study
         [*confirm_candidates.candidate_lines(by_cell, REPS, unseparated, frozenset(stopped), settled), ""]
         if candidates
         else []
@@ -320,7 +329,7 @@ def markdown(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned: d
         "[encoder_study_v2.md](../encoder_study_v2.md). Runs: `python scripts/encoder_study_v2.py` (resumable; "
         "`--dry-run` prints the cost).",
         "",
-        "Two stages and a probe (issue 27): the **screening** stage (the first edition: every encoder untuned at "
+        "Two stages and a probe: the **screening** stage (the first edition: every encoder untuned at "
         "one small budget, summarized below), the **confirmation** stage (this page's runs: 11 encoders tuned "
         "with the same budget and untuned, on a memory-length ladder) and the **memory probe** (what each "
         "encoder can remember under a supervised loss, below). The verdict comes first.",

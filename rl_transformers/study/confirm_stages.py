@@ -1,4 +1,4 @@
-"""The other two parts of the study's main page (issue 27.8), read from their committed documents as data: the
+"""The other two parts of the study's main page, read from their committed documents as data: the
 screening stage (the first edition's aggregate, :data:`~rl_transformers.study.files.SCREENING_AGGREGATE`) and the
 memory probe (``memory_probe.json``, :mod:`~rl_transformers.study.probe_grid`). Nothing here runs or re-computes:
 a missing or malformed file gives a line saying so, never an exception, so the page always rebuilds.
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_transformers.study import files
+from rl_transformers.utils.tables import markdown_table
 
 PROBE = "memory_probe.json"
 SUCCESS = 0.95
@@ -56,7 +57,7 @@ def screening_lines(docs: Path) -> list[str]:
         f"{len(tasks)} tasks ({', '.join(tasks)}), 3 seeds. Highest IQM [95 % CI]: {top}. Against `{ref}` "
         f"(probability of improvement, CI wholly below / above 0.5): {len(below)} worse, {len(above)} better, "
         f"{len(rows) - 1 - len(below) - len(above)} not separated. It chose the confirmation rows and showed "
-        "why a second edition was needed: one untuned recipe decided the ranking (issue 27).",
+        "why a second edition was needed: one untuned recipe decided the ranking.",
     ]  # fmt: skip
 
 
@@ -86,13 +87,12 @@ def probe_lines(docs: Path) -> list[str]:
         f"{SUCCESS:.0%} accuracy (– none), then the first k at which none did. `default`: the context knob as "
         "the study runs it; `cover`: raised to k + 1.",
         "",
-        "| encoder | knob | default bound | cover bound |",
-        "|---|---|---|---|",
     ]
     by_encoder: dict[str, dict[str, Any]] = {}
     for row in probe["rows"]:
         if isinstance(row, dict) and isinstance(row.get("encoder"), str):
             by_encoder.setdefault(row["encoder"], {})[str(row.get("bound"))] = row
+    rows = []
     for name, bounds in by_encoder.items():
         cells = []
         for bound in ("default", "cover"):
@@ -107,5 +107,5 @@ def probe_lines(docs: Path) -> list[str]:
             best, failed = _reach(row)
             cells.append(f"{best if best is not None else '–'}" + (f" (fails at {failed})" if failed else ""))
         knob = next((r.get("knob") for r in bounds.values() if r.get("knob")), None) or "–"
-        lines.append(f"| `{name}` | {knob} | {cells[0]} | {cells[1]} |")
-    return lines
+        rows.append([f"`{name}`", knob, cells[0], cells[1]])
+    return [*lines, *markdown_table(["encoder", "knob", "default bound", "cover bound"], rows)]

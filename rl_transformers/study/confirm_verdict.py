@@ -1,4 +1,4 @@
-"""Issue 27.8's verdict: per task family, at which memory length an encoder overtakes GRU, if any.
+"""The study's verdict: per task family, at which memory length an encoder overtakes GRU, if any.
 
 For each rung of a family with a memory length (``Rung.memory``, in increasing order) and each variant, every
 encoder is compared with GRU of the **same variant**: tuned against tuned (the same tuning budget, the fair
@@ -20,6 +20,7 @@ import numpy as np
 from rl_transformers.study import confirm_plan as cp
 from rl_transformers.study.aggregate import improvement_over
 from rl_transformers.study.confirm_plan import ladder_families, memory_rungs
+from rl_transformers.utils.tables import markdown_table
 
 Comparison = tuple[float, float, float, int]
 """(P(X > GRU), CI low, CI high, seeds of the pair: the fewer of X's and GRU's)."""
@@ -119,15 +120,12 @@ def verdict_lines(
         rungs = memory_rungs(family)
         lines += ["", f"### {family}", ""]
         lines += [summary(family, v, variants[v], unseparated, stopped) for v in reversed(cp.VARIANTS)]
-        lines += [
-            "",
-            "| encoder | variant | "
-            + " | ".join(
-                f"memory {r.memory}" + (" (did not separate)" if r.name in unseparated else "") for r in rungs
-            )
-            + " |",
-            "|---|---|" + "---|" * len(rungs),
+        headers = [
+            "encoder",
+            "variant",
+            *(f"memory {r.memory}" + (" (did not separate)" if r.name in unseparated else "") for r in rungs),
         ]
+        rows = []
         for name in encoders:
             if name == cp.REFERENCE:
                 continue
@@ -135,5 +133,6 @@ def verdict_lines(
                 if v == cp.TUNED and name in cp.CANDIDATE_NAMES:
                     continue  # candidate defaults run untuned only
                 row = [cell(variants[v].get(r.name, {}).get(name), seeds) for r in rungs]
-                lines.append(f"| `{name}` | {v.removeprefix('v2-')} | " + " | ".join(row) + " |")
+                rows.append([f"`{name}`", v.removeprefix("v2-"), *row])
+        lines += ["", *markdown_table(headers, rows)]
     return lines

@@ -9,8 +9,8 @@ encoders start from the study's PPO base (:func:`ppo_base`: the GTrXL preset of
 backbone (:func:`dt_base`: the paper's GPT-2 block, position ``none``, d=64, 2 layers, 1 head).
 
 The PPO base's positions are pinned, not read from the library default: a job's key hashes its spec
-*string*, so a spec must keep the meaning it was measured with when the library default changes (issue 27
-point 5). ``""`` is the study's ``gtrxl`` row and ``position=rope`` its ``gtrxl_rope`` row, whatever
+*string*, so a spec must keep the meaning it was measured with when the library default changes (defaults
+that follow the evidence). ``""`` is the study's ``gtrxl`` row and ``position=rope`` its ``gtrxl_rope`` row, whatever
 ``train_gtrxl.py`` defaults to (``tests/study/test_study_defaults.py`` holds every committed spec to that).
 
 PPO rows (read from ``available()`` at run time, so new registry entries join automatically):
@@ -43,7 +43,8 @@ from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import Any
 
-from rl_transformers.backbone import BackboneConfig, available, capabilities
+from rl_transformers.backbone.config import BackboneConfig
+from rl_transformers.backbone.registry import available, capabilities
 from rl_transformers.policies.sizing import TOLERANCE, closest_value
 from rl_transformers.utils.errors import UserError, choice_hint
 

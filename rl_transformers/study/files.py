@@ -1,6 +1,6 @@
 """The study's document names under ``--docs`` (docs/results in the repository), in one place.
 
-Two stages (issue 27.6): the **screening** stage, the first edition (every encoder untuned at one small budget:
+Two stages: the **screening** stage, the first edition (every encoder untuned at one small budget:
 :mod:`~rl_transformers.study.run`, :mod:`~rl_transformers.study.report`), and the **confirmation** stage, the
 second edition (tuned and untuned on a memory-length ladder: :mod:`~rl_transformers.study.confirm`,
 :mod:`~rl_transformers.study.confirm_report`), whose documents are the study's main page. Until 2026-11-27 the

@@ -34,14 +34,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rl_transformers.study import joblock
 from rl_transformers.study.encoders import Encoder, label
 from rl_transformers.study.progress import Progress
-from rl_transformers.study.records import complete, job_key, own_result
+from rl_transformers.study.records import Job, complete, job_key, own_result
 from rl_transformers.study.suite import DATASET_ROOT, DT_ARGS, Task
 from rl_transformers.utils.atomic import atomic_write_json
 from rl_transformers.utils.errors import UserError
@@ -58,20 +57,6 @@ NOT_STARTED = "not started"
 """The status of a job past the invocation's start limit (``start_by``): no record; the next invocation runs it."""
 _LIVE: set[subprocess.Popen[bytes]] = set()
 _LIVE_LOCK = threading.Lock()
-
-
-@dataclass(frozen=True)
-class Job:
-    spec: dict[str, Any]
-    """The job.json contents."""
-    dir: Path
-
-    @property
-    def name(self) -> str:
-        """Unique within a study: the preset is part of it (the confirmation stage runs each cell as two
-        presets, ``v2-untuned`` and ``v2-tuned``, which progress and log lines must tell apart)."""
-        s = self.spec
-        return f"{s['preset']}/{s['algo']}/{s['task']}/{s['encoder_name']}/s{s['seed']}"
 
 
 def make_job(task: Task, encoder: Encoder, seed: int, preset: str, out: Path, **overrides: Any) -> Job:

@@ -1,6 +1,6 @@
 """The offline memory table: the Decision Transformer on T-Maze corridors, one row per causal attention and memory.
 
-Issue 28, point 3. Data: the passive T-Maze (Bakker 2001; in the form of Ni et al. 2023, arXiv 2307.03864) built
+Data: the passive T-Maze (Bakker 2001; in the form of Ni et al. 2023, arXiv 2307.03864) built
 locally by :data:`DATASET_COMMAND` (500 episodes per corridor length L: 80 % scripted oracle, 20 % uniform random;
 the cue of t = 0 is needed at t = L). A DT must carry the cue L steps to choose the arm; the score is the
 **success rate** at the target return 1 over :data:`RECIPE` ``eval_episodes`` greedy episodes (the env's
@@ -25,15 +25,14 @@ the committed ``docs/results/offline_memory.json`` is restored into a fresh chec
 
 from __future__ import annotations
 
-import shlex
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rl_transformers.study import launch, records
 from rl_transformers.study.encoders import Encoder, dt_encoders, format_spec, parse_spec, select
-from rl_transformers.study.progress import Progress
+from rl_transformers.study.records import Job
 from rl_transformers.study.suite import DATASET_ROOT, Task
 from rl_transformers.utils.errors import UserError
 
@@ -141,7 +140,7 @@ DATASETS = DATASET_ROOT
 """Root of the Minari datasets, relative to the checkout (the worker resolves it; an absolute path stays)."""
 
 
-def make_job(length: int, row: Row, seed: int, out: Path) -> launch.Job:
+def make_job(length: int, row: Row, seed: int, out: Path) -> Job:
     return launch.make_job(
         task(length), row.encoder(length), seed, PRESET, out, dt=row.dt_args(length), dataset_root=DATASETS
     )
@@ -149,7 +148,7 @@ def make_job(length: int, row: Row, seed: int, out: Path) -> launch.Job:
 
 @dataclass(frozen=True)
 class OfflineMemoryConfig:
-    """The offline memory table (issue 28): T-Maze corridors x attentions and memories x seeds."""
+    """The offline memory table: T-Maze corridors x attentions and memories x seeds."""
 
     lengths: tuple[int, ...] = LENGTHS
     """Corridor lengths to run (the documents always cover every length of the table)."""
@@ -175,7 +174,7 @@ class OfflineMemoryConfig:
     """Restore the committed records (<docs>/offline_memory.json) into empty run directories first."""
 
 
-def plan(cfg: OfflineMemoryConfig, table: list[Row] | None = None) -> list[launch.Job]:
+def plan(cfg: OfflineMemoryConfig, table: list[Row] | None = None) -> list[Job]:
     """The jobs of ``cfg`` in length-major, then seed-major order (short corridors finish first)."""
     for length in cfg.lengths:
         if length not in LENGTHS:
@@ -214,9 +213,7 @@ def bench_rates(path: Path = BENCH) -> dict[tuple[str, int], float]:
     return out
 
 
-def estimates(
-    jobs: list[launch.Job], out: Path, bench: dict[tuple[str, int], float] | None = None
-) -> list[float]:
+def estimates(jobs: list[Job], out: Path, bench: dict[tuple[str, int], float] | None = None) -> list[float]:
     """Seconds per job, plus 10 s of start-up: its budget over the updates/s (evaluations included) of finished
     runs of the same (length, row); else the benchmark's rate of the update alone (:func:`bench_rates`) times
     the median ratio of finished runs' rates to their benchmark rates (evaluations, start-up, load), over the
@@ -248,62 +245,3 @@ def estimates(
             rate = statistics.median(same) if same else ASSUMED_UPDATES_PER_S.get(length, 1.0)
         seconds.append(job.spec["budget"] / rate + 10.0)
     return seconds
-
-
-def run_offline_memory(cfg: OfflineMemoryConfig, log=print, start_by: float | None = None) -> dict[str, Any]:
-    """Run, dry-run or rebuild the table; ``start_by`` (a ``time.time()``; default from
-    ``--stop-starting-after-h``): no run starts after it."""
-    from rl_transformers.study.offline_memory_report import write_report
-
-    if start_by is None:
-        start_by = launch.start_limit(cfg.stop_starting_after_h)
-    table = rows()
-    jobs = plan(cfg, table)
-    every = plan(replace(cfg, lengths=LENGTHS, encoders=(), seeds=SEEDS), table)
-    docs = Path(cfg.docs)
-    committed = docs / "offline_memory.json"
-    restored: set[Path] = set()
-    if cfg.restore and committed.exists():
-        restored = {j.dir for j in records.restore(every, committed, dry_run=cfg.dry_run)}
-        if restored:
-            log(
-                f"{'would restore' if cfg.dry_run else 'restored'} {len(restored)} finished runs from {committed}"
-            )
-    todo = [j for j in jobs if j.dir not in restored and launch.status(j) != "done"]
-    log(f"offline memory table: {len(jobs)} runs, {len(jobs) - len(todo)} finished, {len(todo)} to run")
-    if cfg.dry_run:
-        each = estimates(todo, Path(cfg.out))
-        total = sum(each) / 3600
-        log(
-            f"estimated {total:.1f} core-hours: {total / max(1, cfg.workers):.1f} h on {cfg.workers} worker(s)"
-        )
-        for length in sorted(cfg.lengths):
-            part = sum(s for j, s in zip(todo, each, strict=True) if j.spec["task"] == f"TMaze{length}")
-            log(f"  TMaze{length}: {part / 3600:.2f} core-hours")
-        return {"jobs": len(jobs), "todo": len(todo), "seconds": sum(each)}
-    if todo and not cfg.report_only:
-        bar = Progress(dict(zip((j.name for j in todo), estimates(todo, Path(cfg.out)), strict=True)),
-                       cfg.workers, log)  # fmt: skip
-        try:
-            launch.run_local(todo, cfg.workers, cfg.timeout_s, log, bar, start_by)
-        finally:
-            bar.close()
-    found = records.results(every, log)
-    before = records.read_committed(committed) if committed.exists() and cfg.restore else []
-    lost = {r["key"] for r in before} - {r["key"] for r in found}
-    if lost:
-        raise UserError(
-            f"the rebuilt table would lose {len(lost)} committed records; nothing written (restore them: "
-            "leave out --no-restore)",
-            source=str(committed),
-        )
-    write_report(found, table, docs, command_line(cfg))
-    log(f"wrote {docs}/offline_memory.md, offline_memory.json ({len(found)} runs), plots/offline_memory*.png")
-    return {"jobs": len(jobs), "records": len(found)}
-
-
-def command_line(cfg: OfflineMemoryConfig) -> str:
-    """The command that rebuilds the documents: --docs when not the default, then --report-only (the run
-    directory does not matter: the committed records are restored into it first)."""
-    docs = [] if cfg.docs == OfflineMemoryConfig().docs else [f"--docs {shlex.quote(str(cfg.docs))}"]
-    return " ".join(["python scripts/offline_memory.py", *docs, "--report-only"])

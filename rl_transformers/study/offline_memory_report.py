@@ -21,6 +21,7 @@ from rl_transformers.study import offline_memory as om
 from rl_transformers.study.aggregate import iqm_intervals
 from rl_transformers.study.report import code_text, machines_text, public
 from rl_transformers.utils.atomic import atomic_write_json, atomic_write_text
+from rl_transformers.utils.tables import markdown_table
 
 REPS = 2000
 
@@ -131,15 +132,23 @@ def length_table(
     table: Sequence[om.Row], data: dict[str, Any], cell: Callable[[dict[str, Any]], str], family: bool
 ) -> list[str]:
     """A Markdown table with one row per table row (and its family) and ``cell`` of each corridor length."""
-    head = "| row | family |" if family else "| row |"
-    lines = [
-        f"{head} {' | '.join(f'L = {n}' for n in om.LENGTHS)} |",
-        "|---|" + "---|" * (len(om.LENGTHS) + family),
+    headers = ["row", *(["family"] if family else []), *(f"L = {n}" for n in om.LENGTHS)]
+    rows = [
+        [
+            f"`{row.name}`",
+            *([row.family] if family else []),
+            *(cell(data[row.name][str(n)]) for n in om.LENGTHS),
+        ]
+        for row in table
     ]
-    for row in table:
-        first = f"| `{row.name}` | {row.family} |" if family else f"| `{row.name}` |"
-        lines.append(f"{first} " + " | ".join(cell(data[row.name][str(n)]) for n in om.LENGTHS) + " |")
-    return lines
+    return markdown_table(headers, rows)
+
+
+def speed_cells(row: om.Row, data: dict[str, Any]) -> list[str]:
+    """A row's context K at each corridor length, then its median updates/s there ("–": no finished run)."""
+    ks = [str(row.dt_args(n)["context_len"]) for n in om.LENGTHS]
+    entries = [data[row.name][str(n)] for n in om.LENGTHS]
+    return ks + [f"{e['updates_per_s']:.2f}" if "updates_per_s" in e else "–" for e in entries]
 
 
 def markdown(found: Sequence[dict[str, Any]], table: Sequence[om.Row], data: dict[str, Any], command: str,
@@ -147,7 +156,6 @@ def markdown(found: Sequence[dict[str, Any]], table: Sequence[om.Row], data: dic
     expected = len(table) * len(om.LENGTHS) * len(om.SEEDS)
     north, south = memoryless_scores(om.RECIPE["eval_episodes"])
     status = "Complete" if len(found) >= expected else f"PARTIAL: {len(found)} of {expected} runs finished"
-    lengths = " | ".join(f"L = {n}" for n in om.LENGTHS)
     lines = [
         "# Offline memory: the Decision Transformer on T-Maze corridors",
         "",
@@ -197,16 +205,11 @@ def markdown(found: Sequence[dict[str, Any]], table: Sequence[om.Row], data: dic
         "another run shared the machine: indicative, comparable only within a column). The side-by-side "
         'measurement on an idle machine is in benchmarks/README.md ("DT at long context").',
         "",
-        f"| row | {' | '.join(f'K at L = {n}' for n in om.LENGTHS)} | {lengths} |",
-        "|---|" + "---|" * (2 * len(om.LENGTHS)),
+        *markdown_table(
+            ["row", *(f"K at L = {n}" for n in om.LENGTHS), *(f"L = {n}" for n in om.LENGTHS)],
+            [[f"`{row.name}`", *speed_cells(row, data)] for row in table],
+        ),
     ]
-    for row in table:
-        ks = " | ".join(str(row.dt_args(n)["context_len"]) for n in om.LENGTHS)
-        rates = " | ".join(
-            f"{e['updates_per_s']:.2f}" if "updates_per_s" in e else "–"
-            for e in (data[row.name][str(n)] for n in om.LENGTHS)
-        )
-        lines.append(f"| `{row.name}` | {ks} | {rates} |")
     lines += ["", "## Provenance", "", machines_text(found), "", code_text(found), ""]
     return "\n".join(lines)
 

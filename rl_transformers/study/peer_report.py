@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from rl_transformers.study.aggregate import iqm_intervals
+from rl_transformers.utils.tables import markdown_table
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ def table(
     cols = ["arm"] + ([] if compact else ["parameters"]) + ["seeds", "final greedy return per seed"]
     cols += [f"solved (≥ {solved:g})", "IQM [95 % CI]"] + ([f"vs {reference}: Holm p"] if tests else [])
     cols += [] if compact else ["env steps / CPU-s", "code"]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    rows = []
     for arm, s in summaries.items():
         cells = [arm] + ([] if compact else [str(s.parameters if s.parameters is not None else "?")])
         cells += [str(len(s.seeds)), " / ".join(f"{m:.0f}" for m in s.means)]
@@ -114,8 +115,8 @@ def table(
         cells += [f"{s.iqm[0]:.1f} [{s.iqm[1]:.1f}, {s.iqm[2]:.1f}]"]
         cells += [f"{tests[arm]:.3g}" if arm in tests else "–"] if tests else []
         cells += [] if compact else [f"{s.steps_per_cpu_s:.0f}", ", ".join(s.commits)]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+        rows.append(cells)
+    return markdown_table(cols, rows)
 
 
 def render(records: Path, solved: float, reference: str | None, preamble: str) -> str:

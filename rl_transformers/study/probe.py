@@ -1,7 +1,7 @@
 """Supervised memory probe: can an encoder, through the policy's own acting and training path, recall the
 symbol it saw k steps ago?
 
-It separates what an encoder *can* remember from what PPO makes it learn (issue 27). Data: ``n_streams``
+It separates what an encoder *can* remember from what PPO makes it learn. Data: ``n_streams``
 endless streams of random symbols (uniform over ``n_symbols``), cut into episodes whose lengths are drawn
 uniformly from [2k + W, 4k + 2W] (W = the training window ``seq_len``); the target at step t of an episode is
 the symbol of step t - k, undefined for t < k (those steps are left out of the loss and of the accuracy). The
@@ -250,7 +250,7 @@ def build_policy(spec: str, settings: ProbeSettings) -> ActorCritic:
 def measure(spec: str, k: int, seed: int, settings: ProbeSettings) -> CellResult:
     """Train and measure one cell (see the module docstring)."""
     from rl_transformers.policies.cores import replay_exactness
-    from rl_transformers.utils import seed_everything
+    from rl_transformers.utils.training import seed_everything
 
     seed_everything(seed)
     policy = build_policy(spec, settings)

@@ -1,6 +1,6 @@
 """The memory probe's grid: encoders x context bound x k x seeds, resumable, with a stop rule and a dry run.
 
-A **row** is an encoder with its context knob (:mod:`rl_transformers.tune.knobs`) either at its default
+A **row** is an encoder with its context knob (:mod:`rl_transformers.study.knobs`) either at its default
 (``bound="default"``) or raised to cover k (``bound="cover"``: knob = max(default, k + 1)); encoders without a
 reach knob (GRU / LSTM / MLP, kernel attentions, ...) have the default row only (a capacity knob, e.g. the
 RNNs' hidden size, stays at the encoder's value). A row runs k in increasing
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rl_transformers.study.encoders import Encoder, label
+from rl_transformers.study.knobs import Knob, context_knob
 from rl_transformers.study.probe import CellResult, ProbeSettings, measure
-from rl_transformers.tune.knobs import Knob, context_knob
 from rl_transformers.utils.atomic import atomic_write_json
 from rl_transformers.utils.errors import UserError
 
@@ -177,7 +177,7 @@ def repeat_of(cfg: ProbeConfig, row: Row, rows: list[Row], k: int) -> Row | None
     ``row`` repeats at ``k``: the first seed's cells of both finished with equal training curves (the accuracy
     of every 10th update to 4 decimals: what the committed documents keep, so a fresh checkout decides the
     same), final accuracy, updates to success, parameter count and replay flag. That is the same
-    model under two names at this k (issue 27.8 marks such rows instead of re-running them; the screening found
+    model under two names at this k (such rows are marked instead of re-run; the screening found
     ``local`` equal to ``full`` and ``early_exit`` to GTrXL). Checked per k, since the knob and the episodes
     change with k: ``bigbird`` equals ``full`` over the short episodes of k = 1 and 4, not at k = 16."""
     first = cfg.seeds[0]

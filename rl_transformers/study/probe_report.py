@@ -25,6 +25,7 @@ from rl_transformers.study.probe_grid import (
     succeeded,
 )
 from rl_transformers.utils.atomic import atomic_write_json, atomic_write_text
+from rl_transformers.utils.tables import markdown_table
 
 
 def row_summary(cfg: ProbeConfig, row: Row, rows: list[Row] | None = None) -> dict[str, Any]:
@@ -171,19 +172,18 @@ def markdown(report: dict[str, Any]) -> str:
         rows = [r for r in report["rows"] if r["bound"] == bound]
         if not rows:
             continue
-        lines += [f"## Context bound: {bound}", ""]
-        lines.append("| encoder | knob | " + " | ".join(f"k={k}" for k in ks) + " | updates/s |")
-        lines.append("|---|---|" + "---|" * len(ks) + "---|")
+        table = []
         for r in rows:
             knob = f"{r['knob']}={r['knob_default']}" if r["knob"] else "–"
             if bound == "cover" and r["knob"]:
                 knob = f"{r['knob']} ≥ k + 1"
             rates = [e["updates_per_s"] for e in r["by_k"].values() if "updates_per_s" in e]
             rate = f"{statistics.fmean(rates):.2f}" if rates else "–"
-            cells = " | ".join(_entry(r["by_k"][str(k)], n_seeds) for k in ks)
+            cells = [_entry(r["by_k"][str(k)], n_seeds) for k in ks]
             name = f"{r['encoder']} (= {r['repeats'].split(' [')[0]})" if r.get("repeats") else r["encoder"]
-            lines.append(f"| {name} | {knob} | {cells} | {rate} |")
-        lines.append("")
+            table.append([name, knob, *cells, rate])
+        headers = ["encoder", "knob", *(f"k={k}" for k in ks), "updates/s"]
+        lines += [f"## Context bound: {bound}", "", *markdown_table(headers, table), ""]
     same = sorted({(r["encoder"], e["repeat_of"].split(" [")[0]) for r in report["rows"] for e in r["by_k"].values()
                    if e.get("repeat_of")})  # fmt: skip
     if same:

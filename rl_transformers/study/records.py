@@ -26,8 +26,9 @@ import json
 import math
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
 from rl_transformers.study.ranges import outside, score_range
@@ -35,15 +36,28 @@ from rl_transformers.study.suite import DATASET_ROOT
 from rl_transformers.utils.atomic import atomic_write_json
 from rl_transformers.utils.errors import UserError
 
-if TYPE_CHECKING:
-    from rl_transformers.study.launch import Job
-
 UNKNOWN = "unknown"
 """The published ``machine`` / ``git_sha`` of a record that ran before the field was recorded."""
 IDENTITY = ("algo", "task", "encoder", "encoder_name", "seed", "preset")
 """Record fields that must equal the job's."""
 PPO_NUM_STEPS = PPOConfig().num_steps
 PPO_NUM_ENVS: int = TrainConfig.__dataclass_fields__["num_envs"].default  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run of a study: its ``job.json`` (:func:`~rl_transformers.study.launch.make_job`) and its directory."""
+
+    spec: dict[str, Any]
+    """The job.json contents."""
+    dir: Path
+
+    @property
+    def name(self) -> str:
+        """Unique within a study: the preset is part of it (the confirmation stage runs each cell as two
+        presets, ``v2-untuned`` and ``v2-tuned``, which progress and log lines must tell apart)."""
+        s = self.spec
+        return f"{s['preset']}/{s['algo']}/{s['task']}/{s['encoder_name']}/s{s['seed']}"
 
 
 def job_key(spec: dict[str, Any]) -> str:

@@ -32,6 +32,7 @@ from rl_transformers.study.plots import measured_rates, plot_all
 from rl_transformers.study.records import UNKNOWN
 from rl_transformers.study.summary import aggregate_summary, identical_runs, task_leaders
 from rl_transformers.utils.atomic import atomic_write_text
+from rl_transformers.utils.tables import markdown_table
 
 RECORDS, AGGREGATE, PAGE = files.SCREENING_RECORDS, files.SCREENING_AGGREGATE, files.SCREENING_PAGE
 """The screening stage's documents under ``--docs`` (:mod:`~rl_transformers.study.files`)."""
@@ -83,8 +84,7 @@ def task_table(records: Sequence[dict[str, Any]], algo: str, tasks: list[str], e
         if r["algo"] == algo:
             by[(r["encoder_name"], r["task"])].append(r)
     rate = "steps/s" if algo == "ppo" else "updates/s"
-    head = f"| encoder | {' | '.join(tasks)} | {rate} | parameters |"
-    lines = [head, "|---" * (len(tasks) + 3) + "|"]
+    rows = []
     for enc in encoders:
         runs = [r for t in tasks for r in by.get((enc, t), [])]
         if not runs:
@@ -93,16 +93,15 @@ def task_table(records: Sequence[dict[str, Any]], algo: str, tasks: list[str], e
         rates = measured_rates(runs)
         params = sorted({int(r["parameters"]) for r in runs})
         ptext = f"{params[0]:,}" if len(params) == 1 else f"{params[0]:,}–{params[-1]:,}"
-        lines.append(f"| {enc} | {' | '.join(cells)} | {statistics.fmean(rates):.0f} | {ptext} |")
-    return "\n".join(lines) + "\n"
+        rows.append([enc, *cells, f"{statistics.fmean(rates):.0f}", ptext])
+    return "\n".join(markdown_table(["encoder", *tasks, rate, "parameters"], rows)) + "\n"
 
 
 def budget_table(records: Sequence[dict[str, Any]], algo: str, tasks: list[str]) -> str:
     """Does the reference learn each task within its budget? Per task, over the reference's finished seeds: the
     mean first evaluation, the mean score and their difference (the gain), beside the memory-less MLP's score."""
     ref = REFERENCE[algo]
-    lines = [f"| task | {ref} first evaluation | {ref} score | {ref} gain | mlp score | {ref} seeds |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    rows = []
     for task in tasks:
         runs = [r for r in records if r["algo"] == algo and r["task"] == task and r["encoder_name"] == ref]
         runs = [r for r in runs if r.get("curve") and r["score"] is not None]
@@ -113,23 +112,24 @@ def budget_table(records: Sequence[dict[str, Any]], algo: str, tasks: list[str])
         mlp = [r["score"] for r in records if r["algo"] == algo and r["task"] == task
                and r["encoder_name"] == "mlp" and r["score"] is not None]  # fmt: skip
         mtext = f"{statistics.fmean(mlp):.2f}" if mlp else "–"
-        lines.append(f"| {task} | {first:.2f} | {score:.2f} | {score - first:+.2f} | {mtext} | {len(runs)} |")
-    return "\n".join(lines) + "\n"
+        rows.append([task, f"{first:.2f}", f"{score:.2f}", f"{score - first:+.2f}", mtext, len(runs)])
+    headers = ["task", f"{ref} first evaluation", f"{ref} score", f"{ref} gain", "mlp score", f"{ref} seeds"]
+    return "\n".join(markdown_table(headers, rows)) + "\n"
 
 
 def aggregate_table(agg: dict[str, Any]) -> str:
     ref = agg["reference"]
-    lines = [f"| encoder | IQM | 95 % CI | P(improvement over {ref}) | 95 % CI | seeds × tasks |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
-    rows = sorted(agg["encoders"].items(), key=lambda kv: -kv[1]["iqm"])
-    for name, r in rows:
+    rows: list[list[str]] = []
+    for name, r in sorted(agg["encoders"].items(), key=lambda kv: -kv[1]["iqm"]):
         p = "–" if r["prob_improvement"] is None else f"{r['prob_improvement']:.2f}"
         pci = "–" if r["prob_ci_low"] is None else f"[{r['prob_ci_low']:.2f}, {r['prob_ci_high']:.2f}]"
-        lines.append(f"| {name} | {r['iqm']:.3f} | [{r['ci_low']:.3f}, {r['ci_high']:.3f}] | {p} | {pci} | "
-                     f"{r['n_seeds']} × {r['n_tasks']} |")  # fmt: skip
-    for name, why in sorted(agg["incomplete"].items()):
-        lines.append(f"| {name} | – | – | – | – | incomplete: {why} |")
-    return "\n".join(lines) + "\n"
+        ci = f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
+        rows.append([name, f"{r['iqm']:.3f}", ci, p, pci, f"{r['n_seeds']} × {r['n_tasks']}"])
+    rows += [
+        [name, "–", "–", "–", "–", f"incomplete: {why}"] for name, why in sorted(agg["incomplete"].items())
+    ]
+    headers = ["encoder", "IQM", "95 % CI", f"P(improvement over {ref})", "95 % CI", "seeds × tasks"]
+    return "\n".join(markdown_table(headers, rows)) + "\n"
 
 
 def code_text(records: Sequence[dict[str, Any]]) -> str:
@@ -257,11 +257,12 @@ def markdown(
         cost_text(records),
         "",
     ]
-    lines += ["## Suite and budget", "", "| task | algo | tag | budget | score |", "|---|---|---|---|---|"]
-    for algo in ("ppo", "dt"):
-        for t in tasks_of(ctx, algo):
-            tag, budget, score = ctx["task_notes"][t]
-            lines.append(f"| {t} | {algo} | {tag} | {budget} | {score} |")
+    suite_rows = [[t, algo, *ctx["task_notes"][t]] for algo in ("ppo", "dt") for t in tasks_of(ctx, algo)]
+    lines += [
+        "## Suite and budget",
+        "",
+        *markdown_table(["task", "algo", "tag", "budget", "score"], suite_rows),
+    ]
     lines.append("")
     for algo, suite in (("ppo", "online"), ("dt", "offline")):
         encs = [e[0] for e in ctx["encoders"].get(algo, [])]
@@ -270,12 +271,16 @@ def markdown(
         lines += [f"## {suite.capitalize()} ({algo.upper()})", ""]
         if algo == "dt" and ctx.get("offline_memory"):
             lines += ctx["offline_memory"]
-        lines += ["### Encoders", "",
-                  "| encoder | override string | family | note |", "|---|---|---|---|"]  # fmt: skip
-        for name, spec, family, note in ctx["encoders"][algo]:
-            lines.append(f"| {name} | `{spec or '(default)'}` | {family} | {note} |")
-        for name, reason in ctx["excluded"].get(algo, []):
-            lines.append(f"| {name} | – | excluded | {reason} |")
+        enc_rows = [
+            [name, f"`{spec or '(default)'}`", family, note]
+            for name, spec, family, note in ctx["encoders"][algo]
+        ]
+        enc_rows += [[name, "–", "excluded", reason] for name, reason in ctx["excluded"].get(algo, [])]
+        lines += [
+            "### Encoders",
+            "",
+            *markdown_table(["encoder", "override string", "family", "note"], enc_rows),
+        ]
         if algo == "ppo":
             lines += ["", f"### Budget check: does {REFERENCE[algo]} learn each task in its budget?", "",
                       budget_table(records, algo, tasks_of(ctx, algo)).rstrip("\n")]  # fmt: skip

@@ -17,9 +17,19 @@ from pathlib import Path
 from typing import Literal
 
 from rl_transformers.study import encoders as enc
-from rl_transformers.study import launch, notes, offline_memory, offline_memory_report, records, report, suite
+from rl_transformers.study import (
+    launch,
+    notes,
+    offline_memory,
+    offline_memory_report,
+    offline_memory_run,
+    records,
+    report,
+    suite,
+)
 from rl_transformers.study.aggregate import REPS
 from rl_transformers.study.progress import Progress
+from rl_transformers.study.records import Job
 from rl_transformers.utils.errors import UserError
 
 
@@ -68,7 +78,7 @@ class StudyConfig:
     CartPole / Pendulum are its control rows."""
 
 
-def plan(cfg: StudyConfig) -> tuple[list[launch.Job], dict]:
+def plan(cfg: StudyConfig) -> tuple[list[Job], dict]:
     """The jobs of ``cfg`` (seed-major order) and the report context."""
     preset = suite.check_preset(cfg.preset)
     seeds = cfg.seeds if cfg.seeds is not None else suite.SEEDS[preset]
@@ -80,7 +90,7 @@ def plan(cfg: StudyConfig) -> tuple[list[launch.Job], dict]:
         "expected": {},
         "preset": preset,
     }
-    jobs: list[launch.Job] = []
+    jobs: list[Job] = []
     parts: tuple[tuple[str, suite.Algo], ...] = (("online", "ppo"), ("offline", "dt"))
     for part, algo in parts:
         if part not in cfg.parts:
@@ -105,13 +115,13 @@ def plan(cfg: StudyConfig) -> tuple[list[launch.Job], dict]:
     return jobs, ctx
 
 
-def estimate(jobs: list[launch.Job], out: Path) -> tuple[float, int]:
+def estimate(jobs: list[Job], out: Path) -> tuple[float, int]:
     """Estimated seconds of one worker for ``jobs`` and how many had no measured rate (see :func:`estimates`)."""
     seconds, unknown = estimates(jobs, out)
     return sum(seconds), unknown
 
 
-def estimates(jobs: list[launch.Job], out: Path) -> tuple[list[float], int]:
+def estimates(jobs: list[Job], out: Path) -> tuple[list[float], int]:
     """Estimated seconds of each of ``jobs`` from measured rates of finished runs, and how many had none.
 
     Rate per job (steps/s online, updates/s for DT), from the finished runs of any preset: the median of the same
@@ -240,7 +250,7 @@ def offline_memory_part(cfg: StudyConfig, docs: Path, log=print, start_by: float
     names = tuple(n for n in cfg.encoders if n in table)
     if cfg.encoders and not names:
         return
-    offline_memory.run_offline_memory(
+    offline_memory_run.run_offline_memory(
         offline_memory.OfflineMemoryConfig(
             encoders=names,
             seeds=cfg.seeds if cfg.seeds is not None else offline_memory.SEEDS,

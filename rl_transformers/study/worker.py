@@ -136,7 +136,7 @@ def _ppo(job: dict[str, Any], run: Path, attempt: Attempt) -> dict[str, Any]:
         policy=policy_config(job["encoder"]),
         ppo=PPOConfig(**job.get("ppo", {})),
         eval_every=job["eval_every"],
-        eval_final=False,  # the study's protocol: evaluations at multiples of eval_every only (issue 30)
+        eval_final=False,  # the study's protocol: evaluations at multiples of eval_every only
         eval_episodes=job.get("eval_episodes", 16),
         threads=1,
         device="cpu",

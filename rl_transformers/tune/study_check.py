@@ -1,8 +1,8 @@
 """Reading a tuning study back: every trial checked, storage failures as one error line.
 
 :func:`open_checked` wraps the opening of ``<out>/<study>.db`` and :func:`check_trials` reads every trial of it
-(enqueued, running, complete, pruned) against the current search space (:mod:`rl_transformers.tune.validate`):
-each parameter's distribution must be the space's own (a foreign distribution, a categorical index past the
+(enqueued, running, complete, pruned) against the current search space
+(:mod:`rl_transformers.study.tuning_checks`): each parameter's distribution must be the space's own (a foreign distribution, a categorical index past the
 choices and a parameter out of range are refused), each value a finite number within the task's possible
 returns. A complete or pruned trial that fails the check means the file is not this study's results: a
 :class:`UserError` naming the trial, the file and the fix. An enqueued or running trial that fails it is marked
@@ -19,9 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rl_transformers.tune.knobs import Knob
-from rl_transformers.tune.space import SearchSpace
-from rl_transformers.tune.validate import expected_names, param_problem, value_problem
+from rl_transformers.study.knobs import Knob
+from rl_transformers.study.tuning_checks import expected_names, param_problem, value_problem
+from rl_transformers.study.tuning_space import SearchSpace
 from rl_transformers.utils.errors import UserError
 
 __all__ = ["check_trials", "expected_distributions", "storage_error"]

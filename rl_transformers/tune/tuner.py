@@ -9,8 +9,8 @@ missing trials (``n_trials`` counts finished trials: complete or pruned), and a 
 process is failed by Optuna's heartbeat and retried once. A study refuses to be continued with other settings
 (task, budget, encoder, search space, objective, ...): those are stored with it.
 
-A trial: sample the space (:class:`~rl_transformers.tune.space.SearchSpace`), train PPO with the public API
-(``rl_transformers.train_ppo``) on its own tuning seed (:func:`~rl_transformers.tune.seeds.tuning_seed`,
+A trial: sample the space (:class:`~rl_transformers.study.tuning_space.SearchSpace`), train PPO with the public
+API (``rl_transformers.train_ppo``) on its own tuning seed (:func:`~rl_transformers.tune.seeds.tuning_seed`,
 disjoint from the test seeds), evaluate greedily every ``eval_every`` env steps and after the last update (the
 trainer's ``evaluate``: ``eval_episodes`` fresh episodes), report each evaluation to the pruner, and score the
 trial by the last evaluation (``objective="final"``) or the mean of all of them (``"mean"``: the normalised
@@ -30,11 +30,11 @@ from typing import Any, Literal
 from envs.registry import return_bounds
 from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
 from rl_transformers.study.encoders import label, parse_spec, policy_config
-from rl_transformers.tune.knobs import Knob, context_knob
+from rl_transformers.study.knobs import Knob, context_knob
+from rl_transformers.study.tuning_checks import check_params
+from rl_transformers.study.tuning_space import SearchSpace
 from rl_transformers.tune.seeds import tuning_seed
-from rl_transformers.tune.space import SearchSpace
 from rl_transformers.tune.study_check import check_trials, storage_error
-from rl_transformers.tune.validate import check_params
 from rl_transformers.utils.atomic import atomic_write_json
 from rl_transformers.utils.cli import JsonDict
 from rl_transformers.utils.errors import UserError, choice_hint
@@ -322,7 +322,7 @@ def run_tuning(cfg: TuneConfig, log: Any = print) -> Any:
     """Run (or resume) the study until it holds ``n_trials`` finished trials; returns the Optuna study."""
     import optuna
 
-    from rl_transformers.utils import NonFiniteError
+    from rl_transformers.utils.training import NonFiniteError
 
     spec = resolve_encoder(cfg.encoder)
     knob = context_knob(spec)

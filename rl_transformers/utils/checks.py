@@ -1,4 +1,5 @@
-"""Checks of run-config values shared by the PPO and DT configs: device names, aux-loss weights, sizes.
+"""Checks of run-config values shared by the PPO and DT configs: device names and sizes (the aux-loss weights
+and divisors are checked with the other option values, in :mod:`rl_transformers.backbone.options`).
 
 Every check raises :class:`~rl_transformers.utils.errors.UserError` naming the flag, the value and the valid
 choices (or the closest match). Configs call them in ``__post_init__`` (tyro then reports the message at parse
@@ -9,12 +10,10 @@ device of another machine.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
-from rl_transformers.backbone.options import check_int, check_number
 from rl_transformers.utils.errors import UserError, choice_hint
 
 DEVICE_TYPES = ("auto", "cpu", "cuda", "mps")
@@ -63,33 +62,6 @@ def check_device_available(device: torch.device | str, source: str = "--device")
             f"device {str(device)!r} was asked for but MPS is not available here; use --device cpu",
             source=source,
         )
-
-
-def check_aux_weights(weights: Mapping[str, Any], produced: Iterable[str], source: str) -> None:
-    """Every name in ``weights`` is an aux loss the model produces; every weight a finite number >= 0."""
-    valid = sorted(set(produced))
-    for name, weight in weights.items():
-        if name not in valid:
-            where = (
-                f"valid for this backbone: {', '.join(valid)}"
-                if valid
-                else "this model produces no aux losses"
-            )
-            close = choice_hint(name, valid) if valid else ""
-            hint = close[close.index(" (") :] if " (" in close else ""
-            raise UserError(f"unknown aux loss {name!r}; {where}{hint}", source=source)
-        check_number(f"{source} {name!r}", weight, low=0.0)
-
-
-def check_divides(name: str, value: int, total: int, what: str, *, source: str | None = None) -> None:
-    """``value`` (an int >= 1) divides ``total``; the message names ``name=value`` (``source``: its flag) and
-    lists the valid values."""
-    label = f"{name}={value}" + (f" ({source})" if source else "")
-    check_int(label, value, 1)
-    if total % value:
-        divisors = [d for d in range(1, total + 1) if total % d == 0]
-        shown = ", ".join(map(str, divisors[:12])) + (", ..." if len(divisors) > 12 else "")
-        raise UserError(f"{label} does not divide {what}; valid: {shown}")
 
 
 MAX_NUM_ENVS = 4096

@@ -1,30 +1,17 @@
-"""Command-line helpers shared by the training scripts (tyro): JSON-dict flags and BackboneConfig options.
+"""Command-line helpers shared by the scripts (tyro): :data:`JsonDict`, a dict flag given as one JSON string.
 
-``tyro.cli(Config, registry=cli_registry())`` turns every ``BackboneConfig`` field nested in ``Config`` into a
-flag (``--backbone.attention linear``) and its ``*_options`` dicts into JSON strings
-(``--backbone.memory-options '{"mem_len": 64}'``).
+The rules that turn ``BackboneConfig`` fields into flags live with the backbone
+(:func:`rl_transformers.backbone.cli.cli_registry`); this module imports nothing of the package.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import typing
 from typing import Annotated, Any
 
-from tyro.constructors import (
-    ConstructorRegistry,
-    PrimitiveConstructorSpec,
-    StructConstructorSpec,
-    StructFieldSpec,
-    StructTypeInfo,
-)
-
-from rl_transformers.backbone import BackboneConfig
-from rl_transformers.utils.errors import UserError
+from tyro.constructors import PrimitiveConstructorSpec
 
 
-# -- JSON dicts and BackboneConfig options -----------------------------------------------------
 def _parse_json_dict(args: list[str]) -> dict[str, Any]:
     try:
         value = json.loads(args[0])
@@ -48,81 +35,3 @@ JsonDict = Annotated[
     ),
 ]
 """A dict given on the command line as one JSON string."""
-
-
-def _field_help(cls: type, name: str) -> str | None:
-    try:
-        from tyro import _docstrings
-
-        return _docstrings.get_field_docstring(cls, name, ())
-    except Exception:  # private tyro API: help text is a nicety
-        return None
-
-
-def _flags_of(changes: dict[str, Any]) -> str:
-    if not changes:
-        return "the default backbone"
-    shown = [
-        f"--backbone.{k.replace('_', '-')} {json.dumps(v) if isinstance(v, dict) else v}"
-        for k, v in changes.items()
-    ]
-    return ", ".join(shown)
-
-
-_SELF_ONLY = {  # attention entries whose options make every token attend only itself
-    "local": lambda o: o["window"] == 0,
-    "longformer": lambda o: o["window"] == 0 and not o["global_tokens"],
-    "etc": lambda o: o["window"] == 0 and o["n_global"] == 0,
-}
-
-
-def check_cli_backbone(cfg: BackboneConfig) -> None:
-    """Refuse settings the backbone accepts (kernel tests use them) but that make no sense for a policy.
-
-    A window of 0 without global tokens lets each token attend only itself: the model has no memory at all.
-    """
-    self_only = _SELF_ONLY.get(cfg.attention)
-    if self_only is not None and self_only(cfg.attention_options):
-        raise UserError(
-            f"attention {cfg.attention!r} with window=0 lets each token attend only itself (no memory); "
-            "use window >= 1"
-        )
-
-
-def cli_registry() -> ConstructorRegistry:
-    """tyro rules: ``BackboneConfig`` fields as flags, its ``*_options`` as JSON strings.
-
-    Changing an entry name without its options resets the options (``--backbone.attention linear``), as
-    :meth:`BackboneConfig.replace` does.
-    """
-    registry = ConstructorRegistry()
-
-    @registry.struct_rule
-    def backbone_rule(info: StructTypeInfo) -> StructConstructorSpec | None:
-        if info.type is not BackboneConfig:
-            return None
-        default = info.default if isinstance(info.default, BackboneConfig) else BackboneConfig()
-
-        hints = typing.get_type_hints(BackboneConfig)
-        fields = tuple(
-            StructFieldSpec(
-                name=f.name,
-                type=JsonDict if f.name.endswith("_options") else hints[f.name],
-                default=getattr(default, f.name),
-                helptext=_field_help(BackboneConfig, f.name),
-            )
-            for f in dataclasses.fields(BackboneConfig)
-        )
-
-        def instantiate(**kwargs: Any) -> BackboneConfig:
-            changes = {k: v for k, v in kwargs.items() if v != getattr(default, k)}
-            try:
-                cfg = default.replace(**changes) if changes else default
-                check_cli_backbone(cfg)
-            except ValueError as err:  # tyro prints it; name the flags the bad value came from
-                raise UserError(f"{err} (from {_flags_of(changes)})") from err
-            return cfg
-
-        return StructConstructorSpec(instantiate=instantiate, fields=fields)
-
-    return registry

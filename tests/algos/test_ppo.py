@@ -257,8 +257,8 @@ def test_two_gloo_ranks_keep_identical_parameters(tmp_path: Path) -> None:
 def test_cli_parsing_and_config_round_trip() -> None:
     import tyro
 
+    from rl_transformers.backbone.cli import cli_registry
     from rl_transformers.utils import from_dict, to_jsonable
-    from rl_transformers.utils.cli import cli_registry
 
     args = [
         "--policy",

@@ -18,10 +18,11 @@ import pytest
 import envs  # noqa: F401  (registers the rlt/ ids)
 from rl_transformers import load, train_ppo
 from rl_transformers.algos.ppo_config import RESUME_PER_INVOCATION, PPOConfig, TrainConfig
+from rl_transformers.algos.ppo_sizing import match_run_config
+from rl_transformers.backbone.cli import cli_registry
 from rl_transformers.policies.gtrxl import PolicyConfig, gtrxl_backbone, make_policy
-from rl_transformers.policies.sizing import match_run_config, match_width
+from rl_transformers.policies.sizing import match_width
 from rl_transformers.study import encoders as study
-from rl_transformers.utils.cli import cli_registry
 from rl_transformers.utils.params import count_parameters
 from rl_transformers.utils.resume import parse_cli
 

@@ -1,4 +1,4 @@
-"""The long-context DT benchmark (rl_transformers/bench/dt_long.py; issue 28, point 3) on a tiny T-Maze
+"""The long-context DT benchmark (rl_transformers/bench/dt_long.py) on a tiny T-Maze
 (corridor 3) built here: every (row, K) gets positive numbers, the ratios are paired by round, the saved-bytes
 meter matches hand-counted autograd graphs, and bad inputs are one-line errors. Timings are never asserted."""
 

@@ -184,3 +184,11 @@ def test_run_sh_dry_run_records_command_commit_and_device(tmp_path: Path) -> Non
     assert {n: r["status"] for n, r in results["stages"].items()} == {"device": "ok", "ceilings": "ok"}
     assert results["stages"]["device"]["data"]["git_sha"] == "0123abcd"
     assert results["stages"]["ceilings"]["data"]["matmul_tflops"] > 0
+
+
+@pytest.mark.parametrize("machine", ["gpu-h100", "gpu-h200"])
+def test_the_committed_gpu_pages_rebuild_byte_for_byte(machine: str) -> None:
+    """benchmarks/results/<machine>/results.md is what render_markdown writes from the results.json beside it."""
+    folder = ROOT / "benchmarks" / "results" / machine
+    results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+    assert gpu_report.render_markdown(results) == (folder / "results.md").read_text(encoding="utf-8")

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
 from rl_transformers.bench.ppo_profile import profile_ppo, render
 from rl_transformers.policies import PolicyConfig, gtrxl_backbone
@@ -77,3 +79,14 @@ def test_shapes_of_splits_an_operator_by_input_shape() -> None:
         assert abs(sum(shares) - own) < 1e-9  # top=50 lists every shape: they add up to the op's share
     assert "### train: by input shape" in render(result, ["# t"])
     assert "by_shape" not in profile_ppo(tiny(), warmup=1, top=3)["train"]
+
+
+PROFILES = sorted((ROOT / "benchmarks" / "results").rglob("profile.json"))
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=[p.parent.name for p in PROFILES])
+def test_the_committed_profile_tables_rebuild_byte_for_byte(path: Path) -> None:
+    """Each committed profile.md is its header lines followed by what ``render`` writes from profile.json."""
+    page = path.with_suffix(".md").read_text(encoding="utf-8")
+    header = page.split("\n## ")[0].rstrip("\n").split("\n")
+    assert render(json.loads(path.read_text(encoding="utf-8")), header) == page

@@ -206,8 +206,8 @@ def test_machine_record_spans_the_measurement_and_the_tables_show_both_loads(mon
 
     loads = iter([(0.5, 0.4, 0.3), (2.5, 1.0, 0.5)])
     monkeypatch.setattr(provenance.os, "getloadavg", lambda: next(loads))
-    start = meta.machine_info("cpu", 1)
-    done = meta.finish_machine_info(start)
+    start = provenance.machine_info("cpu", 1)
+    done = provenance.finish_machine_info(start)
     assert done["loadavg_start"] == [0.5, 0.4, 0.3] and done["loadavg_end"] == [2.5, 1.0, 0.5]
     assert done["timestamp"] == start["timestamp"] <= done["finished"]
     assert meta.load_text(done).startswith("load at start 0.5, at end 2.5 (")

@@ -47,7 +47,7 @@ def _study(cfg):
 
 def _add_complete(cfg, params=GOOD, value=0.5, distributions=None, **attrs):
     spec = resolve_encoder(cfg.encoder)
-    from rl_transformers.tune.knobs import context_knob
+    from rl_transformers.study.knobs import context_knob
 
     study = _study(cfg)
     dists = distributions or expected_distributions(cfg.space, context_knob(spec))

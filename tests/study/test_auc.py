@@ -1,4 +1,4 @@
-"""The normalized area under the evaluation curve (issue 27.3): closed forms on hand-made curves, the step-0 and
+"""The normalized area under the evaluation curve (sample efficiency): closed forms on hand-made curves, the step-0 and
 budget conventions, clipping, errors, and the aggregate over a record key other than the final score."""
 
 from __future__ import annotations

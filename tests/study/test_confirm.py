@@ -1,4 +1,4 @@
-"""The encoder study's second edition, confirmation stage (issue 27): its plan, tuned parameters read as data, the
+"""The encoder study's second edition, confirmation stage: its plan, tuned parameters read as data, the
 tuning commands, and a tiny stage run end to end through the study's worker (real PPO runs on a corridor-2
 T-Maze) with resume, restore and the README headline. Its documents' rules: test_confirm_report.py."""
 
@@ -16,7 +16,7 @@ from rl_transformers.study import confirm, confirm_report
 from rl_transformers.study import confirm_headline as headline
 from rl_transformers.study import confirm_plan as cp
 from rl_transformers.study.encoders import Encoder, parse_spec
-from rl_transformers.tune.space import SearchSpace
+from rl_transformers.study.tuning_space import SearchSpace
 from rl_transformers.tune.tuner import TuneConfig
 from rl_transformers.utils.errors import UserError
 
@@ -128,7 +128,7 @@ def test_the_tuning_commands_are_the_tuners_with_the_same_settings_for_every_enc
     objective and schedule for every encoder; the encoder and the study name are its own."""
     import tyro
 
-    from rl_transformers.utils.cli import cli_registry
+    from rl_transformers.backbone.cli import cli_registry
 
     parsed = []
     for e in (GTRXL, GRU):

@@ -1,4 +1,4 @@
-"""Issue 27.5's decision rule (``study.confirm_candidates``) on hand-built records: a candidate default replaces
+"""The candidate-default decision rule (``study.confirm_candidates``) on hand-built records: a candidate default replaces
 GTrXL's default only when it is nowhere below it and somewhere above it, on the rungs that separated, once every
 such rung has all its seeds."""
 

@@ -1,4 +1,4 @@
-"""The README's encoder-study headline (issue 27.8) is rebuilt from the study's page: its status and its verdict's
+"""The README's encoder-study headline is rebuilt from the study's page: its status and its verdict's
 summary lines, nothing else; the block between the README's markers is replaced and nothing outside it."""
 
 from __future__ import annotations

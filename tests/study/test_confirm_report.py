@@ -1,4 +1,4 @@
-"""The second edition's documents and decisions on hand-built records (issue 27): the "did not separate" rule,
+"""The second edition's documents and decisions on hand-built records: the "did not separate" rule,
 the normalized AUC, the random scores, the plateau and no-signal lines, the committed records against today's
 plan, the candidate defaults and the ladder's stop rule."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from rl_transformers.study import confirm, confirm_report
 from rl_transformers.study import confirm_plan as cp
-from rl_transformers.tune.space import SearchSpace
+from rl_transformers.study.tuning_space import SearchSpace
 from tests.study.test_confirm import GRU, MLP, best
 from tests.study.test_confirm import short_windows as short_windows  # the windows of best()'s tuning results
 
@@ -125,7 +125,7 @@ def test_the_random_scores_are_what_a_random_policy_gets(env_id: str, expected: 
 
 
 def test_the_plateau_line_names_gru_and_the_best_tuned_encoder() -> None:
-    """Issue 27.3: the last quarter's gain of the mean evaluation, for GRU and the best tuned encoder."""
+    """The plateau rule: the last quarter's gain of the mean evaluation, for GRU and the best tuned encoder."""
     r = cp.rung("RepeatPreviousEasy")
     b = r.budget
     found = [
@@ -189,7 +189,7 @@ def test_every_committed_confirmation_record_is_restored_by_the_plan(
 
 
 def test_candidate_defaults_run_untuned_only_and_are_reported_as_such(tmp_path: Path) -> None:
-    """Issue 27.5: GTrXL with one setting changed (rope; a separate critic) on every rung, untuned only; their
+    """Candidate defaults: GTrXL with one setting changed (rope; a separate critic) on every rung, untuned only; their
     specs are what train_gtrxl.py would run with that flag."""
     from rl_transformers.study.encoders import policy_config
 

@@ -1,4 +1,4 @@
-"""The verdict of issue 27.8 (``study.confirm_verdict``) on hand-built records: P(X > GRU) against GRU of the
+"""The verdict (``study.confirm_verdict``) on hand-built records: P(X > GRU) against GRU of the
 same variant, above / below only when the interval excludes 0.5, rungs in memory order, pending rungs named."""
 
 from __future__ import annotations

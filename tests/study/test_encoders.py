@@ -64,7 +64,7 @@ def test_policy_config_applies_the_spec() -> None:
 
 
 def test_specs_keep_their_meaning_when_the_library_default_changes(monkeypatch) -> None:
-    """Issue 27 point 5: the PPO base pins its positions, so flipping GTrXL's default neither relabels the
+    """Defaults that follow the evidence: the PPO base pins its positions, so flipping GTrXL's default neither relabels the
     committed records (keys hash the spec string) nor makes the ``gtrxl_rope`` row the ``gtrxl`` row."""
     from rl_transformers.policies import gtrxl
 

@@ -16,7 +16,7 @@ import pytest
 
 from rl_transformers.study import launch, suite
 from rl_transformers.study.encoders import Encoder
-from rl_transformers.study.records import expected_steps, machine_text, restore
+from rl_transformers.study.records import Job, expected_steps, machine_text, restore
 from rl_transformers.utils.errors import UserError
 from rl_transformers.utils.provenance import git_sha
 
@@ -28,7 +28,7 @@ MLP = Encoder("mlp", "policy=mlp;hidden_size=16", "baseline")
 VOLATILE = ("wall_s", "steps_per_s", "status")
 
 
-def jobs(out: Path, broken: bool = False) -> list[launch.Job]:
+def jobs(out: Path, broken: bool = False) -> list[Job]:
     made = [
         launch.make_job(TMAZE, GRU, 0, "quick", out, **TINY),
         launch.make_job(TMAZE, MLP, 1, "quick", out, **TINY),
@@ -307,7 +307,7 @@ def test_the_launcher_gives_its_timeout_to_the_worker(tmp_path: Path) -> None:
 
 
 def test_a_killed_launcher_leaves_a_lock_that_the_next_invocation_takes_over(tmp_path: Path) -> None:
-    """Reproduces the stale running.lock of issue 25: a launcher and its worker killed by SIGKILL mid-run leave
+    """Reproduces a stale running.lock: a launcher and its worker killed by SIGKILL mid-run leave
     the lock behind; the next invocation takes it over, runs the job and removes it."""
     job = jobs(tmp_path)[0]
     script = (

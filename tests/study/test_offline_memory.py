@@ -1,4 +1,4 @@
-"""The offline memory table (issue 28, point 3): its rows and jobs, and a tiny table run end to end through the
+"""The offline memory table: its rows and jobs, and a tiny table run end to end through the
 study's worker (real DT runs on a corridor-3 T-Maze), its documents, resume and restore."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rl_transformers.study import offline_memory as om
-from rl_transformers.study import offline_memory_report, records, run
+from rl_transformers.study import offline_memory_report, offline_memory_run, records, run
 from rl_transformers.study.encoders import parse_spec
 from rl_transformers.utils.errors import UserError
 
@@ -86,9 +86,11 @@ def test_a_tiny_table_runs_resumes_and_rebuilds_from_its_records(tiny_table: Pat
     docs = tiny_table / "docs"
     cfg = om.OfflineMemoryConfig(lengths=(3,), seeds=(0,), out=tiny_table / "runs", docs=docs)
     lines: list[str] = []
-    dry = om.run_offline_memory(om.OfflineMemoryConfig(**{**cfg.__dict__, "dry_run": True}), lines.append)
+    dry = offline_memory_run.run_offline_memory(
+        om.OfflineMemoryConfig(**{**cfg.__dict__, "dry_run": True}), lines.append
+    )
     assert dry["todo"] == 3 and not (tiny_table / "runs").exists() and not docs.exists()
-    assert om.run_offline_memory(cfg, lines.append)["records"] == 3
+    assert offline_memory_run.run_offline_memory(cfg, lines.append)["records"] == 3
     published = json.loads((docs / "offline_memory.json").read_text())
     assert sorted(r["encoder_name"] for r in published) == ["floor", "full", "xl"]
     for r in published:
@@ -96,11 +98,13 @@ def test_a_tiny_table_runs_resumes_and_rebuilds_from_its_records(tiny_table: Pat
     markdown = (docs / "offline_memory.md").read_text()
     assert "| `xl` | memory |" in markdown and "| `floor` | floor |" in markdown
     assert (docs / "plots" / "offline_memory.png").stat().st_size > 0
-    assert om.run_offline_memory(cfg, lines.append)["records"] == 3  # resume: nothing left to run
+    assert (
+        offline_memory_run.run_offline_memory(cfg, lines.append)["records"] == 3
+    )  # resume: nothing left to run
     assert "0 to run" in lines[-2]
 
     shutil.rmtree(tiny_table / "runs")  # a fresh checkout: the committed documents, no run directories
-    om.run_offline_memory(cfg, lines.append)
+    offline_memory_run.run_offline_memory(cfg, lines.append)
     assert any("restored 3 finished runs" in line for line in lines)
     assert (docs / "offline_memory.md").read_text() == markdown
     assert json.loads((docs / "offline_memory.json").read_text()) == published
@@ -120,7 +124,7 @@ def test_a_record_that_contradicts_its_job_is_refused(tiny_table: Path) -> None:
         lengths=(3,), seeds=(0,), out=tiny_table / "runs", docs=docs, report_only=True
     )
     with pytest.raises(UserError, match="whole budget"):
-        om.run_offline_memory(cfg, print)
+        offline_memory_run.run_offline_memory(cfg, print)
 
 
 @pytest.mark.parametrize(
@@ -141,7 +145,9 @@ def test_the_study_runs_the_table_as_its_offline_part(
     and the --encoders the table has; not for the quick preset, a --tasks filter, the online part alone, only
     encoders the table lacks, or --no-memory-table."""
     called: list[om.OfflineMemoryConfig] = []
-    monkeypatch.setattr(om, "run_offline_memory", lambda cfg, log=print, start_by=None: called.append(cfg))
+    monkeypatch.setattr(
+        offline_memory_run, "run_offline_memory", lambda cfg, log=print, start_by=None: called.append(cfg)
+    )
     monkeypatch.setattr(om, "rows", lambda match=True: list(TINY_ROWS))
     base = run.StudyConfig(preset="full", out=tmp_path / "runs", workers=2, dry_run=True)
     run.offline_memory_part(run.replace(base, encoders=("xl", "gru")), tmp_path / "docs")

@@ -209,7 +209,7 @@ def test_documents_follow_the_cell_results(tmp_path) -> None:
 def test_a_cell_equal_to_an_earlier_rows_on_its_first_seed_is_marked_and_its_other_seeds_not_run(
     tmp_path,
 ) -> None:
-    """Issue 27.8: rows that are the same model under two names (``local`` = ``full``) are marked, not re-run;
+    """Rows that are the same model under two names (``local`` = ``full``) are marked, not re-run;
     checked per k (``other`` equals ``first`` at k = 1 and 4 only, as a sparse pattern may over short episodes)."""
     from rl_transformers.study import probe_report
     from rl_transformers.study.confirm_stages import probe_lines

@@ -1,6 +1,6 @@
 """Study records survive any checkout: keys without paths, records validated against their jobs, nothing lost.
 
-Each case of issue 25 point 1 is reproduced first: the absolute dataset root in the DT keys (a clone at another
+Each case of the lost and misread records is reproduced first: the absolute dataset root in the DT keys (a clone at another
 path restored 468 of 576 records), a record whose task, encoder, seed or score is not its job's, a task with
 ``../``, a garbage ``result.json``, a ``--report-only`` that wrote fewer records than it read.
 """
@@ -18,6 +18,7 @@ import pytest
 
 from rl_transformers.study import launch, plots, records, report, suite
 from rl_transformers.study.encoders import Encoder
+from rl_transformers.study.records import Job
 from rl_transformers.utils.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +29,7 @@ GRU = Encoder("gru", "policy=gru", "baseline")
 FULL = Encoder("full", "attention=full", "attention")
 
 
-def finished(job: launch.Job, **changes: object) -> dict:
+def finished(job: Job, **changes: object) -> dict:
     """A record of ``job`` that ran its whole budget (what the worker writes), with ``changes``."""
     steps = records.expected_steps(job.spec)
     rec = {k: job.spec[k] for k in ("algo", "task", "encoder", "encoder_name", "seed", "preset", "key")}

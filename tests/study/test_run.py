@@ -9,6 +9,7 @@ import pytest
 
 from rl_transformers.study import encoders as enc
 from rl_transformers.study import report, run
+from rl_transformers.study.records import Job
 from rl_transformers.utils.errors import UserError
 
 ROWS = [enc.Encoder("gru", "policy=gru", "baseline"), enc.Encoder("mlp", "policy=mlp", "baseline")]
@@ -71,7 +72,6 @@ def test_subset_report_keeps_every_committed_task(tmp_path: Path, captured: dict
 
 
 def test_estimate_scales_an_encoder_rate_by_the_task_speed_factor(tmp_path: Path) -> None:
-    from rl_transformers.study import launch
 
     finished = [("ppo", "A", "x", 1000.0), ("ppo", "A", "y", 2000.0), ("ppo", "B", "x", 500.0)]
     for i, (algo, task, name, rate) in enumerate(finished):
@@ -80,10 +80,8 @@ def test_estimate_scales_an_encoder_rate_by_the_task_speed_factor(tmp_path: Path
         (d / "result.json").write_text(json.dumps({"algo": algo, "task": task, "encoder_name": name,
                                                    "steps_per_s": rate}))  # fmt: skip
 
-    def job(algo: str, task: str, name: str, budget: int) -> launch.Job:
-        return launch.Job(
-            {"algo": algo, "task": task, "encoder_name": name, "budget": budget}, tmp_path / "j"
-        )
+    def job(algo: str, task: str, name: str, budget: int) -> Job:
+        return Job({"algo": algo, "task": task, "encoder_name": name, "budget": budget}, tmp_path / "j")
 
     # x's median rate: 750; task factors (median of rate / encoder median): A 7/6, B 2/3
     cases = [
@@ -139,7 +137,7 @@ def test_a_dry_run_changes_nothing_on_disk(tmp_path: Path, captured: dict) -> No
 
 
 def test_report_only_never_writes_fewer_records_than_it_read(tmp_path: Path, captured: dict) -> None:
-    """Reproduces the lost records of issue 25: a rebuild that would drop committed records writes nothing."""
+    """Reproduces the lost committed records: a rebuild that would drop committed records writes nothing."""
     docs = tmp_path / "docs"
     cfg = run.StudyConfig(preset="full", out=tmp_path / "runs", docs=docs, report_only=True)
     jobs, _ = run.plan(cfg)

@@ -6,7 +6,7 @@ records another meaning, and make ``gtrxl_rope`` the same model as ``gtrxl``. So
 records (screening, second edition, offline memory table) must still resolve to what it was measured with.
 
 The PPO base's positions are pinned (``study.encoders.PPO_BASE_POSITION``), so GTrXL's library default may
-change (issue 27 point 5: "defaults that follow the evidence") without firing this. Changing any other default
+change ("defaults that follow the evidence") without firing this. Changing any other default
 on purpose needs the studies' specs pinned to what they meant the same way (or explicit specs, with the
 committed keys migrated as ``records.legacy_key_matches`` does for DT dataset roots); then regenerate the
 snapshot: ``python tests/study/test_study_defaults.py``."""

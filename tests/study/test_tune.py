@@ -14,7 +14,8 @@ pytest.importorskip("optuna")
 
 from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
 from rl_transformers.study.encoders import policy_config
-from rl_transformers.tune.knobs import context_knob
+from rl_transformers.study.knobs import context_knob
+from rl_transformers.study.tuning_space import SearchSpace
 from rl_transformers.tune.seeds import (
     MAX_TRIALS,
     TEST_SEEDS,
@@ -22,7 +23,6 @@ from rl_transformers.tune.seeds import (
     check_disjoint,
     tuning_seed,
 )
-from rl_transformers.tune.space import SearchSpace
 from rl_transformers.tune.tuner import TuneConfig, open_study, run_tuning, train_command
 from rl_transformers.utils.errors import UserError
 
@@ -200,7 +200,7 @@ def test_the_context_knob_reaches_the_built_policy(spec, name, read) -> None:
 def test_the_best_trials_command_trains_the_tuned_configuration(tmp_path) -> None:
     import tyro
 
-    from rl_transformers.utils.cli import cli_registry
+    from rl_transformers.backbone.cli import cli_registry
 
     knob = context_knob("memory=compressive;d_ff=128")
     spec = knob.apply("memory=compressive;d_ff=128", 40)

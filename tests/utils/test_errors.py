@@ -5,12 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl_transformers.utils.checks import (
-    check_aux_weights,
-    check_device,
-    check_device_available,
-    check_divides,
-)
+from rl_transformers.backbone.options import check_aux_weights, check_divides
+from rl_transformers.utils.checks import check_device, check_device_available
 from rl_transformers.utils.errors import EXIT_INTERRUPTED, UserError, choice_hint, closest, run_cli
 
 

@@ -2,7 +2,7 @@
 
 Ranges are sampled log-uniformly (learning rate, entropy coefficient, the knob as an integer) and the
 training window from a list, by Optuna's TPE sampler (Bergstra et al. 2011, "Algorithms for hyper-parameter
-optimization", NeurIPS). The knob is the encoder's own (:mod:`rl_transformers.tune.knobs`): a reach (mem_len,
+optimization", NeurIPS). The knob is the encoder's own (:mod:`rl_transformers.study.knobs`): a reach (mem_len,
 max_cache, window, ...) or a capacity (hidden size of the RNNs, random features). A space is checked when it is
 built (ranges) and against the encoder and PPO settings before a study starts (:meth:`SearchSpace.check`): a bad
 one is a :class:`UserError` naming the flag, the value and what is valid.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rl_transformers.tune.knobs import Knob
+from rl_transformers.study.knobs import Knob
 from rl_transformers.utils.errors import UserError
 
 DEFAULT_REACH = (4, 256)

@@ -5,7 +5,7 @@ evaluated on while training: id, entry point, keyword arguments, time limit, wra
 Evaluating the run later rebuilds exactly that env (:func:`recorded_env_factory`), so neither a dataset that
 moved nor a registration whose defaults changed can change the task: a run trained on T-Maze corridor 50 is
 scored on corridor 50. The recorded spec is read as data like any spec a file names: through
-:func:`envs.resolve.resolve_env` (allow-list, bounded sizes, no path keywords), with a time limit of at least
+:func:`~envs.resolve.resolve_env` (allow-list, bounded sizes, no path keywords), with a time limit of at least
 one step. A recorded spec that is refused or malformed is an error naming the cause and the fix -- restate the
 env knowingly (``--env-id`` / ``load(..., env_id=...)``) -- never a silent fall-back to the bare id.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from envs.resolve import EnvResolutionError, make_resolved, resolve_env
 from rl_transformers.utils.errors import UserError
 
 __all__ = ["RESTATE_FIX", "evaluated_spec", "recorded_env_factory", "spec_record"]
@@ -27,7 +28,7 @@ RESTATE_FIX = (
 
 
 def spec_record(spec: Any) -> dict[str, Any] | None:
-    """The JSON form of a gymnasium ``EnvSpec`` (None for None): the fields :func:`envs.resolve.resolve_env`
+    """The JSON form of a gymnasium ``EnvSpec`` (None for None): the fields :func:`~envs.resolve.resolve_env`
     reads back. A callable entry point (an env registered by code) is left out: the id's registration gives
     it on rebuild, and the keyword arguments and time limit recorded here are applied to it."""
     if spec is None:
@@ -57,8 +58,6 @@ def evaluated_spec(
     """:func:`spec_record` of the env a Decision Transformer run evaluates on: its ``--env-id`` when given (as
     the trainer builds it), else the dataset's evaluation / collection spec (``info``: its ``DatasetInfo``)."""
     if env_id is not None:
-        from envs.resolve import resolve_env
-
         return spec_record(resolve_env(env_id, source="--env-id", allow_modules=allow_env_modules))
     return spec_record(info.eval_env_spec or info.env_spec)
 
@@ -69,8 +68,6 @@ def recorded_env_factory(
     """``make_env(**kwargs)`` of the env spec a run recorded (``record``: :func:`spec_record`'s dict, read from
     ``source``), checked now: a refused or malformed spec raises :class:`UserError` naming the cause and
     :data:`RESTATE_FIX`."""
-    from envs.resolve import EnvResolutionError, make_resolved, resolve_env
-
     where = f"the env spec recorded in {source}"
     if not isinstance(record, dict):
         raise UserError(f"{where} is not a JSON object but {type(record).__name__}; {RESTATE_FIX}")

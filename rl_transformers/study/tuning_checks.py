@@ -4,7 +4,7 @@ A study's SQLite file, a ``best.json`` or a committed tuning file can hold anyth
 ``hidden_size`` 10^7 (Optuna only warns when a fixed parameter lies outside its distribution), a complete trial
 whose value is 10^9 on a task whose returns are at most 1, a NaN, a categorical index past the choices, a
 distribution of another search space. :func:`param_problem` checks one parameter against the current
-:class:`~rl_transformers.tune.space.SearchSpace` (type, range, categorical membership), :func:`value_problem` a
+:class:`~rl_transformers.study.tuning_space.SearchSpace` (type, range, categorical membership), :func:`value_problem` a
 trial's value (and curve points) against the task's possible returns (:func:`envs.registry.return_bounds`),
 :func:`check_params` all of a result's parameters and the memory its encoder would need at the study's batch
 (:mod:`rl_transformers.agents.memory_bound`). Commands are never read back: they are rebuilt from the checked
@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from rl_transformers.tune.knobs import Knob
-from rl_transformers.tune.space import SearchSpace
+from rl_transformers.study.knobs import Knob
+from rl_transformers.study.tuning_space import SearchSpace
 from rl_transformers.utils.errors import UserError
 
 __all__ = ["SEARCHED", "check_params", "expected_names", "param_problem", "value_problem"]
