@@ -191,7 +191,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [f"**Repeated cells** ({pairs}): a cell marked `= X` gave, on its first seed, exactly X's cell at "
                   "that k (every 10th update's accuracy, the final one, updates to success, parameters): the same model "
                   "under two names "
-                  "there. Its other seeds were not run; the cell shows X's (issue 27.8: marked, not re-run).", ""]  # fmt: skip
+                  "there. Its other seeds were not run; the cell shows X's (a repeated row is marked, not re-run).", ""]  # fmt: skip
     return "\n".join(lines)
 
 

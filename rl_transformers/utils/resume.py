@@ -31,7 +31,7 @@ from rl_transformers.utils.checkpoint_load import latest_checkpoint, load_checkp
 from rl_transformers.utils.errors import UserError, offer_resume
 from rl_transformers.utils.runs import from_dict, to_jsonable
 
-__all__ = ["ResumeRefused", "flag_name", "merge_resume", "parse_cli", "renamed_flags", "saved_config"]
+__all__ = ["ResumeRefused", "flag_name", "merge_resume", "parse_cli", "saved_config"]
 
 T = TypeVar("T")
 
@@ -140,20 +140,6 @@ def _flag_value(argv: Sequence[str], flag: str) -> str | None:
     return None if value in (None, "None") else value
 
 
-def renamed_flags(argv: Sequence[str], renamed: Mapping[str, str]) -> list[str]:
-    """``argv`` with deprecated flags (``renamed``: old field -> new field, e.g. ``runs_dir`` -> ``run_root``)
-    replaced by their new names, with a warning on stderr for each."""
-    flags = {flag_name(old): flag_name(new) for old, new in renamed.items()}
-    out = []
-    for arg in argv:
-        name, eq, value = arg.partition("=")
-        if name in flags:
-            print(f"warning: {name} is deprecated, use {flags[name]}", file=sys.stderr)
-            arg = flags[name] + eq + value
-        out.append(arg)
-    return out
-
-
 def parse_cli(
     cls: type[T],
     *,
@@ -163,12 +149,11 @@ def parse_cli(
 ) -> T:
     """``tyro.cli(cls)``, except that with ``--resume X`` the defaults are the config saved in X's checkpoint
     (per-invocation fields reset to the class defaults), so untyped flags keep the saved values and typed
-    ones are compared with them by :func:`merge_resume`. Flags of fields renamed in ``cls.RENAMED_FIELDS``
-    are accepted under their old names with a deprecation warning (:func:`renamed_flags`)."""
+    ones are compared with them by :func:`merge_resume`."""
     import tyro
 
     offer_resume()
-    args = renamed_flags(list(sys.argv[1:] if argv is None else argv), getattr(cls, "RENAMED_FIELDS", {}))
+    args = list(sys.argv[1:] if argv is None else argv)
     resume = _flag_value(args, "--resume")
     if resume is None:
         return tyro.cli(cls, args=args, **tyro_kwargs)

@@ -140,8 +140,7 @@ def from_dict(
     """Rebuild dataclass ``cls`` (nested dataclasses included) from the output of :func:`to_jsonable`.
 
     Field type hints guide the conversion: ``tuple[...]``/``list[...]``/``set``, ``dict[K, V]``, ``Path``,
-    ``Enum`` subclasses, nested dataclasses, ``X | None`` and other unions. A dataclass's ``RENAMED_FIELDS``
-    class attribute (``{old: new}``) reads configs saved under old field names. Missing keys take the field
+    ``Enum`` subclasses, nested dataclasses, ``X | None`` and other unions. Missing keys take the field
     defaults (configs saved by older versions still load); unknown keys raise ``ValueError`` listing the
     valid fields, unless ``strict=False`` (then they are ignored); ``require_sections=True`` refuses missing
     nested-dataclass fields (a config file missing its ``ppo`` / ``backbone`` section). Values are type-checked
@@ -159,9 +158,6 @@ def _from_dict(cls: type[T], data: Mapping[str, Any], where: str, strict: bool) 
         raise TypeError(f"{where}: from_dict needs a dataclass type, got {cls!r}")
     if not isinstance(data, Mapping):
         raise TypeError(f"{where}: expected a dict for {cls.__name__}, got {type(data).__name__}: {data!r}")
-    renamed: Mapping[str, str] = getattr(cls, "RENAMED_FIELDS", None) or {}
-    if renamed:  # configs saved before a field was renamed (class attribute: old name -> new name)
-        data = {(renamed[k] if k in renamed and renamed[k] not in data else k): v for k, v in data.items()}
     try:
         hints = typing.get_type_hints(cls)
     except (NameError, TypeError):  # unresolvable forward references: fall back to raw annotations
