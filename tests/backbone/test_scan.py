@@ -85,7 +85,10 @@ def naive_selective(delta, u, a_mat, b_in, c_out, h0, starts, valid):
     h, ys = h0, []
     for t in range(u.shape[1]):
         h = torch.where(starts[:, t, None, None], torch.zeros_like(h), h)
-        new = torch.exp(delta[:, t, :, None] * a_mat) * h + (delta[:, t] * u[:, t])[..., None] * b_in[:, t, None, :]
+        new = (
+            torch.exp(delta[:, t, :, None] * a_mat) * h
+            + (delta[:, t] * u[:, t])[..., None] * b_in[:, t, None, :]
+        )
         h = torch.where(valid[:, t, None, None], new, h)
         ys.append((h * c_out[:, t, None, :]).sum(-1))
     return torch.stack(ys, 1), h
