@@ -331,8 +331,9 @@ def test_envs_doc_is_generated() -> None:
     )
 
 
-README_MAX_BYTES = 25_000
-"""The README is a user guide (at most 25 KB); results, design and env notes live in docs/."""
+README_MAX_BYTES = 15_000
+"""The README is a short user guide (at most 15 KB); the full guide (docs/usage.md), results, design and env
+notes live in docs/."""
 
 
 def test_readme_stays_a_short_user_guide() -> None:
