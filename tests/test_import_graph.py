@@ -14,9 +14,6 @@ the layer order). Three rules:
 (c) ``from M import name`` names what ``M`` defines (a function, class or assignment of ``M``, or a submodule
     of the package ``M``), not a name ``M`` itself imports: a package ``__init__`` (an index) is the only
     module read through for names it imports.
-
-Violations that another branch of the same layout change removes are listed in
-:data:`REMOVED_ELSEWHERE_PENDING`; each must still be a violation (the list cannot go stale).
 """
 
 from __future__ import annotations
@@ -52,11 +49,6 @@ refused, so ``tune`` and ``bench`` do not import each other), except in the base
 BASE = 0
 """The base layer: ``utils`` and the standard-library-only root modules (``run_cli`` removes the start-up hook of
 :mod:`rl_transformers.startup`, which must not import ``utils``: it runs before anything heavy is imported)."""
-
-REMOVED_ELSEWHERE_PENDING: frozenset[str] = frozenset()
-"""Violations the other branch of this layout change (algos, policies, agents, envs, logging) removes. The lead
-empties this set after merging that branch; until then each entry must still be reported, so the set cannot
-outlive its violations."""
 
 
 @dataclass(frozen=True)
@@ -269,13 +261,8 @@ def test_parts_cover_every_module() -> None:
 
 
 def test_imports_follow_the_layers_without_circles() -> None:
-    unexpected = sorted(violations() - REMOVED_ELSEWHERE_PENDING)
-    assert not unexpected, "\n".join(unexpected)
-
-
-def test_pending_violations_still_exist() -> None:
-    stale = sorted(REMOVED_ELSEWHERE_PENDING - violations())
-    assert not stale, "no longer violations; remove them from REMOVED_ELSEWHERE_PENDING:\n" + "\n".join(stale)
+    found = sorted(violations())
+    assert not found, "\n".join(found)
 
 
 def test_utils_imports_no_other_part() -> None:

@@ -390,3 +390,23 @@ def test_one_version() -> None:
     declared = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
     assert declared is not None and rl_transformers.__version__ == declared.group(1) == "0.2.0"
     assert "## 0.2.0" in (ROOT / "CHANGELOG.md").read_text()
+
+
+def design_layout_block() -> str:
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    after = text.split("## Layout", 1)[1]
+    return after.split("```", 2)[1]
+
+
+def test_design_layout_names_every_package_module_and_script() -> None:
+    """docs/design.md's Layout block names every subpackage and top-level module of rl_transformers, every
+    top-level folder of the repository that holds code, and every script, so a new one is placed there."""
+    block = design_layout_block()
+    package = ROOT / "rl_transformers"
+    parts = [p.name + "/" for p in package.iterdir() if p.is_dir() and (p / "__init__.py").exists()]
+    parts += [p.name for p in package.glob("*.py") if p.name != "__init__.py"]
+    parts += [f"{name}/" for name in ("envs", "offline_data", "scripts", "experiments", "tests")]
+    assert [p for p in parts if p not in block] == []
+    scripts = block.split("scripts/", 1)[1].split("experiments/", 1)[0]
+    missing = [p.stem for p in (ROOT / "scripts").glob("*.py") if not re.search(rf"\b{p.stem}\b", scripts)]
+    assert missing == [], f"scripts missing from docs/design.md's layout: {missing}"
