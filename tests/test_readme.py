@@ -90,4 +90,6 @@ def test_readme_commands_have_no_bare_run_placeholder() -> None:
     for block in blocks:
         assert "<run>" not in block and "<dataset>" not in block, block
     usage = (README.parent / "docs" / "usage.md").read_text()
-    assert "<run>" in usage.split("## Runs, checkpoints", 1)[1].split("##", 1)[0]  # the user guide explains it
+    assert (
+        "<run>" in usage.split("## Runs, checkpoints", 1)[1].split("##", 1)[0]
+    )  # the user guide explains it
