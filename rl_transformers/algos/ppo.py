@@ -67,7 +67,7 @@ from rl_transformers.algos.ppo_config import TrainConfig, resume_config
 from rl_transformers.algos.ppo_logging import record_update
 from rl_transformers.algos.ppo_update import make_adam, train_epochs, update_obs_norm
 from rl_transformers.algos.reward_norm import RewardNorm
-from rl_transformers.algos.rollout import collect_rollout, reset_loop
+from rl_transformers.algos.rollout import LoopState, collect_rollout, observe, reset_loop
 from rl_transformers.algos.run import Resumed, Run
 from rl_transformers.algos.run_config import saved_form
 from rl_transformers.algos.storage import RolloutStorage
@@ -116,12 +116,7 @@ class PPOTrainer:
             from rl_transformers.policies.compile import compile_policy
 
             compile_policy(self.policy, training=cfg.compile_training)
-        core = self.policy.core.actor if isinstance(self.policy.core, TwinCore) else self.policy.core
-        if isinstance(core, ContextCore) and ppo.seq_len > core.context_len:
-            raise ValueError(
-                f"seq_len={ppo.seq_len} must be <= context_len={core.context_len} for "
-                "non-streaming attentions (the policy keeps at most 2 x context_len tokens)"
-            )
+        self._check_seq_len()
         self.optimizer = make_adam(self.policy, ppo.learning_rate, ppo.adam_eps)
         self.storage = RolloutStorage(
             ppo.num_steps,
@@ -140,7 +135,9 @@ class PPOTrainer:
         rank = self.dist.rank
         seed_everything(cfg.seed + rank, cfg.torch_deterministic)
         self.generator = torch.Generator().manual_seed(cfg.seed + rank)
-        self.loop = reset_loop(self.envs, self.policy, cfg.seed + rank * cfg.num_envs, self.device)
+        self.norm_obs_per_step = self._per_step_obs_norm()
+        """Observations join the normaliser as they arrive (SB3's VecNormalize) instead of once per rollout."""
+        self.loop = self._reset_loop(cfg.seed + rank * cfg.num_envs)
         self.reward_norm = (
             RewardNorm(cfg.num_envs, ppo.gamma, ppo.norm_reward_clip) if ppo.norm_reward else None
         )
@@ -326,11 +323,40 @@ class PPOTrainer:
                 raise UserError(f"checkpoint {source}: its RNG states do not restore ({err})") from None
         else:  # fresh episodes; different seeds than the start so no episode repeats
             seed = self.cfg.seed + self.dist.rank * self.cfg.num_envs + 7919 * self.update
-            self.loop = reset_loop(self.envs, self.policy, seed, self.device)
+            self.loop = self._reset_loop(seed)
             if self.reward_norm is not None:
                 self.reward_norm.restart_episodes()
             seed_everything(seed, self.cfg.torch_deterministic)
             self.generator.manual_seed(seed)
+
+    def _check_seq_len(self) -> None:
+        seq_len, core = self.cfg.ppo.seq_len, self.policy.core
+        core = core.actor if isinstance(core, TwinCore) else core
+        if isinstance(core, ContextCore) and seq_len > core.context_len:
+            raise ValueError(
+                f"seq_len={seq_len} must be <= context_len={core.context_len} for "
+                "non-streaming attentions (the policy keeps at most 2 x context_len tokens)"
+            )
+
+    def _per_step_obs_norm(self) -> bool:
+        """``ppo.norm_obs_update`` "step" with a normaliser: start it from SB3's prior (one process only)."""
+        norm = self.policy.obs_norm
+        if self.cfg.ppo.norm_obs_update != "step" or norm is None:
+            return False
+        if self.dist.world_size > 1:
+            raise UserError(
+                "--ppo.norm-obs-update step normalises each process's own observations as they arrive; with "
+                f"{self.dist.world_size} processes use --ppo.norm-obs-update rollout (statistics all-reduced)"
+            )
+        norm.start_like_vecnormalize()
+        return True
+
+    def _reset_loop(self, seed: int) -> LoopState:
+        """Fresh episodes; their first observations join a per-step normaliser (as VecNormalize's reset)."""
+        loop = reset_loop(self.envs, self.policy, seed, self.device)
+        if self.norm_obs_per_step:
+            observe(self.policy.obs_norm, loop.obs)
+        return loop
 
     def _restore_reward_norm(self, ckpt: dict[str, Any], source: str | Path) -> None:
         """The reward scaler's statistics (``ppo.norm_reward``); a checkpoint without them starts fresh ones."""
@@ -398,25 +424,27 @@ class PPOTrainer:
                 lr = self.learning_rate()
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
-                # 2. rollout
-                self.loop, episodes = collect_rollout(
-                    self.policy,
-                    self.envs,
-                    self.storage,
-                    self.loop,
-                    ppo.gamma,
-                    ppo.gae_lambda,
-                    env_id=cfg.env_id,
-                    global_step=self.global_step,
-                    reward_norm=self.reward_norm,
-                )
+                # 2. rollout, 3. optimise (observations normalised by the trainer under norm_obs_update "step")
+                collect_info = ppo.info_every > 0 and self.update % ppo.info_every == 0
+                with self.policy.inputs_normalised(self.norm_obs_per_step) as obs_norm:
+                    self.loop, episodes = collect_rollout(
+                        self.policy,
+                        self.envs,
+                        self.storage,
+                        self.loop,
+                        ppo.gamma,
+                        ppo.gae_lambda,
+                        env_id=cfg.env_id,
+                        global_step=self.global_step,
+                        reward_norm=self.reward_norm,
+                        obs_norm=obs_norm,
+                    )
+                    metrics = self.train_epochs(collect_info=collect_info and logger is not None)
+                if not self.norm_obs_per_step:
+                    update_obs_norm(self.policy, self.storage, self.dist)
                 for ret, length in episodes:
                     self.episode_returns.append(ret)
                     self.episode_lengths.append(length)
-                # 3. optimise
-                collect_info = ppo.info_every > 0 and self.update % ppo.info_every == 0
-                metrics = self.train_epochs(collect_info=collect_info and logger is not None)
-                update_obs_norm(self.policy, self.storage, self.dist)
                 self.update += 1
                 self.global_step += self.batch_size
                 # 4. log

@@ -83,6 +83,12 @@ class PPOConfig:
     stay in the env's units."""
     norm_reward_clip: float = 10.0
     """Clip of the scaled rewards (±)."""
+    norm_obs_update: Literal["rollout", "step"] = "rollout"
+    """When the observation normaliser (``--norm-obs``) merges new observations. rollout: once per rollout,
+    after the epochs, so acting and training see one fixed normalisation per update. step: as SB3's
+    ``VecNormalize`` (rl-zoo's ``normalize: True``): each observation joins the statistics when it arrives, the
+    policy acts on it normalised by the statistics of that moment, and the rollout stores those normalised
+    values, on which the epochs train (the first rollout is then normalised too). One process only."""
     aux_coef: float = 1.0
     """Default weight of backbone aux losses (ACT ponder cost, routing commitment, ...)."""
     aux_weights: dict[str, float] = field(default_factory=dict)
@@ -107,6 +113,7 @@ class PPOConfig:
             check_number(f"{name} ({flag('ppo.' + name)})", getattr(self, name), low=0.0)
         check_positive("target_kl (--ppo.target-kl)", self.target_kl, optional=True)
         check_int("info_every (--ppo.info-every)", self.info_every, 0)
+        check_choice("norm_obs_update (--ppo.norm-obs-update)", self.norm_obs_update, ("rollout", "step"))
         if self.anneal_clip and not self.anneal_lr:
             raise UserError(
                 "anneal_clip (--ppo.anneal-clip) follows the learning rate's anneal; drop --ppo.no-anneal-lr "

@@ -24,7 +24,7 @@ from rl_transformers.algos.reward_norm import RewardNorm
 from rl_transformers.algos.storage import RolloutStorage
 from rl_transformers.backbone.state import State, cat_rows
 from rl_transformers.policies.actor_critic import ActorCritic
-from rl_transformers.policies.encoders import Obs, obs_to_tensor
+from rl_transformers.policies.encoders import Obs, RunningNorm, obs_to_tensor
 
 
 def final_observations(info: dict[str, Any], space: spaces.Space, done_idx: np.ndarray) -> Any:
@@ -75,6 +75,7 @@ def collect_rollout(
     env_id: str | None = None,
     global_step: int = 0,
     reward_norm: RewardNorm | None = None,
+    obs_norm: RunningNorm | None = None,
     *,
     _per_step_bootstrap: bool = False,
 ) -> tuple[LoopState, list[tuple[float, int]]]:
@@ -85,6 +86,9 @@ def collect_rollout(
     its vector index and the step (``global_step``: the run's step when the rollout started). With
     ``reward_norm`` the stored rewards are scaled (:mod:`~rl_transformers.algos.reward_norm`); the returned
     episodes keep the env's rewards.
+
+    ``obs_norm`` (``ppo.norm_obs_update`` "step"): as SB3's VecNormalize, arriving observations join it
+    (:func:`observe`); acting and storage use them normalised at their step. ``loop.obs`` stays raw.
 
     Truncation bootstraps V(final observation | pre-reset state) are computed after the last step, all in one
     batched forward per state shape (the weights do not change during a rollout; every row is evaluated from
@@ -110,41 +114,56 @@ def collect_rollout(
             if step % storage.seq_len == 0:
                 state = policy.segment_start(state)
                 storage.store_state(step, policy.plain_state(state))
-            out = policy.act(obs, state, starts)
+            seen = obs if obs_norm is None else obs_norm(obs)
+            out = policy.act(seen, state, starts)
         next_obs, reward, terminated, truncated, info = envs.step(policy.to_env(out.action))
         _check_env_output(next_obs, reward, env_id, step, global_step)
         terminated, truncated = np.asarray(terminated, dtype=bool), np.asarray(truncated, dtype=bool)
+        arrived = observe(obs_norm, obs_to_tensor(next_obs, space, device))
         boot = np.flatnonzero(truncated & ~terminated)
         if boot.size:  # bootstrap time-limit ends from V(final obs) with the pre-reset state
             final_obs = obs_to_tensor(final_observations(info, space, boot), space, device)
-            idx = torch.as_tensor(boot, device=device)
             with torch.inference_mode():
-                rows = out.state.index_select(idx)
+                item = _Bootstrap.of(
+                    step, torch.as_tensor(boot, device=device), final_obs, out.state, obs_norm
+                )
                 if _per_step_bootstrap:
-                    storage.final_values[step, idx] = policy.value(final_obs, rows, None).float()
+                    _bootstrap_values(policy, [item], storage.final_values)
                 else:
-                    pending.append(_Bootstrap(step, idx, final_obs, rows))
+                    pending.append(item)
         done = terminated | truncated
-        storage.insert_policy(step, obs, out.action, out.log_prob, out.value, starts)
+        storage.insert_policy(step, seen, out.action, out.log_prob, out.value, starts)
         rewards[step] = reward if reward_norm is None else reward_norm(reward, done)
-        terminated_all[step] = terminated
-        truncated_all[step] = truncated
-        ep_return += reward
-        ep_length += 1
-        if done.any():
-            for i in np.flatnonzero(done):
-                episodes.append((float(ep_return[i]), int(ep_length[i])))
-            ep_return[done] = 0.0
-            ep_length[done] = 0
-        obs = obs_to_tensor(next_obs, space, device)
+        terminated_all[step], truncated_all[step] = terminated, truncated
+        episodes += _count_episodes(ep_return, ep_length, reward, done)
+        obs = arrived
         starts = torch.as_tensor(done, device=device)
         state = out.state
     storage.insert_env(rewards, terminated_all, truncated_all)
     with torch.inference_mode():
         _bootstrap_values(policy, pending, storage.final_values)
-        last_value = policy.value(obs, state, starts)
+        last_value = policy.value(obs if obs_norm is None else obs_norm(obs), state, starts)
     storage.compute_returns(last_value.float(), gamma, gae_lambda)
     return LoopState(obs, starts, state, ep_return, ep_length), episodes
+
+
+def _count_episodes(
+    ep_return: np.ndarray, ep_length: np.ndarray, reward: np.ndarray, done: np.ndarray
+) -> list:
+    """Add a step's rewards to the running episodes (in place); return (return, length) of those it ended."""
+    ep_return += reward
+    ep_length += 1
+    ended = [(float(ep_return[i]), int(ep_length[i])) for i in np.flatnonzero(done)]
+    ep_return[done] = 0.0
+    ep_length[done] = 0
+    return ended
+
+
+def observe(obs_norm: RunningNorm | None, obs: Obs) -> Obs:
+    """Merge newly arrived observations into ``obs_norm``'s statistics (VecNormalize's cadence); return them."""
+    if obs_norm is not None:
+        obs_norm.update(cast(Tensor, obs))
+    return obs
 
 
 @dataclass
@@ -155,6 +174,13 @@ class _Bootstrap:
     idx: Tensor
     obs: Obs
     state: Any
+
+    @classmethod
+    def of(
+        cls, step: int, idx: Tensor, final_obs: Obs, state: Any, obs_norm: RunningNorm | None
+    ) -> _Bootstrap:
+        """The rows ``idx`` of the step's post-action state; final observations normalised as acting's."""
+        return cls(step, idx, final_obs if obs_norm is None else obs_norm(final_obs), state.index_select(idx))
 
 
 def _rows_key(value: Any) -> Any:

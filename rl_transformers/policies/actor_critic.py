@@ -22,7 +22,8 @@ Shapes: B envs (or sequences), T time steps, d = core width; obs (B, *obs_shape)
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -126,6 +127,21 @@ class ActorCritic(nn.Module):
                 "observations first, e.g. with envs.FloatFlattenObservation)"
             )
         self.obs_norm = RunningNorm(tuple(space.shape), clip).to(next(self.parameters()).device)
+
+    @contextmanager
+    def inputs_normalised(self, active: bool = True) -> Iterator[RunningNorm | None]:
+        """Within: observations reach the policy already normalised by ``obs_norm``, which is detached and
+        yielded (to the trainer's VecNormalize-style cadence, ``ppo.norm_obs_update`` "step"); restored on exit,
+        so evaluation, checkpoints and deployment see the normaliser again. ``active`` False: a no-op."""
+        norm = self.obs_norm
+        if not active or norm is None:
+            yield None
+            return
+        self.obs_norm = None
+        try:
+            yield norm
+        finally:
+            self.obs_norm = norm
 
     def default_init_heads(self) -> None:
         """PyTorch's default initialisation for the heads and their hidden layers (``PolicyConfig.init``)."""

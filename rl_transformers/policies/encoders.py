@@ -134,6 +134,14 @@ class RunningNorm(nn.Module):
         self.register_buffer("var", torch.ones(self.shape, dtype=torch.float64))
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
 
+    @torch.no_grad()
+    def start_like_vecnormalize(self) -> None:
+        """Empty statistics with SB3's prior (``RunningMeanStd(epsilon=1e-4)``: mean 0, variance 1, count 1e-4),
+        which weighs in while the first observations have a small spread."""
+        self.mean.zero_()
+        self.var.fill_(1.0)
+        self.count.fill_(1e-4)
+
     def moments(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(n, sum, sum of squares) of a batch (*lead, *shape), float64: what ranks all-reduce."""
         flat = x.detach().to(torch.float64).reshape(-1, *self.shape)

@@ -45,13 +45,15 @@ ZOO_CARTPOLE_NOVEL = [
     "--ppo.ent-coef",
     "0",
 ]
+ZOO_LSTM = [
+    *ZOO_CARTPOLE_NOVEL,
+    *["--policy", "lstm", "--no-match-params", "--hidden-size", "64", "--critic", "separate"],
+    *["--obs-encoder", "none", "--head-hidden", "64", "--init", "torch", "--ppo.vf-coef", "1.0"],
+    *["--norm-obs", "--ppo.norm-reward", "--ppo.anneal-clip", "--ppo.no-clip-vloss"],
+]
 ARMS: dict[str, list[str]] = {
-    "lstm_zoo": [
-        *ZOO_CARTPOLE_NOVEL,
-        *["--policy", "lstm", "--no-match-params", "--hidden-size", "64", "--critic", "separate"],
-        *["--obs-encoder", "none", "--head-hidden", "64", "--init", "torch", "--ppo.vf-coef", "1.0"],
-        *["--norm-obs", "--ppo.norm-reward", "--ppo.anneal-clip", "--ppo.no-clip-vloss"],
-    ],
+    "lstm_zoo": [*ZOO_LSTM, "--ppo.norm-obs-update", "step"],
+    "lstm_zoo_obs_per_rollout": [*ZOO_LSTM, "--ppo.norm-obs-update", "rollout"],
     "lstm_zoo_raw": [
         *ZOO_CARTPOLE_NOVEL,
         *["--policy", "lstm", "--no-match-params", "--hidden-size", "64", "--critic", "separate"],
@@ -73,8 +75,9 @@ ARMS: dict[str, list[str]] = {
 """Library arms: train_gtrxl.py flags after the env id, seed and budget. ``lstm_zoo``: rl-zoo's CartPoleNoVel
 recipe with the peer's network (an LSTM of 64 on the observation, a critic LSTM, one hidden layer of 64 in each
 head, PyTorch's initialisation: 43,331 parameters, the peer's count) and every zoo convention (VecNormalize of
-observations and rewards, annealed clip range, no value clipping, SB3's value loss without the ½, hence
-vf_coef 1.0 for the zoo's 0.5); ``lstm_zoo_raw``: the zoo's numbers on the library's LSTM policy without those
+observations and rewards, each observation joining the statistics as it arrives, annealed clip range, no value
+clipping, SB3's value loss without the ½, hence vf_coef 1.0 for the zoo's 0.5); ``lstm_zoo_obs_per_rollout``:
+the same with the observation statistics merged once per rollout; ``lstm_zoo_raw``: the zoo's numbers on the library's LSTM policy without those
 conventions; ``gtrxl``: the library's defaults (and the task's recipe where one applies); ``gtrxl_zoo``: the default GTrXL
 under the zoo's recipe and conventions; ``gtrxl_norm``: the library's PPO defaults with 8 envs and
 VecNormalize-style observation and reward scaling."""

@@ -108,3 +108,28 @@ def test_ppo_with_zoo_conventions_logs_annealed_clip_and_resumes_bit_exactly(tmp
     ps, pr = final_params(straight.run_dir), final_params(resumed.run_dir)
     assert all(np.array_equal(ps[k].numpy(), pr[k].numpy()) for k in ps)
     assert resumed.step == 4 * BATCH
+
+
+@pytest.mark.parametrize("cadence", ["rollout", "step"])
+def test_observation_statistics_cadence_in_a_run(tmp_path: Path, cadence: str) -> None:
+    """rollout: the normaliser merges each rollout's stored observations after its epochs; step: each arriving
+    observation once (the reset ones included) from SB3's prior count of 1e-4. The policy has its normaliser
+    back after the run, and the statistics resume with it."""
+    base = tiny(tmp_path / cadence, updates=3)
+    cfg = dataclasses.replace(
+        base,
+        policy=dataclasses.replace(base.policy, norm_obs=True),
+        ppo=dataclasses.replace(base.ppo, norm_obs_update=cadence),
+    )
+    result = train(cfg)
+    count = float(final_params(result.run_dir)["obs_norm.count"])
+    n_envs, steps = cfg.num_envs, 3 * cfg.ppo.num_steps
+    if cadence == "step":
+        assert count == pytest.approx(n_envs * (steps + 1) + 1e-4)
+    else:
+        assert count == n_envs * steps
+
+
+def test_unknown_observation_cadence_is_a_clear_error() -> None:
+    with pytest.raises(UserError, match="norm-obs-update"):
+        PPOConfig(norm_obs_update="every")  # type: ignore[arg-type]

@@ -6,6 +6,8 @@ are exactly what the scripted episode schedule says they should be.
 
 from __future__ import annotations
 
+from typing import cast
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -13,10 +15,11 @@ import torch
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from rl_transformers.algos.rollout import collect_rollout, reset_loop
+from rl_transformers.algos.rollout import collect_rollout, observe, reset_loop
 from rl_transformers.algos.storage import RolloutStorage, compute_gae
 from rl_transformers.backbone import BackboneConfig
 from rl_transformers.policies import GTrXLPolicy
+from rl_transformers.policies.encoders import RunningNorm
 
 N_ENVS, N_STEPS, SEQ_LEN, MEM_LEN = 3, 24, 8, 5
 
@@ -257,3 +260,49 @@ def test_dict_observations_and_box_actions() -> None:
             sel = mb.select(rows)
             out = policy.evaluate_sequence(sel["obs"], sel["actions"], state, sel["episode_starts"])
             torch.testing.assert_close(out.log_prob, mb.log_probs[rows], atol=1e-5, rtol=1e-5)
+
+
+def _sb3_normalised_obs(actions: np.ndarray, seed: int, gamma: float) -> np.ndarray:
+    """The observations stable_baselines3's VecNormalize hands the learner (reset, then each step) when
+    CartPole-v1 copies take the scripted ``actions`` (T, N)."""
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    n = actions.shape[1]
+    venv = VecNormalize(DummyVecEnv([lambda: gym.make("CartPole-v1")] * n), norm_reward=False, gamma=gamma)
+    venv.seed(seed)
+    out = [venv.reset()]
+    for a in actions:
+        obs, _, _, _ = venv.step(a)
+        out.append(obs)
+    return np.array(out[:-1])
+
+
+def test_per_step_observation_normalisation_equals_sb3_vecnormalize() -> None:
+    """norm_obs_update "step": every observation joins the statistics on arrival and the storage keeps what the
+    policy acted on, normalised then: SB3's VecNormalize on the same CartPole episodes."""
+    torch.manual_seed(0)
+    n_envs, n_steps = 3, 40
+    envs = gym.vector.SyncVectorEnv(
+        [lambda: gym.make("CartPole-v1")] * n_envs, autoreset_mode=AutoresetMode.SAME_STEP
+    )
+    space = envs.single_observation_space
+    policy = GTrXLPolicy(space, envs.single_action_space, BackboneConfig(d_model=8, n_layers=1, n_heads=2))
+    policy.enable_obs_norm()
+    cast(RunningNorm, policy.obs_norm).start_like_vecnormalize()
+    storage = RolloutStorage(n_steps, n_envs, 8, space, policy.actor.action_shape, policy.actor.action_dtype)
+    stored, actions = [], []
+    with policy.inputs_normalised() as norm:
+        assert norm is not None and policy.obs_norm is None
+        loop = reset_loop(envs, policy, seed=5, device="cpu")
+        observe(norm, loop.obs)
+        for _ in range(2):  # across rollouts: the carried observation is not counted twice
+            loop, _ = collect_rollout(policy, envs, storage, loop, 0.98, 0.8, obs_norm=norm)
+            stored.append(storage.obs.clone())
+            actions.append(storage.actions.clone())
+    assert policy.obs_norm is norm  # back for evaluation and checkpoints
+    assert float(norm.count) == pytest.approx(n_envs * (2 * n_steps + 1) + 1e-4)
+    expected = _sb3_normalised_obs(torch.cat(actions).numpy().astype(np.int64), seed=5, gamma=0.98)
+    got = torch.cat(stored).numpy()
+    assert np.abs(got).max() > 1.5  # normalised, not raw CartPole observations
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
