@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from rl_transformers.utils.atomic import atomic_write_text
-from rl_transformers.utils.runs import to_jsonable
+from rl_transformers.utils.config_json import to_jsonable
 
 __all__ = [
     "OUTPUTS",

@@ -24,7 +24,7 @@ import tyro
 
 from rl_transformers.bench import dt_models
 from rl_transformers.bench.dt_timing import run_rounds, summarise, write_results
-from rl_transformers.utils.provenance import finish_machine_info, machine_info
+from rl_transformers.runs.provenance import finish_machine_info, machine_info
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,9 @@ import tyro
 
 from rl_transformers.bench import ppo_reference
 from rl_transformers.bench.meta import load_text
+from rl_transformers.runs.provenance import finish_machine_info, machine_info
 from rl_transformers.utils.atomic import atomic_write_text
 from rl_transformers.utils.errors import run_cli
-from rl_transformers.utils.provenance import finish_machine_info, machine_info
 from rl_transformers.utils.tables import markdown_row, markdown_table
 
 

@@ -21,8 +21,8 @@ import tyro
 
 from rl_transformers.agents import load
 from rl_transformers.agents.evaluate import default_output, evaluate_agent
-from rl_transformers.algos.run_config import check_module_names
 from rl_transformers.backbone.options import check_int
+from rl_transformers.runs.config import check_module_names
 from rl_transformers.utils.atomic import atomic_write_json
 from rl_transformers.utils.checks import check_device, check_device_available
 from rl_transformers.utils.errors import run_cli

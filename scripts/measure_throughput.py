@@ -54,7 +54,7 @@ class Args:
 def table(args: Args) -> None:
     from rl_transformers.backbone import available
     from rl_transformers.bench import ppo_throughput
-    from rl_transformers.utils.provenance import machine_info
+    from rl_transformers.runs.provenance import machine_info
 
     registered = list(available()["attention"])
     names = list(args.attentions) or registered

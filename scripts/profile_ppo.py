@@ -25,9 +25,9 @@ from rl_transformers.algos.ppo_config import TrainConfig
 from rl_transformers.backbone.cli import cli_registry
 from rl_transformers.backbone.options import check_int
 from rl_transformers.bench.ppo_profile import profile_ppo, render
+from rl_transformers.runs.provenance import finish_machine_info, machine_info
 from rl_transformers.utils.atomic import atomic_write_text
 from rl_transformers.utils.errors import run_cli
-from rl_transformers.utils.provenance import finish_machine_info, machine_info
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,10 @@ import sys
 
 from rl_transformers.algos.dt import train
 from rl_transformers.algos.dt_config import RESUME_PER_INVOCATION, DTConfig
-from rl_transformers.algos.lifecycle import summary_text
 from rl_transformers.backbone.cli import cli_registry  # BackboneConfig flags, *_options as JSON
+from rl_transformers.runs.lifecycle import summary_text
+from rl_transformers.runs.resume import parse_cli  # --resume: flags default to the saved config
 from rl_transformers.utils.errors import UserError, run_cli
-from rl_transformers.utils.resume import parse_cli  # --resume: flags default to the saved config
 from rl_transformers.utils.training import NonFiniteError
 
 

@@ -27,13 +27,13 @@ import sys
 from typing import Any
 
 from rl_transformers.algos import recipes
-from rl_transformers.algos.lifecycle import summary_text
 from rl_transformers.algos.ppo import train
 from rl_transformers.algos.ppo_config import RESUME_PER_INVOCATION, TrainConfig
 from rl_transformers.algos.ppo_sizing import match_run_config
 from rl_transformers.backbone.cli import cli_registry
+from rl_transformers.runs.lifecycle import summary_text
+from rl_transformers.runs.resume import parse_cli  # --resume: flags default to the saved config
 from rl_transformers.utils.errors import run_cli
-from rl_transformers.utils.resume import parse_cli  # --resume: flags default to the saved config
 from rl_transformers.utils.training import NonFiniteError
 
 

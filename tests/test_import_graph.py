@@ -6,7 +6,7 @@ imported). An import is **module-level** (also inside a module-level ``if`` / ``
 the layer order). Three rules:
 
 (a) the layers, lowest first: ``utils`` (with the standard-library-only root modules ``startup`` and ``tags``)
-    < ``logging`` < ``backbone`` < ``policies`` < ``envs`` < ``offline_data`` < ``algos`` < ``agents`` <
+    < ``logging`` < ``backbone`` < ``runs`` < ``policies`` < ``envs`` < ``offline_data`` < ``algos`` < ``agents`` <
     ``study`` < ``tune`` and ``bench`` (on top: nothing imports them). A module imports its own package or
     lower layers only, at every level; ``utils`` imports nothing of this repository but ``utils``;
 (b) no circle: the graph of module-level and type-checking imports has no strongly connected component of
@@ -35,14 +35,15 @@ LAYERS: dict[str, int] = {
     "rl_transformers.tags": 0,
     "rl_transformers.logging": 1,
     "rl_transformers.backbone": 2,
-    "rl_transformers.policies": 3,
-    "envs": 4,
-    "offline_data": 5,
-    "rl_transformers.algos": 6,
-    "rl_transformers.agents": 7,
-    "rl_transformers.study": 8,
-    "rl_transformers.tune": 9,
-    "rl_transformers.bench": 9,
+    "rl_transformers.runs": 3,
+    "rl_transformers.policies": 4,
+    "envs": 5,
+    "offline_data": 6,
+    "rl_transformers.algos": 7,
+    "rl_transformers.agents": 8,
+    "rl_transformers.study": 9,
+    "rl_transformers.tune": 10,
+    "rl_transformers.bench": 10,
 }
 """Layer of each part: a module imports modules of its own part or of a lower layer (same number, other part:
 refused, so ``tune`` and ``bench`` do not import each other), except in the base layer."""

@@ -151,7 +151,7 @@ def test_no_import_circles() -> None:
     assert "offline_data.episode" not in graph["offline_data.scores"]
     policies = "rl_transformers.policies."
     assert {m for m in graph[policies + "recurrent"] if m.startswith(policies)} == {policies + "cores"}
-    assert "rl_transformers.algos.run" in graph["rl_transformers.algos.lifecycle"]
+    assert "rl_transformers.runs.run" in graph["rl_transformers.runs.lifecycle"]
     assert set(circles(graph)) <= KNOWN_CIRCLES, set(circles(graph)) - KNOWN_CIRCLES
 
 
@@ -295,7 +295,7 @@ REMOVED = {
     ],
     "rl_transformers.algos.dt": ["evaluate", "load_policy", "EvalResult", "_Window", "cleanup_distributed"],
     "rl_transformers.algos.rollout": ["compute_gae", "SequenceBatch", "make_vec_env", "make_env_thunk"],
-    "rl_transformers.algos.lifecycle": ["count_parameters", "saved_form", "_without_invocation_fields"],
+    "rl_transformers.runs.lifecycle": ["count_parameters", "saved_form", "_without_invocation_fields"],
     # removed in 0.2.0 (CHANGELOG.md): shims, aliases, the second and third result types
     "rl_transformers.algos": [
         "PPOConfig",
@@ -308,7 +308,7 @@ REMOVED = {
     "rl_transformers.algos.ppo_checkpoint": ["checkpoint_state", "restore_checkpoint", "PPOTrainer"],
     "rl_transformers.algos.dt_checkpoint": ["checkpoint_state", "restore_checkpoint", "DTTrainer"],
     "rl_transformers.algos.ppo_config": ["RENAMED_FIELDS"],
-    "rl_transformers.algos.run_config": ["RENAMED_FIELDS"],
+    "rl_transformers.runs.config": ["RENAMED_FIELDS"],
     "rl_transformers.algos.dt_config": ["RENAMED_FIELDS"],
     "rl_transformers.logging": ["EP_REW_MEAN", "FPS", "APPROX_KL", "STANDARD_TAGS"],
     "rl_transformers.policies.gtrxl": [
@@ -342,7 +342,8 @@ def test_one_result_type_describes_a_run() -> None:
     """``RunResult`` (algos.lifecycle) is what every trainer and ``rl_transformers.train_*`` return."""
     import rl_transformers
     from rl_transformers import agents
-    from rl_transformers.algos import dt, lifecycle, ppo
+    from rl_transformers.algos import dt, ppo
+    from rl_transformers.runs import lifecycle
 
     assert rl_transformers.RunResult is agents.RunResult is lifecycle.RunResult
     for module in (ppo, dt):

@@ -13,7 +13,7 @@ from rl_transformers.agents.dt_agent import DecisionTransformerAgent, StatefulDT
 from rl_transformers.agents.load import load
 from rl_transformers.agents.ppo_agent import PolicyState, PPOAgent
 from rl_transformers.agents.train import train_dt, train_ppo
-from rl_transformers.algos.lifecycle import RunResult
+from rl_transformers.runs.lifecycle import RunResult
 
 __all__ = [
     "DecisionTransformerAgent",

@@ -32,9 +32,9 @@ import numpy as np
 import torch
 
 from rl_transformers.algos.dt_config import DTConfig
-from rl_transformers.algos.lifecycle import run_dir_of
 from rl_transformers.policies.decision_transformer import DecisionTransformer
 from rl_transformers.policies.dt_rollout import DTAgent
+from rl_transformers.runs.lifecycle import run_dir_of
 from rl_transformers.utils.errors import UserError
 
 

@@ -19,9 +19,9 @@ import numpy as np
 
 from rl_transformers.agents.dt_agent import DecisionTransformerAgent
 from rl_transformers.agents.ppo_agent import PPOAgent
-from rl_transformers.algos.lifecycle import run_dir_of
+from rl_transformers.runs.lifecycle import run_dir_of
+from rl_transformers.runs.paths import run_subdir
 from rl_transformers.utils.errors import UserError
-from rl_transformers.utils.safe_paths import run_subdir
 
 
 @dataclass
@@ -189,7 +189,7 @@ def _evaluate_dt_video(
 
 def default_output(checkpoint: Path | None) -> Path:
     """``<run>/eval/evaluate-<checkpoint name>.json``; an ``eval`` that is a symbolic link out of the run is
-    refused (:class:`~rl_transformers.utils.safe_paths.RunDirError`), never written through."""
+    refused (:class:`~rl_transformers.runs.paths.RunDirError`), never written through."""
     if checkpoint is None:
         raise UserError("give --output: the agent has no run directory")
     return run_subdir(run_dir_of(checkpoint), "eval", create=False) / f"evaluate-{checkpoint.stem}.json"

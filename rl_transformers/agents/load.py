@@ -1,8 +1,8 @@
 """``rl_transformers.load``: a trained agent from a run directory or a checkpoint file, PPO and DT alike.
 
 Everything is read as data: the checkpoint with torch's safe loader (``weights_only=True``, via
-:func:`~rl_transformers.utils.checkpoint_load.load_checkpoint`), the run configuration from the checkpoint's JSON
-config (type-checked by :func:`~rl_transformers.utils.runs.from_dict`). Nothing is unpickled or imported from
+:func:`~rl_transformers.runs.checkpoint_load.load_checkpoint`), the run configuration from the checkpoint's JSON
+config (type-checked by :func:`~rl_transformers.utils.config_json.from_dict`). Nothing is unpickled or imported from
 the files; pickled env / loop blobs that PPO checkpoints keep for exact resume are ignored.
 """
 
@@ -27,8 +27,8 @@ from rl_transformers.agents.memory_bound import (
 )
 from rl_transformers.agents.ppo_agent import PPOAgent
 from rl_transformers.agents.run_listing import missing_run_message
-from rl_transformers.algos.run_config import check_module_names
-from rl_transformers.utils.checkpoint_load import DT_WHAT, check_finite_weights, check_weights_fit
+from rl_transformers.runs.checkpoint_load import DT_WHAT, check_finite_weights, check_weights_fit
+from rl_transformers.runs.config import check_module_names
 from rl_transformers.utils.errors import UserError, choice_hint
 
 Which = Literal["last", "best"]
@@ -40,7 +40,7 @@ class CheckpointNotFoundError(UserError, FileNotFoundError):
 
 def _checkpoint_file(path: Path, which: Which) -> Path:
     """The checkpoint file a path names: the file itself, or ``<run>/checkpoints/<which>.pt``."""
-    from rl_transformers.utils.checkpoint_load import latest_checkpoint
+    from rl_transformers.runs.checkpoint_load import latest_checkpoint
 
     if which not in ("last", "best"):
         raise UserError(f"checkpoint={which!r}; {choice_hint(which, ['last', 'best'])}")
@@ -88,7 +88,7 @@ def load(
         PPO runs, :class:`~rl_transformers.agents.dt_agent.DecisionTransformerAgent`
         (``as_stateful_wrapper(target_return)``) for DT / BC runs.
     """
-    from rl_transformers.utils.checkpoint_load import load_checkpoint
+    from rl_transformers.runs.checkpoint_load import load_checkpoint
 
     allowed = check_module_names(allow_env_modules)
     file = _checkpoint_file(Path(path), checkpoint)
@@ -107,8 +107,8 @@ def load(
 
 def _config(cls: type, ckpt: dict[str, Any], file: Path, allow_env_modules: tuple[str, ...]) -> Any:
     """The run's config; its per-invocation fields come from this call, never from the file."""
-    from rl_transformers.algos.run_config import saved_form
-    from rl_transformers.utils.runs import from_dict
+    from rl_transformers.runs.config import saved_form
+    from rl_transformers.utils.config_json import from_dict
 
     try:
         cfg: Any = from_dict(cls, ckpt["config"])

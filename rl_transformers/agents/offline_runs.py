@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from rl_transformers.agents.run_listing import missing_run_message
-from rl_transformers.utils.checkpoint_load import InvalidCheckpointError, latest_checkpoint, read_checkpoint
+from rl_transformers.runs.checkpoint_load import InvalidCheckpointError, latest_checkpoint, read_checkpoint
+from rl_transformers.runs.provenance import read_invocations
 from rl_transformers.utils.errors import UserError
-from rl_transformers.utils.provenance import read_invocations
 
 __all__ = ["NOT_EXPERIMENT", "OFFLINE_ALGOS", "OfflineRun", "collect_runs", "read_run"]
 

@@ -7,7 +7,7 @@
 
 These call the same trainers as ``scripts/train_gtrxl.py`` (:func:`rl_transformers.algos.ppo.train`) and
 ``scripts/train_dt.py`` (:func:`rl_transformers.algos.dt.train`) and return what they return, a
-:class:`~rl_transformers.algos.lifecycle.RunResult`.
+:class:`~rl_transformers.runs.lifecycle.RunResult`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rl_transformers.algos.lifecycle import RunResult
+from rl_transformers.runs.lifecycle import RunResult
 
 
 def train_ppo(config: Any, run_dir: str | Path | None = None, **kwargs: Any) -> RunResult:

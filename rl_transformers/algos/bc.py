@@ -14,7 +14,7 @@ from typing import Any
 
 from rl_transformers.algos.dt import train
 from rl_transformers.algos.dt_config import DTConfig
-from rl_transformers.algos.lifecycle import RunResult
+from rl_transformers.runs.lifecycle import RunResult
 
 
 def bc_config(dataset: str, top_fraction: float = 1.0, **overrides: Any) -> DTConfig:

@@ -23,7 +23,7 @@ Distributed: under ``torchrun --nproc_per_node N`` (``WORLD_SIZE`` > 1) the mode
 DistributedDataParallel (gloo on CPU, nccl on GPU); ``batch_size`` is the global batch, each rank samples
 ``batch_size / N`` windows from its own generator. Rank 0 logs, evaluates and writes checkpoints holding every
 rank's RNG states, so a resume continues each rank's stream. Run directory, resume, Ctrl-C, non-finite stop,
-save-then-evaluate, process group and final summary: :mod:`rl_transformers.algos.lifecycle` (shared with PPO).
+save-then-evaluate, process group and final summary: :mod:`rl_transformers.runs.lifecycle` (shared with PPO).
 Set-up decisions (env, targets, return scale, seeds): :mod:`~rl_transformers.algos.dt_setup`; checkpoints:
 :mod:`~rl_transformers.algos.dt_checkpoint`; logged tags: :mod:`~rl_transformers.algos.dt_logging`.
 """
@@ -45,7 +45,6 @@ from torch import nn
 from envs.spec_record import evaluated_spec
 from rl_transformers import logging as L
 from rl_transformers import tags as T
-from rl_transformers.algos.distributed import DistContext, gather_objects
 from rl_transformers.algos.dt_checkpoint import REQUIRED_KEYS
 from rl_transformers.algos.dt_config import RESUME_MUTABLE, RESUME_PER_INVOCATION, DTConfig
 from rl_transformers.algos.dt_data import TrajectoryDataset, segment_backward
@@ -61,13 +60,14 @@ from rl_transformers.algos.dt_setup import (
     time_limit,
 )
 from rl_transformers.algos.evaluation import evaluate_dt
-from rl_transformers.algos.lifecycle import RunResult, RunSpec, load_resume, train_run
-from rl_transformers.algos.run import Resumed, Run
-from rl_transformers.algos.run_config import saved_form
 from rl_transformers.policies.decision_transformer import DecisionTransformer
-from rl_transformers.utils.resume import merge_resume
+from rl_transformers.runs.config import saved_form
+from rl_transformers.runs.distributed import DistContext, gather_objects
+from rl_transformers.runs.lifecycle import RunResult, RunSpec, load_resume, train_run
+from rl_transformers.runs.resume import merge_resume
+from rl_transformers.runs.run import Resumed, Run
+from rl_transformers.utils.config_json import to_jsonable
 from rl_transformers.utils.rng import capture_rng_state, restore_rng_state
-from rl_transformers.utils.runs import to_jsonable
 from rl_transformers.utils.training import check_finite, linear_warmup, seed_everything, warmup_cosine
 
 __all__ = ["DTTrainer", "train"]
@@ -118,7 +118,7 @@ def _optimiser(
 
 class DTTrainer:
     """Data, model and optimiser of one run (built in ``__init__``, restored from ``resumed``); :meth:`learn`
-    trains inside a :class:`~rl_transformers.algos.run.Run`."""
+    trains inside a :class:`~rl_transformers.runs.run.Run`."""
 
     def __init__(
         self,
@@ -206,7 +206,7 @@ class DTTrainer:
         }
 
     def run_spec(self) -> RunSpec:
-        """What the run records (:func:`~rl_transformers.algos.lifecycle.train_run`)."""
+        """What the run records (:func:`~rl_transformers.runs.lifecycle.train_run`)."""
         return RunSpec(
             algo=self.config.algo,
             name=self.name,
@@ -416,6 +416,6 @@ def train(
     callback: Callable[[DTTrainer], bool | None] | None = None,
 ) -> RunResult:
     """Train (or resume, ``config.resume``) a Decision Transformer / BC run (lifecycle:
-    :func:`~rl_transformers.algos.lifecycle.train_run`); ``run_dir`` forces the run directory."""
+    :func:`~rl_transformers.runs.lifecycle.train_run`); ``run_dir`` forces the run directory."""
     resume = functools.partial(load_resume, cls=DTConfig, merge=_merge, required=REQUIRED_KEYS, kind="DT")
     return train_run(config, resume, DTTrainer, run_dir, callback)

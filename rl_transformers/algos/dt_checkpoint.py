@@ -4,7 +4,7 @@
 A checkpoint holds tensors and plain data only (read back with ``torch.load(weights_only=True)``): the model's
 weights and constructor kwargs (normalisation and return scale included, so the file alone rebuilds the
 policy), optimizer and scheduler, the update counter, every rank's RNG states and sampler state, the run's
-config (per-invocation fields reset: :func:`~rl_transformers.algos.run_config.saved_form`) and what the run
+config (per-invocation fields reset: :func:`~rl_transformers.runs.config.saved_form`) and what the run
 knows of its dataset (source, env id, reference scores).
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from rl_transformers.policies.decision_transformer import DecisionTransformer
-from rl_transformers.utils.checkpoint_load import (
+from rl_transformers.runs.checkpoint_load import (
     DT_WHAT,
     check_weights_fit,
     latest_checkpoint,

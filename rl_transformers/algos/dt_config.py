@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from rl_transformers.algos.run_config import SHARED_RESUME_MUTABLE, RunConfig
 from rl_transformers.backbone.config import BackboneConfig
 from rl_transformers.backbone.options import (
     check_aux_weights,
@@ -24,6 +23,7 @@ from rl_transformers.backbone.options import (
 from rl_transformers.backbone.registry import available
 from rl_transformers.policies.decision_transformer import dt_backbone_config
 from rl_transformers.policies.dt_padding import Padding
+from rl_transformers.runs.config import SHARED_RESUME_MUTABLE, RunConfig
 from rl_transformers.utils.checks import (
     MAX_EVAL_EPISODES,
     MAX_NUM_ENVS,

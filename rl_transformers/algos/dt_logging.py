@@ -23,7 +23,7 @@ from rl_transformers import logging as L
 from rl_transformers import tags as T
 from rl_transformers.algos.dt_setup import target_label
 from rl_transformers.algos.evaluation import EvalResult
-from rl_transformers.utils.runs import save_config
+from rl_transformers.utils.config_json import save_config
 
 __all__ = ["AUX_PREFIX", "Window", "eval_scalars", "record_training", "write_eval_episodes"]
 

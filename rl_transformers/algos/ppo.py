@@ -25,9 +25,9 @@ Modules: the loss, Adam and the epochs :mod:`~rl_transformers.algos.ppo_update`;
 :mod:`~rl_transformers.algos.ppo_checkpoint` (what a save holds and how a resume restores it are the trainer's
 :meth:`PPOTrainer.checkpoint_state` / :meth:`PPOTrainer.load_checkpoint_state`); config
 :mod:`~rl_transformers.algos.ppo_config`; throughput :mod:`~rl_transformers.algos.throughput` (the trainer's
-loop without a run directory); the run around the loop :mod:`~rl_transformers.algos.lifecycle`.
+loop without a run directory); the run around the loop :mod:`~rl_transformers.runs.lifecycle`.
 
-Resume (:mod:`rl_transformers.utils.resume`): flags in ``RESUME_MUTABLE`` apply, other changed flags are
+Resume (:mod:`rl_transformers.runs.resume`): flags in ``RESUME_MUTABLE`` apply, other changed flags are
 refused. Learning-rate rule: the rate anneals linearly from an anchor ``(update u0, rate lr0)`` to 0 at the
 last update, ``lr(u) = lr0 * (1 - (u - u0) / (num_updates - u0))``; a fresh run anchors at ``(0,
 learning_rate)``. A resume that changes the budget (hence ``num_updates``) re-anchors at the checkpoint's
@@ -55,29 +55,29 @@ import torch
 
 from rl_transformers import tags as T
 from rl_transformers.algos import ppo_checkpoint
-from rl_transformers.algos.distributed import (
-    DistContext,
-    broadcast_parameters,
-    resolve_device,
-)
 from rl_transformers.algos.env_util import check_same_step, make_vec_env
 from rl_transformers.algos.evaluation import EpisodeStats, evaluate_episodes
-from rl_transformers.algos.lifecycle import RunResult, RunSpec, load_resume, train_run
 from rl_transformers.algos.ppo_config import TrainConfig, resume_config
 from rl_transformers.algos.ppo_logging import record_update
 from rl_transformers.algos.ppo_update import make_adam, train_epochs, update_obs_norm
 from rl_transformers.algos.reward_norm import RewardNorm
 from rl_transformers.algos.rollout import LoopState, collect_rollout, observe, reset_loop
-from rl_transformers.algos.run import Resumed, Run
-from rl_transformers.algos.run_config import saved_form
 from rl_transformers.algos.storage import RolloutStorage
 from rl_transformers.logging import Logger
 from rl_transformers.policies.actor_critic import ActorCritic
 from rl_transformers.policies.cores import ContextCore, TwinCore
 from rl_transformers.policies.gtrxl import make_policy
+from rl_transformers.runs.config import saved_form
+from rl_transformers.runs.distributed import (
+    DistContext,
+    broadcast_parameters,
+    resolve_device,
+)
+from rl_transformers.runs.lifecycle import RunResult, RunSpec, load_resume, train_run
+from rl_transformers.runs.run import Resumed, Run
+from rl_transformers.utils.config_json import to_jsonable
 from rl_transformers.utils.errors import UserError
 from rl_transformers.utils.rng import capture_rng_state, restore_rng_state
-from rl_transformers.utils.runs import to_jsonable
 from rl_transformers.utils.training import linear_schedule, seed_everything
 from rl_transformers.utils.trust import UntrustedBlob, check_key, load_signed, sign_blob
 
@@ -171,7 +171,7 @@ class PPOTrainer:
                 )
 
     def run_spec(self) -> RunSpec:
-        """What the run records (:func:`~rl_transformers.algos.lifecycle.train_run`)."""
+        """What the run records (:func:`~rl_transformers.runs.lifecycle.train_run`)."""
         return RunSpec(
             algo="ppo",
             name=self.cfg.env_id,
@@ -511,11 +511,11 @@ def train(
     run_dir: Path | None = None,
     callback: Callable[[PPOTrainer], bool | None] | None = None,
 ) -> RunResult:
-    """Build (or resume) a run, train it, close it (:func:`~rl_transformers.algos.lifecycle.train_run`). Only
+    """Build (or resume) a run, train it, close it (:func:`~rl_transformers.runs.lifecycle.train_run`). Only
     rank 0 writes the run directory.
 
     With ``cfg.resume`` the saved config is merged with ``cfg`` by :func:`resume_config` (changed frozen
-    fields are refused; see :mod:`rl_transformers.utils.resume`)."""
+    fields are refused; see :mod:`rl_transformers.runs.resume`)."""
     check_key()  # the env-state blob of checkpoints is signed: a bad key stops the run now, not at its first save
     merge = functools.partial(load_resume, cls=TrainConfig, merge=_merge)
     return train_run(cfg, merge, PPOTrainer, run_dir, callback)

@@ -20,13 +20,13 @@ import torch
 
 from rl_transformers.algos.ppo_config import TrainConfig
 from rl_transformers.algos.rollout import LoopState
-from rl_transformers.algos.run_config import check_module_names, saved_form
 from rl_transformers.policies.actor_critic import ActorCritic
 from rl_transformers.policies.encoders import tree_map
 from rl_transformers.policies.gtrxl import make_policy
-from rl_transformers.utils.checkpoint_load import latest_checkpoint, load_checkpoint
+from rl_transformers.runs.checkpoint_load import latest_checkpoint, load_checkpoint
+from rl_transformers.runs.config import check_module_names, saved_form
+from rl_transformers.runs.resume import saved_config
 from rl_transformers.utils.errors import UserError
-from rl_transformers.utils.resume import saved_config
 
 RESUME_BLOB = "resume_state"
 """Checkpoint key of the signed (envs, loop) blob."""

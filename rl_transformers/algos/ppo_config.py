@@ -12,7 +12,6 @@ from typing import Annotated, Literal
 
 import tyro
 
-from rl_transformers.algos.run_config import SHARED_RESUME_MUTABLE, RunConfig
 from rl_transformers.backbone.options import (
     check_aux_weights,
     check_choice,
@@ -22,6 +21,7 @@ from rl_transformers.backbone.options import (
     check_positive,
 )
 from rl_transformers.policies.gtrxl import PolicyConfig
+from rl_transformers.runs.config import SHARED_RESUME_MUTABLE, RunConfig
 from rl_transformers.utils.checks import (
     MAX_EVAL_EPISODES,
     MAX_NUM_ENVS,
@@ -251,8 +251,8 @@ RESUME_RENAMES = {"policy.kind": "policy", "policy": ""}
 
 def resume_config(saved: TrainConfig, cli: TrainConfig, source: str | None = None) -> TrainConfig:
     """``saved`` with the allowed changes of ``cli``; refuses frozen fields that differ (see
-    :func:`rl_transformers.utils.resume.merge_resume`)."""
-    from rl_transformers.utils.resume import merge_resume
+    :func:`rl_transformers.runs.resume.merge_resume`)."""
+    from rl_transformers.runs.resume import merge_resume
 
     return merge_resume(
         saved,

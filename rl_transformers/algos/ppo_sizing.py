@@ -16,8 +16,8 @@ from typing import Any
 from rl_transformers.algos.env_util import make_env_thunk
 from rl_transformers.algos.ppo_config import TrainConfig
 from rl_transformers.policies.sizing import match_width
-from rl_transformers.utils.checkpoint_load import latest_checkpoint, load_checkpoint
-from rl_transformers.utils.resume import saved_config
+from rl_transformers.runs.checkpoint_load import latest_checkpoint, load_checkpoint
+from rl_transformers.runs.resume import saved_config
 
 
 def match_run_config(cfg: TrainConfig, echo: Callable[[str], Any] | None = print) -> TrainConfig:

@@ -18,10 +18,10 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from rl_transformers.algos.distributed import DistContext, allreduce_gradients, allreduce_sum
 from rl_transformers.algos.ppo_config import PPOConfig
 from rl_transformers.algos.storage import RolloutStorage, SequenceBatch
 from rl_transformers.policies.actor_critic import ActorCritic
+from rl_transformers.runs.distributed import DistContext, allreduce_gradients, allreduce_sum
 from rl_transformers.utils.training import NonFiniteError
 
 __all__ = ["evaluate_minibatch", "make_adam", "ppo_loss", "train_epochs", "update_obs_norm"]

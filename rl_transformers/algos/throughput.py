@@ -11,10 +11,10 @@ import time
 
 import torch
 
-from rl_transformers.algos.distributed import DistContext, resolve_device
 from rl_transformers.algos.ppo import PPOTrainer
 from rl_transformers.algos.ppo_config import TrainConfig
 from rl_transformers.algos.rollout import collect_rollout
+from rl_transformers.runs.distributed import DistContext, resolve_device
 from rl_transformers.utils.training import available_cores, set_threads
 
 __all__ = ["measure_throughput"]

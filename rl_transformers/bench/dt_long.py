@@ -37,10 +37,10 @@ import torch
 from rl_transformers.bench.dt_timing import time_rounds
 from rl_transformers.bench.memory import malloc_returns_memory, measure_rss, run_in_child
 from rl_transformers.bench.meta import load_text
+from rl_transformers.runs.provenance import finish_machine_info, machine_info
 from rl_transformers.study import offline_memory as om
 from rl_transformers.utils.atomic import atomic_write_text
 from rl_transformers.utils.errors import UserError, choice_hint
-from rl_transformers.utils.provenance import finish_machine_info, machine_info
 from rl_transformers.utils.tables import markdown_table
 
 REFERENCE = "full"
@@ -141,8 +141,8 @@ def trainer_config(row: om.Row, length: int, cfg: DTLongConfig, run_root: Path) 
 
 
 def build_trainer(config: Any) -> Any:
-    from rl_transformers.algos.distributed import DistContext
     from rl_transformers.algos.dt import DTTrainer
+    from rl_transformers.runs.distributed import DistContext
 
     return DTTrainer(config, DistContext(), torch.device("cpu"))
 

@@ -40,8 +40,8 @@ from typing import Any
 
 import torch
 
+from rl_transformers.runs.provenance import git_sha, machine_info
 from rl_transformers.utils.atomic import atomic_write_text
-from rl_transformers.utils.provenance import git_sha, machine_info
 
 SCHEMA_VERSION = 1
 

@@ -42,7 +42,7 @@ from rl_transformers.bench.memory import Extrapolator, MemoryJob, measure_cpu, m
 from rl_transformers.bench.ops import Impl, Op, build_op, cheap_step_state, compile_op, registry_impls
 from rl_transformers.bench.rows import base_row, flops, skip  # noqa: F401 - flops re-exported
 from rl_transformers.bench.timing import RepeatPolicy, clock_for, time_interleaved
-from rl_transformers.utils.provenance import machine_info
+from rl_transformers.runs.provenance import machine_info
 
 SCHEMA_VERSION = 1
 MIB = 2**20

@@ -1,6 +1,6 @@
 """Provenance of a benchmark table: the code's git commit and the machine it ran on.
 
-The records come from :mod:`rl_transformers.utils.provenance` (shared with the training runs'
+The records come from :mod:`rl_transformers.runs.provenance` (shared with the training runs'
 ``system_info.json``: ``git_sha``, ``machine_info``, ``finish_machine_info``); this module formats the load of a
 measurement.
 """

@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from rl_transformers.algos.distributed import DistContext, resolve_device
 from rl_transformers.algos.ppo import PPOTrainer
 from rl_transformers.algos.ppo_config import TrainConfig
 from rl_transformers.algos.rollout import collect_rollout
+from rl_transformers.runs.distributed import DistContext, resolve_device
 from rl_transformers.utils.tables import markdown_table
 from rl_transformers.utils.training import available_cores, set_threads
 

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from rl_transformers.bench.meta import load_text
+from rl_transformers.runs.provenance import finish_machine_info
 from rl_transformers.utils.atomic import atomic_write_text
-from rl_transformers.utils.provenance import finish_machine_info
 from rl_transformers.utils.tables import markdown_table
 
 STATUS_OK, STATUS_UNSUPPORTED, STATUS_ERROR = "ok", "unsupported", "error"

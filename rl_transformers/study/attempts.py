@@ -41,8 +41,8 @@ CODE_PATHS = ("rl_transformers", "envs", "offline_data", "pyproject.toml")
 def code_identity(root: Path | None = None) -> str | None:
     """Git's object ids of :data:`CODE_PATHS` at HEAD in the checkout ``root`` (default: this one), or None
     when any of them has uncommitted or untracked changes, or git cannot tell."""
+    from rl_transformers.runs.provenance import git_output
     from rl_transformers.study.launch import ROOT
-    from rl_transformers.utils.provenance import git_output
 
     root = root or ROOT
     try:
@@ -74,7 +74,7 @@ def _previous(job_dir: Path) -> dict[str, Any] | None:
 def _verified_step(checkpoint: Path) -> int | None:
     """The env step of a PPO checkpoint whose signed env state verifies with this user's key; else None."""
     from rl_transformers.algos.ppo_checkpoint import RESUME_BLOB
-    from rl_transformers.utils.checkpoint_load import InvalidCheckpointError, load_checkpoint
+    from rl_transformers.runs.checkpoint_load import InvalidCheckpointError, load_checkpoint
     from rl_transformers.utils.trust import UntrustedBlob, verify_signed
 
     try:
@@ -90,8 +90,8 @@ def _verified_step(checkpoint: Path) -> int | None:
 
 def plan_attempt(job: dict[str, Any], run: Path, code: str | None, machine: str) -> Attempt:
     """Resume ``run`` (the job's run directory) when the previous attempt allows it (module docstring)."""
+    from rl_transformers.runs.checkpoint_load import latest_checkpoint
     from rl_transformers.study.records import expected_steps
-    from rl_transformers.utils.checkpoint_load import latest_checkpoint
 
     before = _previous(run.parent)
     same = (

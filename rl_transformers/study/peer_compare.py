@@ -89,7 +89,7 @@ def provenance() -> dict[str, Any]:
 
     import torch
 
-    from rl_transformers.utils.provenance import device_name, git_sha
+    from rl_transformers.runs.provenance import device_name, git_sha
 
     return {
         "git_sha": git_sha(ROOT),

@@ -317,7 +317,7 @@ def machine_text() -> str:
 
     import torch
 
-    from rl_transformers.utils.provenance import device_name
+    from rl_transformers.runs.provenance import device_name
     from rl_transformers.utils.training import available_cores
 
     return (

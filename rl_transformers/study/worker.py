@@ -29,10 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rl_transformers.runs.provenance import git_sha
 from rl_transformers.study.attempts import Attempt, code_identity, finish_attempt, plan_attempt, start_attempt
 from rl_transformers.study.records import UNKNOWN, machine_text
 from rl_transformers.utils.atomic import atomic_write_json
-from rl_transformers.utils.provenance import git_sha
 
 EXIT_INTERRUPTED = 3
 """Exit code of a run that the trainer stopped before its budget (no result.json written)."""

@@ -107,7 +107,7 @@ _resumable = False
 
 
 def offer_resume() -> None:
-    """Say that this command has ``--resume`` (the trainers' :func:`~rl_transformers.utils.resume.parse_cli`
+    """Say that this command has ``--resume`` (the trainers' :func:`~rl_transformers.runs.resume.parse_cli`
     calls it): :func:`run_cli`'s full-disk message then advises it; commands without one are not told to."""
     global _resumable
     _resumable = True

@@ -22,7 +22,6 @@ import torch
 
 import envs  # noqa: F401  (registers rlt/ ids)
 from rl_transformers import tags as T
-from rl_transformers.algos.distributed import DistContext
 from rl_transformers.algos.dt import DTTrainer, train
 from rl_transformers.algos.dt_checkpoint import load_policy
 from rl_transformers.algos.dt_config import DTConfig
@@ -30,6 +29,7 @@ from rl_transformers.algos.dt_data import DTBatch, TrajectoryDataset, segment_ba
 from rl_transformers.algos.dt_setup import target_label
 from rl_transformers.policies.decision_transformer import DecisionTransformer, dt_backbone_config
 from rl_transformers.policies.dt_rollout import DTAgent
+from rl_transformers.runs.distributed import DistContext
 from rl_transformers.utils import linear_warmup
 from rl_transformers.utils.errors import UserError
 

@@ -20,9 +20,10 @@ from rl_transformers.algos.ppo_config import (
     resume_config,
 )
 from rl_transformers.policies import PolicyConfig
-from rl_transformers.utils import atomic_save, to_jsonable
+from rl_transformers.runs.checkpoint import atomic_save
+from rl_transformers.runs.resume import ResumeRefused, parse_cli
+from rl_transformers.utils.config_json import to_jsonable
 from rl_transformers.utils.errors import UserError
-from rl_transformers.utils.resume import ResumeRefused, parse_cli
 
 BATCH = 2 * 8  # num_envs * num_steps
 LR = 1e-3

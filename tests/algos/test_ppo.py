@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_transformers.algos.distributed import parameter_checksum
 from rl_transformers.algos.ppo import PPOTrainer, train
 from rl_transformers.algos.ppo_checkpoint import load_policy
 from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
 from rl_transformers.policies import PolicyConfig, gtrxl_backbone
-from rl_transformers.utils import GracefulInterrupt, NonFiniteError, load_checkpoint
+from rl_transformers.runs.checkpoint_load import load_checkpoint
+from rl_transformers.runs.distributed import parameter_checksum
+from rl_transformers.utils import GracefulInterrupt, NonFiniteError
 
 BATCH = 2 * 16  # num_envs * num_steps
 
@@ -258,7 +259,7 @@ def test_cli_parsing_and_config_round_trip() -> None:
     import tyro
 
     from rl_transformers.backbone.cli import cli_registry
-    from rl_transformers.utils import from_dict, to_jsonable
+    from rl_transformers.utils.config_json import from_dict, to_jsonable
 
     args = [
         "--policy",

@@ -10,8 +10,8 @@ import pytest
 from rl_transformers import train_dt, train_ppo
 from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
 from rl_transformers.policies.gtrxl import PolicyConfig, gtrxl_backbone
+from rl_transformers.runs.checkpoint import atomic_save
 from rl_transformers.utils.atomic import atomic_write_json
-from rl_transformers.utils.checkpoint import atomic_save
 
 PPO_ENV = "rlt/CartPoleNoVel-v0"
 

@@ -22,9 +22,9 @@ from rl_transformers.algos.ppo_sizing import match_run_config
 from rl_transformers.backbone.cli import cli_registry
 from rl_transformers.policies.gtrxl import PolicyConfig, gtrxl_backbone, make_policy
 from rl_transformers.policies.sizing import match_width
+from rl_transformers.runs.resume import parse_cli
 from rl_transformers.study import encoders as study
 from rl_transformers.utils.params import count_parameters
-from rl_transformers.utils.resume import parse_cli
 
 ENV = "rlt/TMaze-v0"
 NUMBER = r"([\d,]+)"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from rl_transformers.agents.offline_runs import collect_runs, read_run
+from rl_transformers.runs.provenance import SYSTEM_INFO_FILE
 from rl_transformers.utils.errors import UserError
-from rl_transformers.utils.provenance import SYSTEM_INFO_FILE
 from tests.api.conftest import make_offline_run
 
 

@@ -16,7 +16,7 @@ from scipy import stats
 
 from rl_transformers.agents.offline_runs import collect_runs
 from rl_transformers.agents.offline_table import render_markdown, summarize, to_json
-from rl_transformers.utils.provenance import record_invocation
+from rl_transformers.runs.provenance import record_invocation
 from tests.api.conftest import make_offline_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,7 +100,7 @@ def test_a_seed_without_checkpoint_takes_the_experiment_references(tmp_path: Pat
 
 
 def test_markdown_names_every_seed_target_and_the_provenance(runs: Path, monkeypatch) -> None:
-    from rl_transformers.utils import provenance
+    from rl_transformers.runs import provenance
 
     monkeypatch.setattr(provenance, "git_sha", lambda: "0123456789abcdef")
     record_invocation(runs / "dt" / "ds" / "r-s0", "cpu", step=0)

@@ -333,8 +333,8 @@ def test_float32_bias_stays_accurate_for_long_streams() -> None:
 def test_t5_old_option_name_is_a_clear_error() -> None:
     """``num_buckets`` (the name before the backbone's ``n_`` count prefix) is gone: a config.json that still
     uses it is refused with an error naming the option and the new name, not loaded with another meaning."""
+    from rl_transformers.utils.config_json import from_dict, to_jsonable
     from rl_transformers.utils.errors import UserError
-    from rl_transformers.utils.runs import from_dict, to_jsonable
 
     new = BackboneConfig(d_model=16, n_heads=2, position="t5", position_options={"n_buckets": 8})
     saved = to_jsonable(new)

@@ -202,7 +202,7 @@ def test_gate_length_for_rows_too_long_or_too_big_to_check() -> None:
 
 def test_machine_record_spans_the_measurement_and_the_tables_show_both_loads(monkeypatch) -> None:
     from rl_transformers.bench import dt_timing, meta
-    from rl_transformers.utils import provenance
+    from rl_transformers.runs import provenance
 
     loads = iter([(0.5, 0.4, 0.3), (2.5, 1.0, 0.5)])
     monkeypatch.setattr(provenance.os, "getloadavg", lambda: next(loads))

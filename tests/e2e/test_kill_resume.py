@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_transformers.utils import read_checkpoint
+from rl_transformers.runs.checkpoint_load import read_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 BATCH = 2 * 16

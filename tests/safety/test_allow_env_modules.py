@@ -32,9 +32,9 @@ from rl_transformers.algos.dt_config import RESUME_PER_INVOCATION as DT_PER_INVO
 from rl_transformers.algos.dt_config import DTConfig
 from rl_transformers.algos.ppo_config import RESUME_PER_INVOCATION as PPO_PER_INVOCATION
 from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
-from rl_transformers.algos.run_config import RunConfig
 from rl_transformers.policies import PolicyConfig, gtrxl_backbone
 from rl_transformers.policies.decision_transformer import dt_backbone_config
+from rl_transformers.runs.config import RunConfig
 from rl_transformers.utils.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,12 +17,12 @@ import pytest
 import torch
 import tyro
 
-from rl_transformers.algos.distributed import DistContext, resolve_device
 from rl_transformers.algos.dt_config import DTConfig
 from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
 from rl_transformers.backbone import BackboneConfig
 from rl_transformers.backbone.cli import cli_registry
 from rl_transformers.policies.gtrxl import PolicyConfig
+from rl_transformers.runs.distributed import DistContext, resolve_device
 from rl_transformers.utils.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]

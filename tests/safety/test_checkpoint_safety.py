@@ -25,16 +25,15 @@ from rl_transformers.algos import dt_checkpoint
 from rl_transformers.algos.ppo import train
 from rl_transformers.algos.ppo_checkpoint import RESUME_BLOB, load_policy
 from rl_transformers.algos.ppo_config import RESUME_PER_INVOCATION, TrainConfig
-from rl_transformers.utils import (
-    CheckpointManager,
-    CheckpointWriteError,
+from rl_transformers.runs.checkpoint import CheckpointManager, CheckpointWriteError
+from rl_transformers.runs.checkpoint_load import (
     InvalidCheckpointError,
     latest_checkpoint,
     load_checkpoint,
     read_checkpoint,
 )
+from rl_transformers.runs.resume import parse_cli
 from rl_transformers.utils.errors import UserError
-from rl_transformers.utils.resume import parse_cli
 from rl_transformers.utils.trust import sign_blob
 from tests.safety.runs import BATCH, Evil, evil_bytes, rewrite_last, tiny
 
@@ -269,7 +268,7 @@ def test_other_observation_space_is_a_clear_error(run_copy: Path) -> None:
 
 # -- full disk ------------------------------------------------------------------------------------------------
 def test_full_disk_keeps_the_last_good_checkpoint(tmp_path: Path, monkeypatch) -> None:
-    from rl_transformers.utils import checkpoint as module
+    from rl_transformers.runs import checkpoint as module
 
     real_save = torch.save
     calls = {"n": 0}

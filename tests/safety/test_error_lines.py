@@ -27,9 +27,10 @@ from rl_transformers.agents import load as load_agent
 from rl_transformers.algos.dt_config import DTConfig
 from rl_transformers.algos.ppo import train
 from rl_transformers.algos.ppo_config import TrainConfig
-from rl_transformers.utils import CheckpointManager, CheckpointWriteError, to_jsonable
-from rl_transformers.utils import checkpoint as checkpoint_module
+from rl_transformers.runs import checkpoint as checkpoint_module
+from rl_transformers.runs.checkpoint import CheckpointManager, CheckpointWriteError
 from rl_transformers.utils.checks import MAX_EVAL_EPISODES, MAX_NUM_ENVS
+from rl_transformers.utils.config_json import to_jsonable
 from rl_transformers.utils.errors import UserError, run_cli, storage_failure
 from tests.safety.runs import BATCH, Evil, random_episodes, rewrite_last, tiny
 

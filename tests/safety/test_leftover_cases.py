@@ -24,11 +24,11 @@ import torch
 
 from offline_data import load_episodes, read_d4rl_hdf5, read_minari, write_minari_dataset
 from offline_data.errors import DatasetError
-from rl_transformers.utils import checkpoint as checkpoint_module
+from rl_transformers.runs import checkpoint as checkpoint_module
+from rl_transformers.runs.checkpoint import CheckpointManager, CheckpointWriteError
+from rl_transformers.runs.lock import RunLockedError, acquire_run_lock
 from rl_transformers.utils import errors as errors_module
-from rl_transformers.utils.checkpoint import CheckpointManager, CheckpointWriteError
 from rl_transformers.utils.errors import run_cli
-from rl_transformers.utils.runlock import RunLockedError, acquire_run_lock
 from rl_transformers.utils.trust import CheckpointKeyError, check_key
 from tests.safety.runs import random_episodes
 

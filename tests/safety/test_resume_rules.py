@@ -1,4 +1,4 @@
-"""The --resume rules (rl_transformers/utils/resume.py): frozen flags refused with their saved values, mutable
+"""The --resume rules (rl_transformers/runs/resume.py): frozen flags refused with their saved values, mutable
 flags applied (also when they equal the class default), a raised budget keeps the learning rate continuous,
 and every trainer saves before it evaluates."""
 
@@ -18,8 +18,11 @@ from rl_transformers.algos.dt_config import DTConfig
 from rl_transformers.algos.ppo import train
 from rl_transformers.algos.ppo_config import RESUME_PER_INVOCATION, PPOConfig, TrainConfig
 from rl_transformers.policies import PolicyConfig, gtrxl_backbone
-from rl_transformers.utils import NonFiniteError, atomic_save, read_checkpoint, to_jsonable
-from rl_transformers.utils.resume import ResumeRefused, merge_resume, parse_cli
+from rl_transformers.runs.checkpoint import atomic_save
+from rl_transformers.runs.checkpoint_load import read_checkpoint
+from rl_transformers.runs.resume import ResumeRefused, merge_resume, parse_cli
+from rl_transformers.utils import NonFiniteError
+from rl_transformers.utils.config_json import to_jsonable
 
 BATCH = 2 * 16
 LR = 1e-3

@@ -19,10 +19,10 @@ import pytest
 from rl_transformers.agents.evaluate import default_output
 from rl_transformers.algos.ppo import train
 from rl_transformers.algos.ppo_config import TrainConfig
-from rl_transformers.utils import CheckpointManager
+from rl_transformers.runs.checkpoint import CheckpointManager
+from rl_transformers.runs.lock import LOCK_FILE, RunLockedError, acquire_run_lock, lock_holder
+from rl_transformers.runs.paths import RunDirError
 from rl_transformers.utils.errors import UserError
-from rl_transformers.utils.runlock import LOCK_FILE, RunLockedError, acquire_run_lock, lock_holder
-from rl_transformers.utils.safe_paths import RunDirError
 from rl_transformers.utils.trust import CheckpointKeyError, check_key, sign_blob
 from tests.safety.runs import BATCH, tiny
 
@@ -219,7 +219,7 @@ def test_evaluate_refuses_a_symlinked_eval_dir(run_copy: Path, tmp_path: Path) -
 
 # -- one process per run --------------------------------------------------------------------------------------
 HOLD = (
-    "import sys, time; from rl_transformers.utils.runlock import acquire_run_lock; "
+    "import sys, time; from rl_transformers.runs.lock import acquire_run_lock; "
     "lock = acquire_run_lock(sys.argv[1]); print('held', flush=True); time.sleep(120)"
 )
 

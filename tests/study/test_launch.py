@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from rl_transformers.runs.provenance import git_sha
 from rl_transformers.study import launch, suite
 from rl_transformers.study.encoders import Encoder
 from rl_transformers.study.records import Job, expected_steps, machine_text, restore
 from rl_transformers.utils.errors import UserError
-from rl_transformers.utils.provenance import git_sha
 
 TINY = {"budget": 256, "eval_every": 128, "num_envs": 4, "eval_episodes": 2,
         "ppo": {"num_steps": 32, "seq_len": 16, "num_minibatches": 2, "update_epochs": 1}}  # fmt: skip

@@ -1,4 +1,4 @@
-"""Tests for rl_transformers.utils.checkpoint: atomic saves, RNG state round trip, the checkpoint manager."""
+"""Tests for rl_transformers.runs.checkpoint: atomic saves, RNG state round trip, the checkpoint manager."""
 
 from __future__ import annotations
 
@@ -11,14 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from rl_transformers.utils import (
-    CheckpointManager,
-    atomic_save,
-    capture_rng_state,
-    latest_checkpoint,
-    load_checkpoint,
-    restore_rng_state,
-)
+from rl_transformers.runs.checkpoint import CheckpointManager, atomic_save
+from rl_transformers.runs.checkpoint_load import latest_checkpoint, load_checkpoint
+from rl_transformers.utils import capture_rng_state, restore_rng_state
 
 
 def _draws() -> tuple[Any, ...]:

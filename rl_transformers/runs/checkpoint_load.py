@@ -4,7 +4,7 @@ Reading is always ``torch.load(weights_only=True)`` (no code from the file runs)
 (truncated, garbage, not written by torch) raises :class:`InvalidCheckpointError` naming it; given a run
 directory, :func:`latest_checkpoint` / :func:`load_checkpoint` skip such files with a warning and take the
 next newest one (``last.pt``, then ``step_<n>.pt`` by decreasing ``n``). The writing side (atomic saves and
-the ``step_<n>`` / ``last`` / ``best`` manager) lives in :mod:`rl_transformers.utils.checkpoint`.
+the ``step_<n>`` / ``last`` / ``best`` manager) lives in :mod:`rl_transformers.runs.checkpoint`.
 """
 
 from __future__ import annotations

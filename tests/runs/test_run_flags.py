@@ -14,11 +14,11 @@ import pytest
 
 from rl_transformers.algos.dt_config import DTConfig
 from rl_transformers.algos.ppo_config import TrainConfig
-from rl_transformers.algos.run_config import RunConfig
+from rl_transformers.runs.config import RunConfig
+from rl_transformers.runs.resume import parse_cli, saved_config
+from rl_transformers.utils.config_json import to_jsonable
 from rl_transformers.utils.errors import UserError
-from rl_transformers.utils.resume import parse_cli, saved_config
-from rl_transformers.utils.runs import to_jsonable
-from tests.lifecycle.conftest import progress
+from tests.runs.conftest import progress
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED_FLAGS = ("--run-root", "--verbose", "--threads", "--seed", "--device", "--resume", "--progress")

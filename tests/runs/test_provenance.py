@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_transformers.utils import provenance
-from rl_transformers.utils.provenance import (
+from rl_transformers.runs import provenance
+from rl_transformers.runs.provenance import (
     PACKAGE_DIR,
     SYSTEM_INFO_FILE,
     git_sha,

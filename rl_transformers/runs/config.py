@@ -42,7 +42,7 @@ class RunConfig:
     resume: Path | None = None
     """Checkpoint file or run directory to resume. Flags default to the saved config; of those given, the
     trainer's RESUME_MUTABLE ones (budget, evaluation, saving, logging, device, threads) apply, any other that
-    differs from the saved value is refused (rl_transformers/utils/resume.py)."""
+    differs from the saved value is refused (rl_transformers/runs/resume.py)."""
     verbose: bool = False
     """Also print the logger's table at every log step."""
     progress: bool = True

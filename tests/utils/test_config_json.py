@@ -1,47 +1,16 @@
-"""Tests for rl_transformers.utils.runs: run-directory layout and the config JSON round trip."""
+"""Configs to JSON and back: nested frozen dataclasses, defaults, unknown fields, unconvertible values."""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
 import json
-from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
 import pytest
 
-from rl_transformers.utils import (
-    from_dict,
-    load_config,
-    make_run_dir,
-    sanitize_name,
-    save_config,
-    to_jsonable,
-)
-
-NOW = datetime(2024, 1, 2, 3, 4, 5)
-
-
-def test_run_dir_layout(tmp_path: Path) -> None:
-    run = make_run_dir(tmp_path / "runs", algo="ppo", name="popgym:RepeatPrevious/Easy", seed=3, now=NOW)
-    assert run == tmp_path / "runs" / "ppo" / "popgym-RepeatPrevious-Easy" / "20240102-030405-s3"
-    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "eval"]
-    assert all((run / d).is_dir() for d in ("checkpoints", "eval"))
-
-
-def test_run_dirs_started_in_the_same_second_do_not_collide(tmp_path: Path) -> None:
-    runs = [make_run_dir(tmp_path, algo="dt", name="hopper", seed=0, now=NOW) for _ in range(3)]
-    assert [r.name for r in runs] == ["20240102-030405-s0", "20240102-030405-s0_1", "20240102-030405-s0_2"]
-    assert len(set(runs)) == 3 and all(r.is_dir() for r in runs)
-
-
-@pytest.mark.parametrize(
-    ("raw", "clean"),
-    [("mujoco/halfcheetah/medium-v0", "mujoco-halfcheetah-medium-v0"), ("a:b c", "a-b-c"), ("//", "unnamed")],
-)
-def test_sanitize_name(raw: str, clean: str) -> None:
-    assert sanitize_name(raw) == clean
+from rl_transformers.utils.config_json import from_dict, load_config, save_config, to_jsonable
 
 
 class Block(enum.Enum):

@@ -30,7 +30,7 @@ from typing import IO, Any
 
 from rl_transformers.utils.errors import UserError
 from rl_transformers.utils.process import process_alive
-from rl_transformers.utils.safe_paths import check_run_dir
+from rl_transformers.runs.paths import check_run_dir
 
 try:
     import fcntl
@@ -201,6 +201,6 @@ def _acquire_exclusive(path: Path) -> RunLock:  # pragma: no cover - Windows
 
 def claim_run(run_dir: str | Path) -> RunLock:
     """What a trainer does first with its run directory (fresh or resumed): refuse symbolic links out of it
-    (:func:`~rl_transformers.utils.safe_paths.check_run_dir`), then take its lock."""
+    (:func:`~rl_transformers.runs.paths.check_run_dir`), then take its lock."""
     check_run_dir(run_dir)
     return acquire_run_lock(run_dir)

@@ -1,5 +1,5 @@
 """A training run's rank-0 bookkeeping and the stop / save / evaluate rules of its loop (:class:`Run`; the
-lifecycle around it: :mod:`rl_transformers.algos.lifecycle`)."""
+lifecycle around it: :mod:`rl_transformers.runs.lifecycle`)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from rl_transformers.algos.distributed import DistContext, any_rank
-from rl_transformers.algos.run_config import saved_form
+from rl_transformers.runs.distributed import DistContext, any_rank
+from rl_transformers.runs.config import saved_form
 from rl_transformers.logging import Logger
-from rl_transformers.utils.checkpoint import CheckpointManager
+from rl_transformers.runs.checkpoint import CheckpointManager
 from rl_transformers.utils.params import count_parameters
-from rl_transformers.utils.provenance import SYSTEM_INFO_FILE, record_invocation
-from rl_transformers.utils.runlock import RunLock, claim_run
-from rl_transformers.utils.runs import make_run_dir, save_config, to_jsonable
+from rl_transformers.runs.provenance import SYSTEM_INFO_FILE, record_invocation
+from rl_transformers.runs.lock import RunLock, claim_run
+from rl_transformers.runs.run_dirs import make_run_dir
+from rl_transformers.utils.config_json import save_config, to_jsonable
 from rl_transformers.utils.training import GracefulInterrupt, NonFiniteError
 
 __all__ = ["Resumed", "Run"]
@@ -41,7 +42,7 @@ class Run:
     """Rank-0 bookkeeping of one training run, and the stop / save / evaluate rules of its loop.
 
     Args:
-        config: the run's config (a :class:`~rl_transformers.algos.run_config.RunConfig`; ``run_root``, ``seed``,
+        config: the run's config (a :class:`~rl_transformers.runs.config.RunConfig`; ``run_root``, ``seed``,
             ``verbose``, ``progress`` are read).
         algo, name: the run directory is ``<run_root>/<algo>/<name>/<stamp>-s<seed>/``.
         dist: this process's place in the job.
@@ -96,7 +97,7 @@ class Run:
         else:
             self.dir = make_run_dir(config.run_root, algo=algo, name=name, seed=config.seed)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._lock = claim_run(self.dir)  # one process per run; no symbolic link out of it (utils/runlock.py)
+        self._lock = claim_run(self.dir)  # one process per run; no symbolic link out of it (runs/lock.py)
         save_config(self.dir, saved_form(config))
         self.logger = Logger(self.dir, stdout=config.verbose, purge_step=step + 1 if resumed else None)
         if resumed is None:

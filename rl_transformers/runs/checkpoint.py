@@ -16,7 +16,7 @@ A dict payload gets a ``"checkpoint_meta"`` entry ``{"step", "metric", "metric_v
 
 A failed write (e.g. a full disk) raises :class:`CheckpointWriteError` naming the file and the last good
 checkpoint, which is left untouched. Reading checkpoints (the safe loader, finding the newest loadable file)
-lives in :mod:`rl_transformers.utils.checkpoint_load`.
+lives in :mod:`rl_transformers.runs.checkpoint_load`.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from typing import Any, Literal
 import torch
 
 from rl_transformers.utils.atomic import atomic_link, atomic_write, atomic_write_json
-from rl_transformers.utils.checkpoint_load import read_checkpoint, step_files
+from rl_transformers.runs.checkpoint_load import read_checkpoint, step_files
 from rl_transformers.utils.errors import UserError
-from rl_transformers.utils.safe_paths import run_subdir
+from rl_transformers.runs.paths import run_subdir
 
 __all__ = [
     "CheckpointManager",

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_transformers.algos.lifecycle import summary_text
-from rl_transformers.utils import GracefulInterrupt, NonFiniteError, load_checkpoint
+from rl_transformers.runs.checkpoint_load import load_checkpoint
+from rl_transformers.runs.lifecycle import summary_text
+from rl_transformers.runs.provenance import read_invocations
+from rl_transformers.utils import GracefulInterrupt, NonFiniteError
 from rl_transformers.utils.params import count_parameters
-from rl_transformers.utils.provenance import read_invocations
-from tests.lifecycle.conftest import Family, progress, replace
+from tests.runs.conftest import Family, progress, replace
 
 
 def weights(family: Family, run_dir: Path, name: str = "last.pt") -> dict[str, torch.Tensor]:
@@ -165,7 +166,7 @@ def test_ppo_final_evaluation_can_be_turned_off(tmp_path: Path, monkeypatch: pyt
     """--no-eval-final keeps evaluations at multiples of eval_every (the encoder study's protocol): best.pt is
     then the step-4 model, and the summary's evaluation comes from step 4, not the last checkpoint."""
     from rl_transformers.algos.ppo import train
-    from tests.lifecycle.conftest import PPO_BATCH, _ppo_config
+    from tests.runs.conftest import PPO_BATCH, _ppo_config
 
     family = Family("ppo", PPO_BATCH, _ppo_config, train, "policy", "train/loss", "train_gtrxl.py")
     _rising_evaluation(family, monkeypatch)

@@ -1,9 +1,6 @@
-"""Run directories and configs saved as JSON (and rebuilt from it for ``--resume``).
+"""Configs saved as JSON and rebuilt from it (for ``--resume`` and the run records).
 
-Method: every training run gets its own directory ``<root>/<algo>/<name>/<YYYYmmdd-HHMMSS>-s<seed>/`` with
-``checkpoints/`` and ``eval/`` inside. The directory is claimed with an atomic ``mkdir``, so two runs that
-start in the same second (e.g. a seed sweep) get ``...-s<seed>``, ``...-s<seed>_1`` and never share files.
-The run's config (a nested frozen dataclass) is written to ``config.json`` by :func:`to_jsonable`
+A run's config (a nested frozen dataclass) is written to ``config.json`` by :func:`to_jsonable`
 (dataclasses -> dicts, tuples -> lists, ``Path`` -> str, ``Enum`` -> its value) and rebuilt by
 :func:`from_dict`, which reads the field type hints to turn lists back into tuples, strings into paths and
 enums, and nested dicts into nested dataclasses.
@@ -16,59 +13,17 @@ import dataclasses
 import difflib
 import enum
 import json
-import re
 import types
 import typing
 from collections.abc import Mapping
-from datetime import datetime
 from pathlib import Path, PurePath
 from typing import Any, TypeVar
 
 from rl_transformers.utils.atomic import atomic_write_json
 
-__all__ = ["from_dict", "load_config", "make_run_dir", "sanitize_name", "save_config", "to_jsonable"]
+__all__ = ["from_dict", "load_config", "save_config", "to_jsonable"]
 
 T = TypeVar("T")
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
-
-
-def sanitize_name(name: str) -> str:
-    """``name`` made safe as one path component: ``/``, ``:``, spaces and other odd characters become ``-``.
-
-    >>> sanitize_name("mujoco/halfcheetah/medium-v0")
-    'mujoco-halfcheetah-medium-v0'
-    """
-    clean = _UNSAFE.sub("-", str(name)).strip("-.")
-    return clean or "unnamed"
-
-
-def make_run_dir(
-    root: str | Path = "runs", *, algo: str, name: str, seed: int, now: datetime | None = None
-) -> Path:
-    """Create and return ``root/<algo>/<name>/<YYYYmmdd-HHMMSS>-s<seed>/`` with ``checkpoints/`` and ``eval/``.
-
-    ``algo`` and ``name`` (an env id or dataset id) are sanitised by :func:`sanitize_name`. If the directory
-    already exists (another run started in the same second), ``_1``, ``_2`` ... is appended. ``now`` fixes
-    the timestamp (tests); default is the local time.
-    """
-    stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
-    parent = Path(root) / sanitize_name(algo) / sanitize_name(name)
-    parent.mkdir(parents=True, exist_ok=True)
-    base = f"{stamp}-s{int(seed)}"
-    for attempt in range(10_000):
-        run_dir = parent / (base if attempt == 0 else f"{base}_{attempt}")
-        try:
-            run_dir.mkdir()  # atomic: exactly one process wins a given name
-        except FileExistsError:
-            continue
-        (run_dir / "checkpoints").mkdir()
-        (run_dir / "eval").mkdir()
-        return run_dir
-    raise RuntimeError(f"could not create a fresh run directory under {parent} for {base}")
-
-
-# --- config <-> JSON -----------------------------------------------------------------------------------
 
 
 def to_jsonable(obj: Any, *, strict: bool = True) -> Any:

@@ -7,14 +7,14 @@ around the loop is written once, here, and :func:`train_run` is the one ``train(
    the device, and the distributed process group under ``torchrun`` (joined on entry, destroyed on exit
    whatever happens: the one place both trainers shut it down).
 2. **Resume** (:func:`load_resume`): the newest readable checkpoint of ``--resume``, its saved config merged with
-   this invocation by the trainer's rule (:mod:`rl_transformers.utils.resume`), and the run directory it belongs
+   this invocation by the trainer's rule (:mod:`rl_transformers.runs.resume`), and the run directory it belongs
    to (:func:`run_dir_of`).
 3. **Run bookkeeping** (:class:`Run`, written by rank 0 only): the run directory
    ``<run_root>/<algo>/<env or dataset>/<YYYYmmdd-HHMMSS>-s<seed>/``, ``config.json``, the logger (TensorBoard,
    ``progress.jsonl``, the stdout table with ``--verbose``), the HParams session (fresh runs), the checkpoint
    manager (``step_<n>`` / ``last`` / ``best``), the parameter count, printed and logged (text tag
    ``run/summary``) at the start, and ``system_info.json``: per invocation (fresh or resumed) the command
-   line, start step, git commit, versions and machine (:mod:`rl_transformers.utils.provenance`).
+   line, start step, git commit, versions and machine (:mod:`rl_transformers.runs.provenance`).
 4. **The loop** (:meth:`Run.loop`): each iteration ends with :meth:`Run.end_iteration`, which checkpoints
    *before* it evaluates (an evaluation error never loses training, and ``best.pt`` is the evaluated model),
    then writes one log row. :meth:`Run.should_stop` turns Ctrl-C / SIGTERM (:class:`GracefulInterrupt`) or a
@@ -39,18 +39,18 @@ from typing import Any, Protocol, TypeVar
 import torch
 from torch import nn
 
-from rl_transformers.algos.distributed import (
+from rl_transformers.runs.distributed import (
     DistContext,
     launched_context,
     setup_distributed,
     shutdown,
 )
-from rl_transformers.algos.run import Resumed, Run
-from rl_transformers.algos.run_config import RunConfig
-from rl_transformers.utils.checkpoint_load import latest_checkpoint, load_checkpoint
+from rl_transformers.runs.run import Resumed, Run
+from rl_transformers.runs.config import RunConfig
+from rl_transformers.runs.checkpoint_load import latest_checkpoint, load_checkpoint
 from rl_transformers.utils.errors import UserError
-from rl_transformers.utils.resume import saved_config
-from rl_transformers.utils.runs import to_jsonable
+from rl_transformers.runs.resume import saved_config
+from rl_transformers.utils.config_json import to_jsonable
 from rl_transformers.utils.training import available_cores, set_threads
 
 __all__ = [

@@ -27,9 +27,9 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from rl_transformers.utils.checkpoint_load import latest_checkpoint, load_checkpoint
+from rl_transformers.runs.checkpoint_load import latest_checkpoint, load_checkpoint
 from rl_transformers.utils.errors import UserError, offer_resume
-from rl_transformers.utils.runs import from_dict, to_jsonable
+from rl_transformers.utils.config_json import from_dict, to_jsonable
 
 __all__ = ["ResumeRefused", "flag_name", "merge_resume", "parse_cli", "saved_config"]
 
