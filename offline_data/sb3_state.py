@@ -36,8 +36,8 @@ import torch
 
 from offline_data.episode import Episode
 from offline_data.errors import DatasetError
-from rl_transformers.utils.atomic import atomic_file
 from rl_transformers.runs.checkpoint_load import load_error_reason
+from rl_transformers.utils.atomic import atomic_file
 
 __all__ = [
     "STATE_FORMAT",
