@@ -67,6 +67,7 @@ from rl_transformers.runs.lifecycle import RunResult, RunSpec, load_resume, trai
 from rl_transformers.runs.resume import merge_resume
 from rl_transformers.runs.run import Resumed, Run
 from rl_transformers.utils.config_json import to_jsonable
+from rl_transformers.utils.errors import UserError
 from rl_transformers.utils.rng import capture_rng_state, restore_rng_state
 from rl_transformers.utils.training import check_finite, linear_warmup, seed_everything, warmup_cosine
 
@@ -133,8 +134,8 @@ class DTTrainer:
         seed_everything(config.seed + dist.rank)
         self.sampler_rng = np.random.default_rng([config.seed, dist.rank])
         if config.batch_size % dist.world_size:
-            raise ValueError(
-                f"batch_size={config.batch_size} is not divisible by the {dist.world_size} ranks"
+            raise UserError(
+                f"batch_size={config.batch_size} (--batch-size) is not divisible by the {dist.world_size} ranks"
             )
         self.local_batch = config.batch_size // dist.world_size
 

@@ -114,7 +114,7 @@ def check_eval_seeds(episodes: Sequence[Any], config: DTConfig) -> None:
     eval_seeds = set(range(config.eval_seed, config.eval_seed + config.eval_episodes))
     clash = sorted(used & eval_seeds)
     if clash:
-        raise ValueError(
+        raise UserError(
             f"evaluation seeds {config.eval_seed}..{config.eval_seed + config.eval_episodes - 1} include "
             f"{len(clash)} seed(s) used to collect the dataset (e.g. {clash[0]}); pick another --eval-seed, "
             f"e.g. {max(used) + 1}"

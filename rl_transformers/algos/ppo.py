@@ -128,9 +128,9 @@ class PPOTrainer:
             self.device,
         )
         if ppo.num_minibatches > self.storage.num_sequences:
-            raise ValueError(
-                f"num_minibatches={ppo.num_minibatches} exceeds the {self.storage.num_sequences} training "
-                f"sequences per rollout (num_envs * num_steps / seq_len)"
+            raise UserError(
+                f"num_minibatches={ppo.num_minibatches} (--ppo.num-minibatches) exceeds the "
+                f"{self.storage.num_sequences} training sequences per rollout (num_envs * num_steps / seq_len)"
             )
         rank = self.dist.rank
         seed_everything(cfg.seed + rank, cfg.torch_deterministic)
@@ -145,9 +145,9 @@ class PPOTrainer:
         self.batch_size = ppo.num_steps * cfg.num_envs * self.dist.world_size
         self.num_updates = cfg.total_timesteps // self.batch_size
         if self.num_updates < 1:
-            raise ValueError(
-                f"total_timesteps={cfg.total_timesteps} is less than one update of {self.batch_size} steps "
-                f"(num_steps * num_envs * world_size)"
+            raise UserError(
+                f"total_timesteps={cfg.total_timesteps} (--total-timesteps) is less than one update of "
+                f"{self.batch_size} steps (--ppo.num-steps x --num-envs x processes); use at least {self.batch_size}"
             )
         self.global_step = 0
         self.update = 0
@@ -333,8 +333,8 @@ class PPOTrainer:
         seq_len, core = self.cfg.ppo.seq_len, self.policy.core
         core = core.actor if isinstance(core, TwinCore) else core
         if isinstance(core, ContextCore) and seq_len > core.context_len:
-            raise ValueError(
-                f"seq_len={seq_len} must be <= context_len={core.context_len} for "
+            raise UserError(
+                f"seq_len={seq_len} (--ppo.seq-len) must be <= context_len={core.context_len} for "
                 "non-streaming attentions (the policy keeps at most 2 x context_len tokens)"
             )
 

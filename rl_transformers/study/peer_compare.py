@@ -59,6 +59,8 @@ ARMS: dict[str, list[str]] = {
         *["--policy", "lstm", "--no-match-params", "--hidden-size", "64", "--critic", "separate"],
     ],
     "gtrxl": [],
+    "lstm": ["--policy", "lstm"],
+    "gru": ["--policy", "gru"],
     "gtrxl_zoo": [
         *ZOO_CARTPOLE_NOVEL,
         *[
@@ -78,7 +80,8 @@ head, PyTorch's initialisation: 43,331 parameters, the peer's count) and every z
 observations and rewards, each observation joining the statistics as it arrives, annealed clip range, no value
 clipping, SB3's value loss without the ½, hence vf_coef 1.0 for the zoo's 0.5); ``lstm_zoo_obs_per_rollout``:
 the same with the observation statistics merged once per rollout; ``lstm_zoo_raw``: the zoo's numbers on the library's LSTM policy without those
-conventions; ``gtrxl``: the library's defaults (and the task's recipe where one applies); ``gtrxl_zoo``: the default GTrXL
+conventions; ``gtrxl``: the library's defaults (and the task's recipe where one applies); ``lstm`` / ``gru``:
+the library's recurrent baselines with the same defaults, sized to the GTrXL's parameter count (within 10 %); ``gtrxl_zoo``: the default GTrXL
 under the zoo's recipe and conventions; ``gtrxl_norm``: the library's PPO defaults with 8 envs and
 VecNormalize-style observation and reward scaling."""
 

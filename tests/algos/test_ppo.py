@@ -20,6 +20,7 @@ from rl_transformers.policies import PolicyConfig, gtrxl_backbone
 from rl_transformers.runs.checkpoint_load import load_checkpoint
 from rl_transformers.runs.distributed import parameter_checksum
 from rl_transformers.utils import GracefulInterrupt, NonFiniteError
+from rl_transformers.utils.errors import UserError
 
 BATCH = 2 * 16  # num_envs * num_steps
 
@@ -331,3 +332,9 @@ def test_ppo_loss_hand_computed() -> None:
     assert terms["clip"] == 1.0
     assert terms["kl"] == pytest.approx(((0.5 - math.log(1.5)) + (-0.5 - math.log(0.5))) / 2)
     assert float(loss) == pytest.approx(-0.2 - 0.01 * 2 + 0.5 * 0.1525 + 0.5 * 2.0)
+
+
+def test_a_budget_below_one_update_is_a_user_error(tmp_path: Path) -> None:
+    """A flag combination a person can fix names the flags and the least budget (no traceback from the CLI)."""
+    with pytest.raises(UserError, match=r"--total-timesteps.*use at least 32"):
+        train(dataclasses.replace(tiny(tmp_path), total_timesteps=10))

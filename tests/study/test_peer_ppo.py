@@ -73,3 +73,17 @@ def test_compare_command_on_a_tiny_budget(tmp_path: Path) -> None:
     mtime = (tmp_path / "peer" / "s0.json").stat().st_mtime
     run_arms("rlt/CartPoleNoVel-v0", ("peer",), (0,), 512, 2, tmp_path)  # finished records are kept
     assert (tmp_path / "peer" / "s0.json").stat().st_mtime == mtime
+
+
+def test_recurrent_arms_are_parameter_matched_to_the_transformer(tmp_path: Path) -> None:
+    """On a task without a zoo entry the library's arms stand alone: gtrxl, lstm and gru on equal terms (the same
+    defaults, parameter counts within 10 % of the GTrXL's)."""
+    from rl_transformers.study.peer_compare import run_arms
+
+    run_arms("rlt/TMazeShort-v0", ("gtrxl", "lstm", "gru"), (0,), 2048, 2, tmp_path)
+    params = {
+        a: json.loads((tmp_path / a / "s0.json").read_text())["parameters"] for a in ("gtrxl", "lstm", "gru")
+    }
+    assert params["gtrxl"] > 100_000
+    for arm in ("lstm", "gru"):
+        assert abs(params[arm] - params["gtrxl"]) <= 0.1 * params["gtrxl"], params
