@@ -102,6 +102,7 @@ def _data_dir(source: Any, root: str | os.PathLike[str] | None) -> tuple[Path, s
             f"no file or directory {text!r}, and it is not a Minari dataset id either ({err})"
         ) from None
     with minari_root(root):
+        need("minari", "a Minari dataset")
         import minari
         from minari.storage.datasets_root_dir import get_dataset_path
 

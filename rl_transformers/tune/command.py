@@ -19,9 +19,11 @@ import torch
 from rl_transformers.backbone.cli import cli_registry
 from rl_transformers.tune.tuner import TuneConfig, best_trial, rebuilt, run_tuning
 from rl_transformers.utils.errors import run_cli
+from rl_transformers.utils.extras import need
 
 
 def main(cfg: TuneConfig) -> None:
+    need("optuna", "tuning (rl_transformers/tune/tuner.py)")
     torch.set_num_threads(cfg.threads)
     study = run_tuning(cfg)
     top = best_trial(study)  # every trial was checked against the search space and the task when read
