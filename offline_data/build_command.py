@@ -23,6 +23,7 @@ from rl_transformers.utils.errors import run_cli
 
 
 def main(config: BuildConfig) -> None:
+    """Build the datasets of ``config`` and print a JSON summary (ids, paths, mean returns, reference scores)."""
     result = build_datasets(config)
     summary = {
         kind: {

@@ -27,6 +27,8 @@ from rl_transformers.utils.training import NonFiniteError
 
 
 def main() -> int:
+    """Parse ``sys.argv``, train, print the JSON summary; the exit status: 0, or 1 when a non-finite loss stopped
+    the run."""
     config = parse_cli(
         DTConfig, per_invocation=RESUME_PER_INVOCATION, registry=cli_registry(), description=__doc__
     )

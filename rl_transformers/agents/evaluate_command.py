@@ -74,6 +74,7 @@ class EvalArgs:
 
 
 def main() -> None:
+    """Parse ``sys.argv`` into :class:`EvalArgs`, load the run, evaluate it, print and write the report."""
     args = tyro.cli(EvalArgs, description=__doc__)
     set_threads(args.threads)
     agent = load(

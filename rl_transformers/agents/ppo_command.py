@@ -37,6 +37,9 @@ from rl_transformers.utils.training import NonFiniteError
 
 
 def main() -> int:
+    """Parse ``sys.argv`` (a fresh run starts from its task's recipe), train, print the JSON summary; the exit
+    status: 0, or 1 when a non-finite loss stopped the run."""
+
     def parse(default: TrainConfig | None = None) -> TrainConfig:
         extra: dict[str, Any] = {} if default is None else {"default": default}
         return parse_cli(

@@ -20,6 +20,8 @@ from rl_transformers.utils.extras import need
 
 
 def main(config: BenchConfig) -> int:
+    """Run the benchmark of ``config``, print one summary line; the exit status of
+    :func:`~rl_transformers.bench.harness.main_exit_code`."""
     if config.plots:  # checked before the sweep, not after it
         need("matplotlib", "--plots (on by default)", alternative="or leave plots out with --no-plots")
     results = run_benchmark(config)

@@ -94,7 +94,8 @@ def usage() -> str:
         "commands:",
         *(f"  {name:<{width}}  {cmd.summary}" for name, cmd in COMMANDS.items()),
         "",
-        f"{PROG} <command> --help shows a command's flags.",
+        "options:",
+        "  -h, --help    this list; rlt <command> --help shows a command's flags",
     ]
     return "\n".join(lines)
 

@@ -27,6 +27,7 @@ from rl_transformers.utils.extras import need
 
 
 def main(config: StudyConfig) -> None:
+    """Plan, run and report the study of ``config`` (:func:`~rl_transformers.study.run.run_study`)."""
     if not config.dry_run:  # checked before any run starts: the documents need both
         need("rliable", "the study's statistics (rl_transformers.study.aggregate)")
         need("matplotlib", "the study's plots (rl_transformers.study.plots)")

@@ -23,6 +23,7 @@ from rl_transformers.utils.extras import need
 
 
 def main(cfg: TuneConfig) -> None:
+    """Run (or extend) the tuning study of ``cfg``; print the best trial and the command that trains it."""
     need("optuna", "tuning (rl_transformers/tune/tuner.py)")
     torch.set_num_threads(cfg.threads)
     study = run_tuning(cfg)

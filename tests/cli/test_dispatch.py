@@ -29,9 +29,8 @@ def rlt(*args: str, code: str | None = None) -> subprocess.CompletedProcess[str]
 def test_help_lists_the_seven_commands_one_line_each() -> None:
     done = rlt("--help")
     assert done.returncode == 0 and done.stderr == ""
-    listed = [
-        line.split()[0] for line in done.stdout.split("commands:\n", 1)[1].splitlines() if line[:2] == "  "
-    ]
+    block = done.stdout.split("commands:\n", 1)[1].split("\n\n", 1)[0]
+    listed = [line.split()[0] for line in block.splitlines()]
     assert listed == SEVEN == list(COMMANDS)
     for name in SEVEN:  # one line: the name, then its summary
         (line,) = [x for x in done.stdout.splitlines() if x.startswith(f"  {name} ")]
