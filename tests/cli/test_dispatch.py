@@ -107,3 +107,25 @@ def test_the_lean_core_check_sees_an_optional_import() -> None:
     done = rlt(code=code)
     assert done.returncode == 0, done.stderr
     assert "scipy" in done.stdout
+
+
+SLOW_COMMAND = """
+import sys
+from rl_transformers.cli import COMMANDS, Command, main
+COMMANDS["slow"] = Command("slow_command", "imports for a minute", "slow")
+sys.exit(main(["slow"]))
+"""
+
+
+@pytest.mark.skipif(os.name != "posix", reason="SIGINT")
+def test_ctrl_c_while_a_command_imports_is_one_line_and_130(tmp_path: Path) -> None:
+    """``rlt`` installs the start-up hook before it imports the command (torch: seconds), as the scripts do: a
+    SIGINT in that window is one line and exit status 130 (a stand-in command module sleeps while importing)."""
+    from rl_transformers.startup import MESSAGE
+    from tests.safety.test_startup_interrupt import _interrupt_after_first_line
+
+    (tmp_path / "slow_command.py").write_text('print("imported", flush=True)\nimport time\ntime.sleep(60)\n')
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"}
+    env.pop("RLT_DEBUG", None)
+    done = _interrupt_after_first_line([sys.executable, "-c", SLOW_COMMAND], tmp_path, env)
+    assert done.returncode == 130 and done.stderr.strip() == MESSAGE, done.stderr[-2000:]
