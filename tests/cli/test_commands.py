@@ -1,7 +1,7 @@
 """Each ``rlt`` command is its script: the same ``--help`` (flags, defaults, text) but for the program name, the
-same exit status and one-line message for a user error, and a tiny run of ``rlt train-ppo`` -> ``rlt evaluate``
-and ``rlt make-dataset`` works end to end (the flags of tests/e2e/test_train_gtrxl.py and
-tests/offline_data/test_build.py)."""
+same exit status and one-line message for a user error; a tiny run of ``rlt train-ppo`` -> ``rlt evaluate`` works
+on the core dependencies alone (the extras' packages blocked) and ``rlt make-dataset`` end to end (the flags of
+tests/e2e/test_train_gtrxl.py and tests/offline_data/test_build.py)."""
 
 from __future__ import annotations
 
@@ -67,19 +67,36 @@ TINY_PPO = ["--num-envs", "2", "--ppo.num-steps", "16", "--ppo.seq-len", "8", "-
             "--backbone.n-layers", "1", "--no-progress", "--seed", "5"]  # fmt: skip
 
 
-def test_train_ppo_then_evaluate(tmp_path: Path) -> None:
-    done = rlt("train-ppo", "--env-id", "rlt/TMaze-v0", "--env-kwargs", '{"corridor_length": 3}',
-               "--total-timesteps", "64", "--run-root", str(tmp_path), *TINY_PPO)  # fmt: skip
+CORE_ONLY = (
+    "import sys\n"
+    "for name in ('minari', 'h5py', 'stable_baselines3', 'scipy', 'matplotlib'):\n"
+    "    sys.modules[name] = None  # as if not installed: importing it fails, find_spec says absent\n"
+    "from rl_transformers.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+"""``rlt`` in an install without the extras' packages (the lean core)."""
+
+
+def core_only(*args: str) -> subprocess.CompletedProcess[str]:
+    return run("-c", CORE_ONLY, *args)
+
+
+def test_train_ppo_then_evaluate_without_the_extras(tmp_path: Path) -> None:
+    """The core commands run on the core dependencies alone; a DT run names the extra it needs."""
+    done = core_only("train-ppo", "--env-id", "rlt/TMaze-v0", "--env-kwargs", '{"corridor_length": 3}',
+                     "--total-timesteps", "64", "--run-root", str(tmp_path), *TINY_PPO)  # fmt: skip
     assert done.returncode == 0, done.stderr
     (run_dir,) = (tmp_path / "ppo" / "rlt-TMaze-v0").iterdir()
     assert json.loads(done.stdout[done.stdout.index("{\n") :])["step"] == 64
     assert (run_dir / "checkpoints" / "last.pt").is_file()
-    provenance = json.loads((run_dir / "config.json").read_text())
-    assert provenance["policy"]["backbone"]["d_model"] == 16
-    done = rlt("evaluate", str(run_dir), "--episodes", "2")
+    assert json.loads((run_dir / "config.json").read_text())["policy"]["backbone"]["d_model"] == 16
+    done = core_only("evaluate", str(run_dir), "--episodes", "2")
     assert done.returncode == 0, done.stderr
     assert "over 2 episodes" in done.stdout
     assert (run_dir / "eval" / "evaluate-last.json").is_file()
+    done = core_only("train-dt", "--dataset", "rlt/cartpole/medium-v0", "--run-root", str(tmp_path))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "needs minari, which is not installed: pip install 'rl-transformers[offline]'" in done.stderr
 
 
 def test_make_dataset_random_only(tmp_path: Path) -> None:
