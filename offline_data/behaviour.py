@@ -35,6 +35,7 @@ from offline_data.sb3_state import (
     save_train_state,
 )
 from rl_transformers.utils.atomic import atomic_file
+from rl_transformers.utils.extras import need
 
 __all__ = ["Training", "algo_class", "load_policy", "train_behaviour_policy"]
 
@@ -53,6 +54,7 @@ class Training:
 
 def algo_class(config: BuildConfig, action_space: gym.spaces.Space) -> Any:
     """The SB3 algorithm class of `config.algo` (auto: SAC for Box actions, PPO otherwise)."""
+    need("stable_baselines3", "a behaviour policy (Stable-Baselines3 PPO / SAC)")
     from stable_baselines3 import PPO, SAC
 
     algo = config.algo
@@ -64,6 +66,7 @@ def algo_class(config: BuildConfig, action_space: gym.spaces.Space) -> Any:
 
 
 def _algo_kwargs(config: BuildConfig, algo_cls: Any, inference: bool = False) -> dict[str, Any]:
+    need("stable_baselines3", "a behaviour policy (Stable-Baselines3 PPO / SAC)")
     from stable_baselines3 import SAC
 
     if algo_cls is SAC:
@@ -137,6 +140,7 @@ def train_behaviour_policy(
     `stop_at_medium`: end at the medium checkpoint (no expert is needed); the policy is saved as
     `last.zip` then, not as the expert.
     """
+    need("stable_baselines3", "training a behaviour policy")
     from stable_baselines3.common.callbacks import BaseCallback
 
     fp = _training_fingerprint(config, algo_cls, stop_at_medium)

@@ -60,6 +60,7 @@ from offline_data.rollouts import (
 from offline_data.sb3_state import fingerprint
 from offline_data.scores import D4RL_REF_SCORES, env_family
 from rl_transformers.utils.atomic import atomic_file, clean_stale
+from rl_transformers.utils.extras import need
 from rl_transformers.utils.training import set_threads
 
 __all__ = [
@@ -188,6 +189,7 @@ def _measure_references(
     env: gym.Env, action_space: gym.spaces.Space, expert: Any, config: BuildConfig
 ) -> tuple[float, float]:
     """Mean returns of a uniform random policy and of the sampled expert (Minari's convention)."""
+    need("stable_baselines3", "building a dataset")
     from stable_baselines3.common.utils import set_random_seed
 
     means = []
@@ -213,6 +215,7 @@ def _record_datasets(
     models: dict[str, Any],
     replay: list[Episode],
 ) -> dict[str, list[Episode]]:
+    need("stable_baselines3", "building a dataset")
     from stable_baselines3.common.utils import set_random_seed
 
     def record(kind: str, actor: Actor) -> list[Episode]:

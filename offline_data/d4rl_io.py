@@ -27,6 +27,7 @@ from offline_data.minari_io import check_action_space
 from offline_data.minari_write import env_makeable, infer_spaces, write_minari_dataset
 from offline_data.scores import D4RL_REF_SCORES, env_family
 from rl_transformers.utils.atomic import atomic_file
+from rl_transformers.utils.extras import need
 
 __all__ = ["D4RL_KEYS", "d4rl_to_minari", "open_hdf5", "read_d4rl_hdf5", "write_d4rl_hdf5"]
 
@@ -37,6 +38,7 @@ _REQUIRED = ("observations", "actions", "rewards", "terminals")
 
 def open_hdf5(path: Path) -> Any:
     """``path`` opened read-only with h5py; `DatasetError` naming the file when it is not HDF5."""
+    need("h5py", "reading a D4RL .hdf5 file")
     import h5py
 
     try:
@@ -50,6 +52,7 @@ def open_hdf5(path: Path) -> Any:
 
 def _read_metadata(file: Any) -> dict[str, Any]:
     """Attributes and scalar datasets of the `metadata` group, plus root attributes, as plain Python."""
+    need("h5py", "reading a D4RL .hdf5 file")
     import h5py
 
     meta: dict[str, Any] = {key: _plain(value) for key, value in file.attrs.items()}
@@ -77,6 +80,7 @@ def _plain(value: Any) -> Any:
 
 def _stored_space(text: str, where: str) -> gym.spaces.Space:
     """A space serialized by Minari (JSON; no code is imported)."""
+    need("minari", "reading a D4RL .hdf5 file's spaces")
     from minari.serialization import deserialize_space
 
     try:
@@ -242,6 +246,8 @@ def write_d4rl_hdf5(
     gym spaces — stored serialized) go to attributes of the `metadata` group. Refuses to replace an
     existing file unless `overwrite`.
     """
+    need("minari", "writing a D4RL .hdf5 file's spaces")
+    need("h5py", "writing a D4RL .hdf5 file")
     import h5py
     from minari.serialization import serialize_space
 

@@ -24,6 +24,7 @@ from gymnasium.envs.registration import EnvSpec
 from offline_data.env_check import checked_minari_metadata
 from offline_data.episode import DatasetInfo, Episode, OfflineDataset
 from offline_data.errors import DatasetError, DatasetNotFoundError
+from rl_transformers.utils.extras import need
 
 __all__ = [
     "check_action_space",
@@ -55,6 +56,7 @@ def minari_root(root: str | os.PathLike[str] | None) -> Iterator[None]:
 
 def validate_dataset_id(dataset_id: str) -> None:
     """Raise `ValueError` unless `dataset_id` is a versioned Minari id such as `rlt/hopper/medium-v0`."""
+    need("minari", "a Minari dataset id")
     from minari.dataset.minari_dataset import DATASET_ID_RE
 
     match = DATASET_ID_RE.fullmatch(dataset_id)
@@ -67,6 +69,7 @@ def validate_dataset_id(dataset_id: str) -> None:
 
 def dataset_path(dataset_id: str, root: str | os.PathLike[str] | None = None) -> Path:
     """Directory of a Minari dataset id under `root` (whether or not it exists)."""
+    need("minari", "a Minari dataset")
     from minari.storage.datasets_root_dir import get_dataset_path
 
     validate_dataset_id(dataset_id)
@@ -99,6 +102,7 @@ def _data_dir(source: Any, root: str | os.PathLike[str] | None) -> tuple[Path, s
             f"no file or directory {text!r}, and it is not a Minari dataset id either ({err})"
         ) from None
     with minari_root(root):
+        need("minari", "a Minari dataset")
         import minari
         from minari.storage.datasets_root_dir import get_dataset_path
 
@@ -124,6 +128,7 @@ def _resolve_minari(
     The metadata is validated (env specs through the allow-list, spaces present) *before* Minari opens the
     directory: Minari ``gym.make``s the stored env spec when a space is missing.
     """
+    need("minari", "reading a Minari dataset")
     import minari
 
     if isinstance(source, minari.MinariDataset):

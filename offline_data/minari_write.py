@@ -26,6 +26,7 @@ from offline_data.episode import Episode
 from offline_data.errors import DatasetError, DatasetExistsError
 from offline_data.minari_io import check_action_space, dataset_path, minari_root, validate_dataset_id
 from rl_transformers.utils.atomic import clean_stale, new_temp_dir, replace_dir
+from rl_transformers.utils.extras import need
 
 __all__ = [
     "check_free_space",
@@ -37,6 +38,7 @@ __all__ = [
 
 
 def _next_free_id(dataset_id: str) -> str:
+    need("minari", "writing a Minari dataset")
     from minari.dataset.minari_dataset import gen_dataset_id, parse_dataset_id
     from minari.storage.datasets_root_dir import get_dataset_path
 
@@ -111,6 +113,7 @@ def env_makeable(spec: EnvSpec) -> bool:
 
 
 def _to_buffer(episode: Episode, obs_space: gym.spaces.Space, act_space: gym.spaces.Space) -> Any:
+    need("minari", "writing a Minari dataset")
     from minari.data_collector.episode_buffer import EpisodeBuffer
 
     observations = episode.all_observations
@@ -197,6 +200,7 @@ def write_minari_dataset(
         action_space = action_space or inferred_act
     check_action_space(action_space, f"Minari dataset {dataset_id!r}")
 
+    need("minari", "writing a Minari dataset")
     import minari
 
     check_writable(dataset_id, root, overwrite)

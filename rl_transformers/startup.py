@@ -7,7 +7,8 @@ machinery. ``import rl_transformers`` (the first import of every script) install
 scripts only: an uncaught ``KeyboardInterrupt`` prints ``interrupted: ...`` and exits 130 (what a shell reports
 for SIGINT); ``--debug`` or ``RLT_DEBUG=1`` keep the traceback. ``run_cli`` removes the hook when ``main``
 starts (:func:`uninstall`), so later interrupts follow the script's own rules (a script without ``run_cli``
-keeps the hook: its Ctrl-C is the same one line). Standard library only: this runs
+keeps the hook: its Ctrl-C is the same one line). The ``rlt`` command installs it before importing the
+command it runs (``install(command=True)``). Standard library only: this runs
 before anything heavy is imported.
 """
 
@@ -46,9 +47,10 @@ def _hook(previous: Any) -> Any:
     return hook
 
 
-def install() -> None:
-    """Install the start-up hook when ``__main__`` is a script of this checkout (idempotent)."""
-    if _a_script_of_this_checkout() and not hasattr(sys.excepthook, "rlt_startup_previous"):
+def install(command: bool = False) -> None:
+    """Install the start-up hook when ``__main__`` is a script of this checkout, or for ``command`` (the ``rlt``
+    dispatcher, before it imports the command it runs) (idempotent)."""
+    if (command or _a_script_of_this_checkout()) and not hasattr(sys.excepthook, "rlt_startup_previous"):
         sys.excepthook = _hook(sys.excepthook)
 
 

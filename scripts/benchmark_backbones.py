@@ -1,34 +1,11 @@
 """Benchmark every registered attention against SDPA: time, memory, error, crossover (rl_transformers.bench).
 
-    python scripts/benchmark_backbones.py                      # full default sweep (CPU: fp32, L 256..16K)
-    python scripts/benchmark_backbones.py --quick              # smoke run: kernel target, L 256 and 1K
-    python scripts/benchmark_backbones.py --attentions full local linear --modes forward --lengths 1024 4096
-    python scripts/benchmark_backbones.py --peers --compile --profile --out benchmarks/results/mine
-
-Writes <out>/results.json, results.md and plots/ (default out: benchmarks/results/<cpu|gpu>). The method
-(gate, timing, memory, FLOP formula) is described in benchmarks/README.md and rl_transformers/bench/*.py.
+The command is ``rlt bench``, defined in rl_transformers/bench/command.py: ``--help`` lists its flags.
 """
-
-from __future__ import annotations
 
 import sys
 
-import tyro
-
-from rl_transformers.bench import BenchConfig, run_benchmark
-from rl_transformers.bench.harness import main_exit_code
-from rl_transformers.utils.errors import run_cli
-
-
-def main(config: BenchConfig) -> int:
-    results = run_benchmark(config)
-    out = config.resolve().out
-    counts: dict[str, int] = {}
-    for row in results["rows"]:
-        counts[row["status"]] = counts.get(row["status"], 0) + 1
-    print(f"{len(results['rows'])} rows {counts} -> {out}/results.json, results.md, plots/")
-    return main_exit_code(results)
-
+from rl_transformers.bench.command import command
 
 if __name__ == "__main__":
-    sys.exit(run_cli(lambda: main(tyro.cli(BenchConfig, description=__doc__))))
+    sys.exit(command())

@@ -2,9 +2,9 @@
 
 - Every relative link in README.md, docs/**/*.md and benchmarks/README.md points at a file that exists, and every
   ``#anchor`` at a heading of the target page (GitHub's slug rule).
-- Every command in a fenced shell block (and every inline ``python scripts/...`` span) that runs
-  ``scripts/<name>.py`` or ``python -m <our module>`` uses only flags that the script's ``--help`` lists (one
-  ``--help`` subprocess per script, cached). ``VAR="..."`` assignments in a block are expanded into later ``$VAR``.
+- Every command in a fenced shell block (and every inline ``python scripts/...`` or ``rlt <command>`` span) that
+  runs ``scripts/<name>.py``, ``python -m <our module>`` or ``rlt <command>`` uses only flags that the script's
+  ``--help`` lists (one ``--help`` subprocess per script or command, cached). ``VAR="..."`` assignments in a block are expanded into later ``$VAR``.
 - docs/variants.md equals what ``scripts/gen_variants_doc.py`` generates from the registry.
 """
 
@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from rl_transformers.cli import COMMANDS as RLT_COMMANDS
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted(
     p
@@ -34,7 +36,8 @@ OUR_MODULES = ("envs", "offline_data", "rl_transformers", "scripts")
 FENCE = re.compile(r"^(\s*)(```+|~~~+)\s*([\w+-]*)")
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 INLINE_CODE = re.compile(r"(`+)(.+?)\1")
-HELP_FLAG = re.compile(r"^\s*(?:-\w,\s+)?(--[\w.-]+)(?:,\s+(--[\w.-]+))?")
+HELP_FLAG = re.compile(r"^\s*(?:-\w,\s+)?(--[\w.-]+)(?:\s+[^\s,]+)?(?:,\s+(--[\w.-]+))?")
+"""A flag of ``--help`` and its alias (``--video-dir {None}|STR, --video {None}|STR``)."""
 SEPARATORS = {";", "&&", "||", "|", "&", ">", ">>", "2>&1", "do", "done", "then"}
 
 
@@ -198,14 +201,22 @@ def commands_in(page: Path, number: int, words: list[str], variables: dict[str, 
     found = []
     for i, word in enumerate(expanded):
         target = None
+        skip = 1  # words after this one that name the target, not flags
+        following = expanded[i + 1 : i + 3]
         if re.fullmatch(r"(\./)?scripts/\w+\.py", word):
-            target = word.removeprefix("./")
-        elif word == "-m" and i + 1 < len(expanded) and expanded[i + 1].split(".")[0] in OUR_MODULES:
-            target = f"-m {expanded[i + 1]}"
+            target, skip = word.removeprefix("./"), 0
+        elif word == "rlt" and following[:1] and following[0] in RLT_COMMANDS:
+            target = f"-m rl_transformers.cli {following[0]}"  # the same command, run from this checkout
+        elif word == "-m" and following[:1] == ["rl_transformers.cli"] and following[1:2] in ([], ["--help"]):
+            target = "-m rl_transformers.cli"
+        elif word == "-m" and following[:1] == ["rl_transformers.cli"] and following[1] in RLT_COMMANDS:
+            target, skip = f"-m rl_transformers.cli {following[1]}", 2
+        elif word == "-m" and following[:1] and following[0].split(".")[0] in OUR_MODULES:
+            target = f"-m {following[0]}"
         if target is None:
             continue
         flags = []
-        for arg in expanded[i + 1 + (target.startswith("-m")) :]:
+        for arg in expanded[i + 1 + skip :]:
             if arg in SEPARATORS or arg.endswith(";"):
                 break
             if arg.startswith("--"):
@@ -231,7 +242,7 @@ def shell_commands(page: Path) -> list[Command]:
     for number, line in prose:  # inline `python scripts/x.py --flag` spans (tables, prose)
         for m in INLINE_CODE.finditer(line):
             code = m.group(2)
-            if re.search(r"(python|torchrun)\S*\s.*scripts/\w+\.py|python\S*\s+-m\s", code):
+            if re.search(r"(python|torchrun)\S*\s.*scripts/\w+\.py|python\S*\s+-m\s|^rlt\s", code):
                 found.extend(commands_in(page, number, tokens(code), {}))
     return found
 
@@ -291,8 +302,10 @@ def test_command_parser(tmp_path: Path) -> None:
         "done\n"
         "torchrun --nproc_per_node 2 scripts/train_gtrxl.py --ppo.seq-len 8 | tee log\n"
         "python -m envs.scores --episodes 5\n"
+        "rlt train-dt --dataset d --seed 1\n"
+        "python -m rl_transformers.cli evaluate RUN --episodes 3\n"
         "```\n"
-        "A table cell: `python scripts/evaluate.py RUN --episodes 100`.\n",
+        "A table cell: `python scripts/evaluate.py RUN --episodes 100`, `rlt tune --n-trials 4`, `rlt <command>`.\n",
         encoding="utf-8",
     )
     got = [(c.target, c.flags) for c in shell_commands(page)]
@@ -300,7 +313,10 @@ def test_command_parser(tmp_path: Path) -> None:
         ("scripts/train_dt.py", ("--dataset", "--seed", "--threads", "--x")),
         ("scripts/train_gtrxl.py", ("--ppo.seq-len",)),
         ("-m envs.scores", ("--episodes",)),
+        ("-m rl_transformers.cli train-dt", ("--dataset", "--seed")),
+        ("-m rl_transformers.cli evaluate", ("--episodes",)),
         ("scripts/evaluate.py", ("--episodes",)),
+        ("-m rl_transformers.cli tune", ("--n-trials",)),
     ]
 
 

@@ -7,7 +7,8 @@ the layer order). Three rules:
 
 (a) the layers, lowest first: ``utils`` (with the standard-library-only root modules ``startup`` and ``tags``)
     < ``logging`` < ``backbone`` < ``runs`` < ``policies`` < ``envs`` < ``offline_data`` < ``algos`` < ``agents`` <
-    ``study`` < ``tune`` and ``bench`` (on top: nothing imports them). A module imports its own package or
+    ``study`` < ``tune`` and ``bench`` < ``cli`` (the ``rlt`` command, on top: nothing imports it; it imports
+    its commands lazily). A module imports its own package or
     lower layers only, at every level; ``utils`` imports nothing of this repository but ``utils``;
 (b) no circle: the graph of module-level and type-checking imports has no strongly connected component of
     more than one module;
@@ -44,6 +45,7 @@ LAYERS: dict[str, int] = {
     "rl_transformers.study": 9,
     "rl_transformers.tune": 10,
     "rl_transformers.bench": 10,
+    "rl_transformers.cli": 11,
 }
 """Layer of each part: a module imports modules of its own part or of a lower layer (same number, other part:
 refused, so ``tune`` and ``bench`` do not import each other), except in the base layer."""

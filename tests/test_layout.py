@@ -339,7 +339,7 @@ def test_removed_names_stay_removed(module: str) -> None:
 
 
 def test_one_result_type_describes_a_run() -> None:
-    """``RunResult`` (algos.lifecycle) is what every trainer and ``rl_transformers.train_*`` return."""
+    """``RunResult`` (runs.lifecycle) is what every trainer and ``rl_transformers.train_*`` return."""
     import rl_transformers
     from rl_transformers import agents
     from rl_transformers.algos import dt, ppo

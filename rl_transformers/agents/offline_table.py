@@ -20,6 +20,7 @@ from typing import Any, cast
 import numpy as np
 
 from rl_transformers.agents.offline_runs import OfflineRun
+from rl_transformers.utils.extras import need
 
 __all__ = ["Row", "render_markdown", "spearman_rows", "summarize", "to_json"]
 
@@ -41,6 +42,7 @@ class Row:
 
 
 def _interval(values: Sequence[float]) -> float | None:
+    need("scipy", "the table's confidence interval")
     from scipy import stats
 
     if len(values) < 2:
@@ -82,6 +84,7 @@ def summarize(runs: Sequence[OfflineRun]) -> list[Row]:
 
 def _rho(x: Sequence[float], y: Sequence[float]) -> float | None:
     """Spearman's ρ of x and y (``scipy.stats.spearmanr``); None when it is undefined (a constant side)."""
+    need("scipy", "Spearman's rho")
     from scipy import stats
 
     if len(set(x)) < 2 or len(set(y)) < 2:

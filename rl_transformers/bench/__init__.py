@@ -1,6 +1,7 @@
-"""Benchmarks: the attention harness (``scripts/benchmark_backbones.py``); the encoder study (RL runs per
-variant, ``scripts/encoder_study.py``) lives in :mod:`rl_transformers.study`.
+"""Benchmarks: the attention harness (``rlt bench``, ``scripts/benchmark_backbones.py``); the encoder study (RL
+runs per variant, ``scripts/encoder_study.py``) lives in :mod:`rl_transformers.study`.
 
+- :mod:`~rl_transformers.bench.command` - the command: flags, summary line, exit status
 - :mod:`~rl_transformers.bench.config` - :class:`BenchConfig` (CPU / GPU defaults)
 - :mod:`~rl_transformers.bench.ops` - implementations (SDPA, registry entries, peers) and timed operations
 - :mod:`~rl_transformers.bench.correctness` - the correctness gate (float64, softmax probe, dense reference)

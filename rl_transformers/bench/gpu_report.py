@@ -13,6 +13,7 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+from rl_transformers.utils.extras import need
 from rl_transformers.utils.tables import markdown_row, markdown_table
 
 ATTENTION_COLUMNS = ("variant",)
@@ -349,6 +350,7 @@ def write_plot(results: dict[str, Any], path: Path) -> bool:
     data = results["stages"].get("attention", {}).get("data")
     if not data:
         return False
+    need("matplotlib", "the GPU report's plot")
     import matplotlib
 
     matplotlib.use("Agg")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_transformers.utils.atomic import atomic_write_text
+from rl_transformers.utils.extras import need
 from rl_transformers.utils.tables import markdown_table
 
 ROW_SCHEMA: dict[str, tuple[type, ...]] = {
@@ -340,6 +341,7 @@ def markdown(results: dict[str, Any]) -> str:
 # -- plots ------------------------------------------------------------------------------------------------
 def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
     """Time and peak memory vs L (log-log), one line per variant, SDPA in thick black; one PNG per group."""
+    need("matplotlib", "the benchmark's plots")
     import matplotlib
 
     matplotlib.use("Agg")

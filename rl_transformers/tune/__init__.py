@@ -1,5 +1,7 @@
-"""Hyper-parameter tuning of any encoder on any task with Optuna: ``scripts/tune.py``.
+"""Hyper-parameter tuning of any encoder on any task with Optuna: ``rlt tune`` (``scripts/tune.py``).
 
+- :mod:`~rl_transformers.tune.command` - the command: its flags (:class:`~rl_transformers.tune.tuner.TuneConfig`)
+  and output;
 - :mod:`~rl_transformers.tune.seeds` - tuning seeds, disjoint from the test seeds (checked);
 - :mod:`~rl_transformers.tune.study_check` - reading a tuning study back: every trial checked, storage errors;
 - :mod:`~rl_transformers.tune.tuner` - the Optuna study: TPE sampler, median pruner, resumable SQLite storage.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -237,12 +236,11 @@ def test_config_errors(tmp_path: Path) -> None:
 def test_cli_random_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import tyro
 
-    spec = importlib.util.spec_from_file_location("make_dataset", REPO / "scripts" / "make_dataset.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from offline_data.build_command import main  # rlt make-dataset, scripts/make_dataset.py
+
     args = ["--env-id", "CartPole-v1", "--kinds", "random", "--num-episodes", "2", "--root", str(tmp_path)]
     args += ["--ref-min-score", "9", "--ref-max-score", "500", "--no-progress", "--dataset-prefix", "cli/cp"]
-    module.main(tyro.cli(BuildConfig, args=args))
+    main(tyro.cli(BuildConfig, args=args))
     summary = json.loads(capsys.readouterr().out)
     assert summary["datasets"]["random"]["id"] == "cli/cp/random-v0"
     assert summary["ref_scores"] == [9.0, 500.0] and summary["policies"] == {}

@@ -1,4 +1,4 @@
-"""``utils.provenance``: the commit comes from the package's checkout; each invocation appends one record."""
+"""``runs.provenance``: the commit comes from the package's checkout; each invocation appends one record."""
 
 from __future__ import annotations
 

