@@ -72,7 +72,7 @@ def test_every_row_and_k_gets_positive_numbers(report: dict) -> None:
     assert report["written"]["results"] == report["results"] and report["written"]["complete"]
     assert "incomplete" not in report["markdown"]
     assert report["written"]["machine"]["git_sha"] and report["written"]["command"].startswith(
-        "python scripts/"
+        "python benchmarks/"
     )
     for name in EXPECTED:
         k, n = EXPECTED[name]

@@ -1,4 +1,5 @@
-"""The DT throughput table's machine record: the load at the start and the end of a measurement (benchmarks/studies/meta.py), shown by dt_timing's page."""
+"""The DT throughput table's machine record: the load at the start and the end of a measurement
+(benchmarks/studies/meta.py), shown by dt_timing's page."""
 
 from __future__ import annotations
 
