@@ -203,7 +203,7 @@ def commands_in(page: Path, number: int, words: list[str], variables: dict[str, 
         target = None
         skip = 1  # words after this one that name the target, not flags
         following = expanded[i + 1 : i + 3]
-        if re.fullmatch(r"(\./)?scripts/\w+\.py", word):
+        if re.fullmatch(r"(\./)?(scripts|benchmarks)/\w+\.py", word):
             target, skip = word.removeprefix("./"), 0
         elif word == "rlt" and following[:1] and following[0] in RLT_COMMANDS:
             target = f"-m rl_transformers.cli {following[0]}"  # the same command, run from this checkout
@@ -242,7 +242,9 @@ def shell_commands(page: Path) -> list[Command]:
     for number, line in prose:  # inline `python scripts/x.py --flag` spans (tables, prose)
         for m in INLINE_CODE.finditer(line):
             code = m.group(2)
-            if re.search(r"(python|torchrun)\S*\s.*scripts/\w+\.py|python\S*\s+-m\s|^rlt\s", code):
+            if re.search(
+                r"(python|torchrun)\S*\s.*(scripts|benchmarks)/\w+\.py|python\S*\s+-m\s|^rlt\s", code
+            ):
                 found.extend(commands_in(page, number, tokens(code), {}))
     return found
 

@@ -37,7 +37,6 @@ LONG_FUNCTIONS = {
     "rl_transformers/backbone/attention/_routing_kernels.py::cluster_attention": "one attention kernel",
     "rl_transformers/backbone/attention/_dense.py::residue_classes_attention": "one attention kernel",
     "rl_transformers/backbone/memory/compressive.py::CompressiveMemory.write": "one memory update",
-    "rl_transformers/bench/gpu_report.py::render_markdown": "one report template",
     "rl_transformers/bench/harness.py::Runner._prepare": "one benchmark case's setup",
     "rl_transformers/study/confirm.py::run_confirm": "one study protocol",
 }

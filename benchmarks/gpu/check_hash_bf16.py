@@ -24,7 +24,7 @@ def main() -> None:
             tokens=16384 if gpu else 512, width=2048 if gpu else 128, dtype="bfloat16",
             device="cuda" if gpu else "cpu", attentions=("lsh", "routing", "full"), check_max_len=1024,
             ref_max_len=1024, probe_len=96, warmup=2, repeats=7, measure_memory=gpu, plots=False,
-            out=str(out / "harness"), progress=True,
+            out=out / "harness", progress=True,
         )  # fmt: skip
         rows += [{k: r.get(k) for k in KEEP} for r in run_benchmark(cfg, write=False)["rows"]]
     result = {

@@ -9,16 +9,12 @@ runs per variant, ``scripts/encoder_study.py``) lives in :mod:`rl_transformers.s
 - :mod:`~rl_transformers.bench.memory` - peak memory (fresh process on CPU, CUDA statistics on GPU), estimates
 - :mod:`~rl_transformers.bench.harness` - the run; :mod:`~rl_transformers.bench.report` - JSON, Markdown, plots
 - :mod:`~rl_transformers.bench.gate` - the gate of each row; :mod:`~rl_transformers.bench.rows` - row fields, FLOPs
-- :mod:`~rl_transformers.bench.meta` - git commit (of the package's checkout) and machine of a run
+- :mod:`~rl_transformers.bench.kernels` - the kernel census (attention backends reached, real FLOPs)
 - :mod:`~rl_transformers.bench.peers` - optional third-party rows
+- :mod:`~rl_transformers.bench.worktree` - an older commit's tree beside the working tree (A/B checks)
 
-Training-throughput tables (outside the attention harness):
-
-- :mod:`~rl_transformers.bench.ppo_throughput` - PPO env steps/s per attention (``measure_throughput.py
-  --all-attentions``)
-- :mod:`~rl_transformers.bench.ppo_reference` - PPO vs cleanrl's ppo_trxl at an equal parameter count
-- :mod:`~rl_transformers.bench.dt_models` / :mod:`~rl_transformers.bench.dt_timing` - Decision Transformer vs
-  HF / d3rlpy (``bench_dt_throughput.py``)
+The project's own benchmark studies (PPO and DT throughput tables, the GPU suite, profiles) are not part of the
+package: they live beside it in the checkout's ``benchmarks/`` folder, with their results.
 """
 
 from __future__ import annotations

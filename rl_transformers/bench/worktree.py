@@ -1,5 +1,5 @@
 """An older commit's tree beside the working tree, for side-by-side checks (scripts/check_reproducible.py,
-scripts/ab_attention_timing.py): ``with commit_tree(repo, rev) as tree`` checks ``rev`` out into a temporary
+benchmarks/ab_attention_timing.py): ``with commit_tree(repo, rev) as tree`` checks ``rev`` out into a temporary
 ``git worktree`` and removes it afterwards; run its code with ``PYTHONPATH=tree``."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ that produced it (None when the package is not inside a git checkout, e.g. insta
 is appended when that checkout has uncommitted changes to tracked files.
 
 :func:`machine_info` is the record itself (versions, device, threads, cores, load, time, commit). Benchmarks
-store it beside their tables (:mod:`rl_transformers.bench.meta`); every training run appends one per invocation
+store it beside their tables (`benchmarks/studies/meta.py`); every training run appends one per invocation
 to ``<run>/system_info.json`` (:func:`record_invocation`), so a number read from a run names its commit and
 machine without anyone having to write them down.
 """

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from torch import nn
 
-from rl_transformers.bench.ppo_reference import OUR_MODELS, our_config, steady_rate
+from benchmarks.studies.ppo_reference import OUR_MODELS, our_config, steady_rate
 from rl_transformers.utils.params import count_parameters, format_parameters
 
 CLEANRL_POM_PARAMETERS = 88_579
@@ -64,7 +64,7 @@ def test_cleanrl_source_names_the_files_and_commit(tmp_path) -> None:
     import hashlib
     import subprocess
 
-    from rl_transformers.bench.ppo_reference import cleanrl_source
+    from benchmarks.studies.ppo_reference import cleanrl_source
 
     for name, text in (("ppo_trxl.py", "print('trxl')\n"), ("pom_env.py", "ENV = 1\n")):
         (tmp_path / name).write_text(text)
@@ -88,7 +88,7 @@ def test_results_md_names_the_cleanrl_code_or_says_it_was_not_recorded() -> None
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_ppo_vs_cleanrl.py"
+    script = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_ppo_vs_cleanrl.py"
     spec = importlib.util.spec_from_file_location("bench_ppo_vs_cleanrl", script)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -106,7 +106,7 @@ def test_results_md_names_the_cleanrl_code_or_says_it_was_not_recorded() -> None
     }
     row = {"model": "cleanrl ppo_trxl", "status": "ok", "parameters": 88_579, "steps_per_s": 2000.0,
            "steps_per_s_rounds": [2000.0]}  # fmt: skip
-    report = {"command": "python scripts/bench_ppo_vs_cleanrl.py", "machine": machine, "warmup": 1, "updates": 4,
+    report = {"command": "python benchmarks/bench_ppo_vs_cleanrl.py", "machine": machine, "warmup": 1, "updates": 4,
               "rounds": 1, "rows": [row], "ppo": {"num_steps": 128, "num_minibatches": 8, "update_epochs": 4}}  # fmt: skip
     assert "- cleanrl: code not recorded" in module.render(report)
     source = {"git_commit": "f" * 40, "sha256": {"ppo_trxl.py": "a" * 64, "pom_env.py": "b" * 64}}
@@ -125,7 +125,7 @@ def test_an_interpreter_without_cleanrls_dependencies_is_one_error_line_before_a
     for name in ("ppo_trxl.py", "pom_env.py"):
         (tmp_path / name).write_text("import cleanrl_dependency_that_is_missing\n")
     out = subprocess.run(
-        [sys.executable, "scripts/bench_ppo_vs_cleanrl.py", "--cleanrl-dir", str(tmp_path), "--rounds", "1",
+        [sys.executable, "benchmarks/bench_ppo_vs_cleanrl.py", "--cleanrl-dir", str(tmp_path), "--rounds", "1",
          "--out", str(tmp_path / "out")],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -142,7 +142,7 @@ def test_compare_adds_compiled_rows_and_our_phase_rates(tmp_path, monkeypatch) -
     import sys
     from pathlib import Path
 
-    from rl_transformers.bench import ppo_reference as ref
+    from benchmarks.studies import ppo_reference as ref
 
     for name in ref.CLEANRL_FILES:
         (tmp_path / name).write_text("# stand-in\n")
@@ -172,7 +172,7 @@ def test_compare_adds_compiled_rows_and_our_phase_rates(tmp_path, monkeypatch) -
     assert len(plain_only["rows"]) == 1 + len(OUR_MODELS)
 
     spec = importlib.util.spec_from_file_location(
-        "bench_script", Path(__file__).resolve().parents[2] / "scripts" / "bench_ppo_vs_cleanrl.py"
+        "bench_script", Path(__file__).resolve().parents[3] / "benchmarks" / "bench_ppo_vs_cleanrl.py"
     )
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)

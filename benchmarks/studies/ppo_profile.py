@@ -1,6 +1,6 @@
 """Where a PPO update spends its time: ``torch.profiler`` over one rollout and one training pass.
 
-Used by ``scripts/profile_ppo.py`` ("where the time goes, with a profile"). After ``warmup`` whole
+Used by ``benchmarks/profile_ppo.py`` ("where the time goes, with a profile"). After ``warmup`` whole
 updates, one :func:`~rl_transformers.algos.rollout.collect_rollout` and one
 :meth:`~rl_transformers.algos.ppo.PPOTrainer.train_epochs` run under the CPU profiler, each separately. Per
 phase the table lists the operators by self CPU time (time inside the operator itself, children excluded),

@@ -15,7 +15,7 @@ evaluation off — and its ``update()`` (sample, forward, backward, clip, AdamW,
   state) in a fresh process, by :func:`rl_transformers.bench.memory.measure_rss` (glibc returns freed blocks,
   peak mark reset before the update).
 - **updates/s**: after the saved-bytes update and ``warmup`` more, the rows of one L are timed in interleaved
-  rounds, the order rotated each round (:func:`rl_transformers.bench.dt_timing.time_rounds`), by CPU time and
+  rounds, the order rotated each round (:func:`benchmarks.studies.dt_timing.time_rounds`), by CPU time and
   wall clock, one torch thread; ``full`` is always timed as the reference, and each row's ratio to ``full`` is
   the median over rounds of its per-round speed over ``full``'s in the same round (>1: faster than ``full``).
 """
@@ -34,9 +34,9 @@ from typing import Any
 
 import torch
 
-from rl_transformers.bench.dt_timing import time_rounds
+from benchmarks.studies.dt_timing import time_rounds
+from benchmarks.studies.meta import load_text
 from rl_transformers.bench.memory import malloc_returns_memory, measure_rss, run_in_child
-from rl_transformers.bench.meta import load_text
 from rl_transformers.runs.provenance import finish_machine_info, machine_info
 from rl_transformers.study import offline_memory as om
 from rl_transformers.utils.atomic import atomic_write_text

@@ -1,12 +1,12 @@
-"""PPO env steps/s vs cleanrl's ppo_trxl at an equal parameter count (rl_transformers/bench/ppo_reference.py).
+"""PPO env steps/s vs cleanrl's ppo_trxl at an equal parameter count (benchmarks/studies/ppo_reference.py).
 
 cleanrl is not a dependency: check out https://github.com/vwxyzjn/cleanrl, point --cleanrl-dir at its
 cleanrl/ppo_trxl directory and --cleanrl-python at an interpreter with its dependencies (gymnasium 0.29,
 memory-gym, einops, tyro, tensorboard, torch; e.g. a venv made with its cleanrl/ppo_trxl/pyproject.toml).
 
-    python scripts/bench_ppo_vs_cleanrl.py --cleanrl-dir ~/cleanrl/cleanrl/ppo_trxl \\
+    python benchmarks/bench_ppo_vs_cleanrl.py --cleanrl-dir ~/cleanrl/cleanrl/ppo_trxl \\
         --cleanrl-python ~/cleanrl-venv/bin/python --rounds 3
-    python scripts/bench_ppo_vs_cleanrl.py ... --compile --warmup 3     # ours also with --compile
+    python benchmarks/bench_ppo_vs_cleanrl.py ... --compile --warmup 3     # ours also with --compile
 
 Writes <out>/results.json and results.md (rates, parameter counts, speed-ups, command, git SHA, machine).
 """
@@ -21,12 +21,16 @@ from pathlib import Path
 
 import tyro
 
-from rl_transformers.bench import ppo_reference
-from rl_transformers.bench.meta import load_text
-from rl_transformers.runs.provenance import finish_machine_info, machine_info
-from rl_transformers.utils.atomic import atomic_write_text
-from rl_transformers.utils.errors import run_cli
-from rl_transformers.utils.tables import markdown_row, markdown_table
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a file: benchmarks/ (not installed) imports from the checkout's root
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.studies import ppo_reference  # noqa: E402
+from benchmarks.studies.meta import load_text  # noqa: E402
+from rl_transformers.runs.provenance import finish_machine_info, machine_info  # noqa: E402
+from rl_transformers.utils.atomic import atomic_write_text  # noqa: E402
+from rl_transformers.utils.errors import run_cli  # noqa: E402
+from rl_transformers.utils.tables import markdown_row, markdown_table  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -105,7 +109,7 @@ def main(args: Args) -> None:
         args.cleanrl_dir, args.cleanrl_python, args.updates, args.warmup, args.rounds, compile=args.compile
     )
     report = {
-        "command": shlex.join(["python", "scripts/bench_ppo_vs_cleanrl.py", *sys.argv[1:]]),
+        "command": shlex.join(["python", "benchmarks/bench_ppo_vs_cleanrl.py", *sys.argv[1:]]),
         "updates": args.updates,
         "warmup": args.warmup,
         "rounds": args.rounds,

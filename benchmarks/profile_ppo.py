@@ -1,10 +1,10 @@
 """Profile one PPO rollout and one training pass (torch.profiler, self CPU time per operator; method:
-rl_transformers/bench/ppo_profile.py). Run it on an idle machine.
+benchmarks/studies/ppo_profile.py). Run it on an idle machine.
 
-    python scripts/profile_ppo.py                                     # the default GTrXL on T-Maze, 1 thread
-    python scripts/profile_ppo.py --out benchmarks/results/ppo_fast/profile
-    python scripts/profile_ppo.py --backbone.attention gaussian_prior --top 20
-    python scripts/profile_ppo.py --shapes-of aten::copy_ aten::cat    # which tensors the copies move
+    python benchmarks/profile_ppo.py                                     # the default GTrXL on T-Maze, 1 thread
+    python benchmarks/profile_ppo.py --out benchmarks/results/ppo_fast/profile
+    python benchmarks/profile_ppo.py --backbone.attention gaussian_prior --top 20
+    python benchmarks/profile_ppo.py --shapes-of aten::copy_ aten::cat    # which tensors the copies move
 
 Takes every training flag of train_gtrxl.py. Writes <out>/profile.json and profile.md (with the command, git
 commit and machine) when --out is given; prints the tables.
@@ -21,13 +21,17 @@ from typing import Annotated
 
 import tyro
 
-from rl_transformers.algos.ppo_config import TrainConfig
-from rl_transformers.backbone.cli import cli_registry
-from rl_transformers.backbone.options import check_int
-from rl_transformers.bench.ppo_profile import profile_ppo, render
-from rl_transformers.runs.provenance import finish_machine_info, machine_info
-from rl_transformers.utils.atomic import atomic_write_text
-from rl_transformers.utils.errors import run_cli
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a file: benchmarks/ (not installed) imports from the checkout's root
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.studies.ppo_profile import profile_ppo, render  # noqa: E402
+from rl_transformers.algos.ppo_config import TrainConfig  # noqa: E402
+from rl_transformers.backbone.cli import cli_registry  # noqa: E402
+from rl_transformers.backbone.options import check_int  # noqa: E402
+from rl_transformers.runs.provenance import finish_machine_info, machine_info  # noqa: E402
+from rl_transformers.utils.atomic import atomic_write_text  # noqa: E402
+from rl_transformers.utils.errors import run_cli  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,7 @@ def main(args: Args) -> None:
     cfg = args.config
     machine = machine_info("cpu", cfg.threads or 1)
     result = profile_ppo(cfg, args.warmup, args.top, args.shapes_of)
-    command = shlex.join(["python", "scripts/profile_ppo.py", *sys.argv[1:]])
+    command = shlex.join(["python", "benchmarks/profile_ppo.py", *sys.argv[1:]])
     info = finish_machine_info(machine)
     header = [
         "# PPO profile: self CPU time per operator",

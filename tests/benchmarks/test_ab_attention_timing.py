@@ -1,4 +1,4 @@
-"""scripts/ab_attention_timing.py: a real (tiny) side-by-side timing against a commit, and its user errors."""
+"""benchmarks/ab_attention_timing.py: a real (tiny) side-by-side timing against a commit, and its user errors."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "scripts/ab_attention_timing.py", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "benchmarks/ab_attention_timing.py", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=600)  # fmt: skip
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TINY_FLAGS = [
     "--num-envs", "2", "--ppo.num-steps", "8", "--ppo.seq-len", "4", "--ppo.num-minibatches", "1",
     "--ppo.update-epochs", "1", "--backbone.d-model", "16", "--backbone.n-heads", "2", "--backbone.n-layers", "1",
@@ -21,7 +21,7 @@ def test_table_of_two_tiny_variants_and_a_refused_one(tmp_path: Path) -> None:
     out = tmp_path / "table"
     cmd = [
         sys.executable,
-        "scripts/measure_throughput.py",
+        "benchmarks/measure_throughput.py",
         "--attentions",
         "local",
         "linear",
@@ -45,7 +45,7 @@ def test_table_of_two_tiny_variants_and_a_refused_one(tmp_path: Path) -> None:
     assert local["parameters"] == rows["full"]["parameters"] > 0
     # linear attention cannot take a logit-bias position scheme: refused, no process started, reason given
     assert rows["linear"]["status"] == "unsupported" and "alibi" in rows["linear"]["reason"]
-    assert report["command"].startswith("python scripts/measure_throughput.py --attentions local linear")
+    assert report["command"].startswith("python benchmarks/measure_throughput.py --attentions local linear")
     assert report["config"]["backbone"]["position"] == "alibi" and report["config"]["num_envs"] == 2
     assert report["machine"]["git_sha"] is None or len(report["machine"]["git_sha"]) >= 40
     # the machine record is taken before the measurement (3 processes, each importing torch: > 1 s) and
@@ -60,7 +60,14 @@ def test_table_of_two_tiny_variants_and_a_refused_one(tmp_path: Path) -> None:
 
 
 def test_unknown_attention_is_refused_with_the_closest_name(tmp_path: Path) -> None:
-    cmd = [sys.executable, "scripts/measure_throughput.py", "--attentions", "lokal", "--out", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "benchmarks/measure_throughput.py",
+        "--attentions",
+        "lokal",
+        "--out",
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "'local'" in proc.stderr and "lokal" in proc.stderr
     assert not (tmp_path / "results.json").exists()

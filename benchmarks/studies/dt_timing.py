@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
+from benchmarks.studies.dt_models import Candidate
+from benchmarks.studies.meta import load_text
 from rl_transformers.algos.dt import FUSED_ADAMW_DEVICES
-from rl_transformers.bench.dt_models import Candidate
-from rl_transformers.bench.meta import load_text
 from rl_transformers.utils.atomic import atomic_write_text
 from rl_transformers.utils.params import count_parameters
 from rl_transformers.utils.tables import markdown_table

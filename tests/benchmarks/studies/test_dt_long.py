@@ -1,4 +1,4 @@
-"""The long-context DT benchmark (rl_transformers/bench/dt_long.py) on a tiny T-Maze
+"""The long-context DT benchmark (benchmarks/studies/dt_long.py) on a tiny T-Maze
 (corridor 3) built here: every (row, K) gets positive numbers, the ratios are paired by round, the saved-bytes
 meter matches hand-counted autograd graphs, and bad inputs are one-line errors. Timings are never asserted."""
 
@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_transformers.bench import dt_long
+from benchmarks.studies import dt_long
 from rl_transformers.study import offline_memory as om
 from rl_transformers.study.encoders import dt_backbone
 from rl_transformers.utils.errors import UserError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 L = 3
 TINY = [
     om.Row("floor", "floor", "attention=full"),
@@ -47,7 +47,7 @@ def report(minari: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
         lengths=(L,), rounds=2, updates=2, warmup=1, dataset_root=minari, out=out, rss_timeout_s=120.0
     )
     lines: list[str] = []
-    result = dt_long.run_bench(cfg, "python scripts/bench_dt_long_context.py (test)", TINY, lines.append)
+    result = dt_long.run_bench(cfg, "python benchmarks/bench_dt_long_context.py (test)", TINY, lines.append)
     result["lines"] = lines
     result["written"] = json.loads((out / "results.json").read_text())
     result["markdown"] = (out / "results.md").read_text()
@@ -72,7 +72,7 @@ def test_every_row_and_k_gets_positive_numbers(report: dict) -> None:
     assert report["written"]["results"] == report["results"] and report["written"]["complete"]
     assert "incomplete" not in report["markdown"]
     assert report["written"]["machine"]["git_sha"] and report["written"]["command"].startswith(
-        "python scripts/"
+        "python benchmarks/"
     )
     for name in EXPECTED:
         k, n = EXPECTED[name]
@@ -159,7 +159,7 @@ def test_dry_run_lists_rows_and_k_and_touches_nothing(tmp_path: Path) -> None:
 
 
 def test_script_runs_and_reports_a_bad_row_in_one_line(minari: Path, tmp_path: Path) -> None:
-    script = [sys.executable, str(ROOT / "scripts" / "bench_dt_long_context.py")]
+    script = [sys.executable, str(ROOT / "benchmarks" / "bench_dt_long_context.py")]
     env_args = {"cwd": ROOT, "capture_output": True, "text": True, "timeout": 300}
     run = subprocess.run(
         [*script, "--lengths", "3", "--rows", "full", "floor", "--rounds", "1", "--updates", "1",

@@ -1,8 +1,8 @@
 """Time one attention kernel (or PPO with it) at an older commit and in the working tree, side by side.
 
-    python scripts/ab_attention_timing.py --commit 0cd9d35 --attention lsh --length 16384
-    python scripts/ab_attention_timing.py --commit HEAD~3 --attention routing --length 4096 --rounds 3
-    python scripts/ab_attention_timing.py --commit 28096be --attention full --target ppo --compile --rounds 3
+    python benchmarks/ab_attention_timing.py --commit 0cd9d35 --attention lsh --length 16384
+    python benchmarks/ab_attention_timing.py --commit HEAD~3 --attention routing --length 4096 --rounds 3
+    python benchmarks/ab_attention_timing.py --commit 28096be --attention full --target ppo --compile --rounds 3
 
 ``--target ppo`` times whole PPO updates instead: the default GTrXL policy on the default env
 (T-Maze) with ``--attention`` swapped in (``rope`` for attentions that refuse ``xl_relative``), 32 envs, one

@@ -1,6 +1,6 @@
 """Training throughput (windows/s) of the default Decision Transformer and of the peers' models of its size.
 
-Every candidate (``rl_transformers.bench.dt_models``) gets the same synthetic Hopper-shaped batch (obs 11,
+Every candidate (``benchmarks.studies.dt_models``) gets the same synthetic Hopper-shaped batch (obs 11,
 action 3, K = 20, batch 64, 3 layers, d = 128, 1 head, ReLU, dropout 0.1, max_ep_len 1000) and the same
 update: masked action MSE, backward, clip 0.25, AdamW. After warm-up, rounds alternate between the candidates
 (in a rotated order each round) and each round is timed by the process CPU time (``time.process_time``, which
@@ -8,8 +8,8 @@ other processes on the machine do not inflate) and by the wall clock. The table 
 each clock and the ratio of ``rl_transformers`` to every other candidate by both clocks. Peers are optional
 (``pip install transformers`` / ``d3rlpy``); a missing one is listed as skipped.
 
-    python scripts/bench_dt_throughput.py                          # 1 thread, all installed candidates
-    python scripts/bench_dt_throughput.py --out benchmarks/results/dt_throughput   # + results.json / .md
+    python benchmarks/bench_dt_throughput.py                          # 1 thread, all installed candidates
+    python benchmarks/bench_dt_throughput.py --out benchmarks/results/dt_throughput   # + results.json / .md
 """
 
 from __future__ import annotations
@@ -22,9 +22,13 @@ from pathlib import Path
 import torch
 import tyro
 
-from rl_transformers.bench import dt_models
-from rl_transformers.bench.dt_timing import run_rounds, summarise, write_results
-from rl_transformers.runs.provenance import finish_machine_info, machine_info
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a file: benchmarks/ (not installed) imports from the checkout's root
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.studies import dt_models  # noqa: E402
+from benchmarks.studies.dt_timing import run_rounds, summarise, write_results  # noqa: E402
+from rl_transformers.runs.provenance import finish_machine_info, machine_info  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,7 @@ def main(args: Args) -> dict:
     samples = args.steps * args.shape.batch_size
     report = summarise(built, rounds, samples, reference="rl_transformers")
     report["skipped"] = skipped
-    report["command"] = " ".join(["python", "scripts/bench_dt_throughput.py", *sys.argv[1:]])
+    report["command"] = " ".join(["python", "benchmarks/bench_dt_throughput.py", *sys.argv[1:]])
     report["machine"] = finish_machine_info(machine)
     report["setup"] = {"device": str(device), "threads": torch.get_num_threads()} | asdict(args.shape)
     report["setup"] |= {"steps": args.steps, "rounds": args.rounds, "warmup": args.warmup}

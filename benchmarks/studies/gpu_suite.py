@@ -1,6 +1,6 @@
 """The GPU benchmark suite: one time-boxed command that measures everything the suite claims on a lent GPU.
 
-``scripts/bench_gpu.py`` (and ``benchmarks/gpu/run.sh``, which first installs the carried wheels) runs, in this
+``benchmarks/bench_gpu.py`` (and ``benchmarks/gpu/run.sh``, which first installs the carried wheels) runs, in this
 order, each stage inside its own try block so that one failure costs only its own table, and rewrites the
 results after every stage (a run stopped by its time limit still leaves every finished stage on disk):
 
@@ -48,7 +48,7 @@ SCHEMA_VERSION = 1
 
 @dataclass(frozen=True)
 class GpuSuiteConfig:
-    """The GPU benchmark suite (``scripts/bench_gpu.py``)."""
+    """The GPU benchmark suite (``benchmarks/bench_gpu.py``)."""
 
     out: Path = Path("benchmarks/results/gpu")
     """Output folder: results.json, results.md, attention.png."""
@@ -170,7 +170,7 @@ class Suite:
         self.write()
 
     def write(self) -> None:
-        from rl_transformers.bench import gpu_report
+        from benchmarks.studies import gpu_report
 
         out = self.cfg.out
         out.mkdir(parents=True, exist_ok=True)
@@ -290,8 +290,8 @@ class Suite:
         return {"env_id": self.cfg.env_id, "rows": rows}
 
     def dt(self) -> dict[str, Any]:
-        from rl_transformers.bench import dt_models
-        from rl_transformers.bench.dt_timing import run_rounds, summarise
+        from benchmarks.studies import dt_models
+        from benchmarks.studies.dt_timing import run_rounds, summarise
 
         shape = (
             dt_models.DTShape(batch_size=4, context_len=5, d_model=16, n_layers=1)
@@ -360,7 +360,7 @@ def _nvidia_smi(field: str) -> str | None:
 
 def run_suite(cfg: GpuSuiteConfig) -> dict[str, Any]:
     """Run the suite of ``cfg``; writes results.json, results.md and attention.png to ``cfg.out``."""
-    from rl_transformers.bench import gpu_report
+    from benchmarks.studies import gpu_report
 
     if cfg.render_from is not None:
         results = json.loads(Path(cfg.render_from).read_text())

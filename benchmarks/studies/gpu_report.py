@@ -1,4 +1,4 @@
-"""Markdown tables and the plot of a GPU suite run (:mod:`rl_transformers.bench.gpu_suite`).
+"""Markdown tables and the plot of a GPU suite run (:mod:`benchmarks.studies.gpu_suite`).
 
 Attention cells read ``time ms (×ratio to SDPA)``; a row that was not timed shows its status (``failed``,
 ``skipped (memory)``, ...) instead, so no variant is hidden. The "physical limit" section sets the 16K rows of

@@ -20,7 +20,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from rl_transformers.bench.meta import load_text
+from benchmarks.studies.meta import load_text
 from rl_transformers.runs.provenance import finish_machine_info
 from rl_transformers.utils.atomic import atomic_write_text
 from rl_transformers.utils.tables import markdown_table

@@ -1,4 +1,4 @@
-"""The GPU suite (scripts/bench_gpu.py): its CPU dry run end to end, and the report's arithmetic on hand-made rows."""
+"""The GPU suite (benchmarks/bench_gpu.py): its CPU dry run end to end, and the report's arithmetic on hand-made rows."""
 
 from __future__ import annotations
 
@@ -9,18 +9,18 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.studies import gpu_report
+from benchmarks.studies.gpu_suite import GpuSuiteConfig
 from rl_transformers.backbone import available
-from rl_transformers.bench import gpu_report
-from rl_transformers.bench.gpu_suite import GpuSuiteConfig
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("gpu-dry")
     proc = subprocess.run(
-        [sys.executable, "scripts/bench_gpu.py", "--dry-run", "--out", str(out)],
+        [sys.executable, "benchmarks/bench_gpu.py", "--dry-run", "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,

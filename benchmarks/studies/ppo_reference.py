@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rl_transformers.bench.ppo_throughput import STATUS_OK, measure_one
+from benchmarks.studies.ppo_throughput import STATUS_OK, measure_one
 from rl_transformers.utils.errors import UserError
 
 CLEANRL_POM_FLAGS = (

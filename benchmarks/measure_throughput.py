@@ -1,15 +1,15 @@
 """Measure PPO throughput (env steps / s): rollouts alone and whole updates (rollout + training).
 
-    python scripts/measure_throughput.py                         # default GTrXL config, 1 thread
-    python scripts/measure_throughput.py --threads 2 --num-envs 32
-    python scripts/measure_throughput.py --policy lstm
-    python scripts/measure_throughput.py --all-attentions --backbone.memory None --backbone.position rope
+    python benchmarks/measure_throughput.py                         # default GTrXL config, 1 thread
+    python benchmarks/measure_throughput.py --threads 2 --num-envs 32
+    python benchmarks/measure_throughput.py --policy lstm
+    python benchmarks/measure_throughput.py --all-attentions --backbone.memory None --backbone.position rope
 
 Takes every training flag of train_gtrxl.py (--backbone.*, --ppo.*, --env-id ...). Prints one JSON line with the
 policy's parameter count.
 
 ``--all-attentions`` (or ``--attentions a b ...``) measures every registered attention with the same flags
-(only the attention changes; one fresh process each, one at a time; rl_transformers/bench/ppo_throughput.py) and
+(only the attention changes; one fresh process each, one at a time; benchmarks/studies/ppo_throughput.py) and
 writes <out>/results.json and results.md: env steps/s, ratio to ``full``, parameters, command, git SHA, machine.
 """
 
@@ -24,11 +24,15 @@ from typing import Annotated
 
 import tyro
 
-from rl_transformers.algos.ppo_config import TrainConfig
-from rl_transformers.algos.ppo_sizing import match_run_config
-from rl_transformers.algos.throughput import measure_throughput
-from rl_transformers.backbone.cli import cli_registry
-from rl_transformers.utils.errors import UserError, closest
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a file: benchmarks/ (not installed) imports from the checkout's root
+    sys.path.insert(0, str(ROOT))
+
+from rl_transformers.algos.ppo_config import TrainConfig  # noqa: E402
+from rl_transformers.algos.ppo_sizing import match_run_config  # noqa: E402
+from rl_transformers.algos.throughput import measure_throughput  # noqa: E402
+from rl_transformers.backbone.cli import cli_registry  # noqa: E402
+from rl_transformers.utils.errors import UserError, closest  # noqa: E402
 
 DEFAULT_OUT = Path("benchmarks/results/ppo_throughput")
 
@@ -52,8 +56,8 @@ class Args:
 
 
 def table(args: Args) -> None:
+    from benchmarks.studies import ppo_throughput
     from rl_transformers.backbone import available
-    from rl_transformers.bench import ppo_throughput
     from rl_transformers.runs.provenance import machine_info
 
     registered = list(available()["attention"])
@@ -71,7 +75,7 @@ def table(args: Args) -> None:
     cfg = args.config
     machine = machine_info("cpu" if cfg.device in ("auto", "cpu") else cfg.device, cfg.threads)
     result = ppo_throughput.run(cfg, names, args.updates, args.warmup, args.rounds)
-    command = shlex.join(["python", "scripts/measure_throughput.py", *sys.argv[1:]])
+    command = shlex.join(["python", "benchmarks/measure_throughput.py", *sys.argv[1:]])
     report = ppo_throughput.build_report(
         result, cfg, command, args.updates, args.warmup, args.rounds, machine=machine
     )

@@ -1,4 +1,4 @@
-"""scripts/profile_ppo.py: a real profile of a tiny PPO config (no timing asserted)."""
+"""benchmarks/profile_ppo.py: a real profile of a tiny PPO config (no timing asserted)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.studies.ppo_profile import profile_ppo, render
 from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
-from rl_transformers.bench.ppo_profile import profile_ppo, render
 from rl_transformers.policies import PolicyConfig, gtrxl_backbone
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def tiny() -> TrainConfig:
@@ -45,19 +45,19 @@ def test_profile_tables_cover_each_phase() -> None:
 
 def test_script_writes_json_and_markdown(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "scripts/profile_ppo.py", "--env-id", "rlt/TMazeShort-v0", "--num-envs", "2",
+        [sys.executable, "benchmarks/profile_ppo.py", "--env-id", "rlt/TMazeShort-v0", "--num-envs", "2",
          "--ppo.num-steps", "16", "--ppo.seq-len", "8", "--ppo.num-minibatches", "2", "--warmup", "1",
          "--top", "3", "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     report = json.loads((tmp_path / "profile.json").read_text())
-    assert report["command"].startswith("python scripts/profile_ppo.py --env-id rlt/TMazeShort-v0")
+    assert report["command"].startswith("python benchmarks/profile_ppo.py --env-id rlt/TMazeShort-v0")
     assert len(report["train"]["ops"]) == 4 and (tmp_path / "profile.md").read_text().startswith(
         "# PPO profile"
     )
     bad = subprocess.run(
-        [sys.executable, "scripts/profile_ppo.py", "--top", "0"], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "benchmarks/profile_ppo.py", "--top", "0"], cwd=ROOT, capture_output=True, text=True
     )
     assert (
         bad.returncode == 2
