@@ -36,12 +36,12 @@ The confirmation stage (the second edition, ``scripts/encoder_study_v2.py``):
 - :mod:`~rl_transformers.study.confirm_stages` - the screening and probe sections of the main page;
 - :mod:`~rl_transformers.study.confirm_headline` - the README's headline, rebuilt from the page.
 
-The memory probe (``scripts/memory_probe.py``):
+The memory probe (``python -m experiments.memory_probe.run``):
 
-- :mod:`~rl_transformers.study.probe` - one supervised cell: recall the symbol seen k steps ago;
-- :mod:`~rl_transformers.study.probe_grid` - the grid: encoders x context bound x k x seeds, with a stop rule;
-- :mod:`~rl_transformers.study.probe_report` - memory_probe.{md,json} and its plot;
-- :mod:`~rl_transformers.study.probe_restore` - restore of the committed cells into a fresh checkout.
+- :mod:`~experiments.memory_probe.probe` - one supervised cell: recall the symbol seen k steps ago;
+- :mod:`~experiments.memory_probe.grid` - the grid: encoders x context bound x k x seeds, with a stop rule;
+- :mod:`~experiments.memory_probe.report` - memory_probe.{md,json} and its plot;
+- :mod:`~experiments.memory_probe.restore` - restore of the committed cells into a fresh checkout.
 
 The offline memory table (``scripts/offline_memory.py``):
 

@@ -1,6 +1,6 @@
 """The other two parts of the study's main page, read from their committed documents as data: the
 screening stage (the first edition's aggregate, :data:`~rl_transformers.study.files.SCREENING_AGGREGATE`) and the
-memory probe (``memory_probe.json``, :mod:`~rl_transformers.study.probe_grid`). Nothing here runs or re-computes:
+memory probe (``memory_probe.json``, :mod:`~experiments.memory_probe.grid`). Nothing here runs or re-computes:
 a missing or malformed file gives a line saying so, never an exception, so the page always rebuilds.
 """
 

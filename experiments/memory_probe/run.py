@@ -1,10 +1,10 @@
 """Supervised memory probe: can each study encoder, trained through its policy's own acting and training path,
-output the symbol it saw k steps ago? (method: rl_transformers/study/probe.py)
+output the symbol it saw k steps ago? (method: experiments/memory_probe/probe.py)
 
-    python scripts/memory_probe.py --dry-run                                # cell count and estimated time
-    python scripts/memory_probe.py --encoders gtrxl gru --ks 1 4 16 --seeds 0
-    python scripts/memory_probe.py --docs docs/results                      # the whole grid, resumable
-    python scripts/memory_probe.py --report-only --docs docs/results        # rebuild the documents
+    python -m experiments.memory_probe.run --dry-run                                # cell count and estimated time
+    python -m experiments.memory_probe.run --encoders gtrxl gru --ks 1 4 16 --seeds 0
+    python -m experiments.memory_probe.run --docs docs/results                      # the whole grid, resumable
+    python -m experiments.memory_probe.run --report-only --docs docs/results        # rebuild the documents
 
 Each finished cell is a file under --out; a second invocation skips them, so an interrupted grid resumes. The
 committed cells (docs/results/memory_probe.json, same settings only) are restored into --out first, so a fresh
@@ -19,9 +19,9 @@ import sys
 import torch
 import tyro
 
+from experiments.memory_probe.grid import ProbeConfig, estimate, plan_rows, run_grid
+from experiments.memory_probe.restore import committed_json, restorable, restore_cells
 from rl_transformers.study.encoders import ppo_encoders, select
-from rl_transformers.study.probe_grid import ProbeConfig, estimate, plan_rows, run_grid
-from rl_transformers.study.probe_restore import committed_json, restorable, restore_cells
 from rl_transformers.utils.errors import run_cli
 
 
@@ -45,12 +45,12 @@ def main(cfg: ProbeConfig) -> None:
     if not cfg.report_only:
         run_grid(cfg, rows, peers=peers)
     if cfg.docs is not None:
-        from rl_transformers.study import probe_report
+        from experiments.memory_probe import report
 
         # the command that runs (or resumes) the grid and writes these documents
         args = [a for a in sys.argv[1:] if a != "--report-only"]
-        command = shlex.join(["python", "scripts/memory_probe.py", *args])
-        for path in probe_report.write(probe_report.build(cfg, rows, command, peers), cfg.docs):
+        command = shlex.join(["python", "-m", "experiments.memory_probe.run", *args])
+        for path in report.write(report.build(cfg, rows, command, peers), cfg.docs):
             print(f"wrote {path}")
 
 

@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rl_transformers.study.probe_grid import CURVE_STRIDE, REQUIRED, ProbeConfig, Row, cells_of
+from experiments.memory_probe.grid import CURVE_STRIDE, REQUIRED, ProbeConfig, Row, cells_of
 from rl_transformers.utils.atomic import atomic_write_json
 from rl_transformers.utils.errors import UserError
 

@@ -10,8 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from rl_transformers.study.encoders import Encoder
-from rl_transformers.study.probe import (
+from experiments.memory_probe.grid import (
+    ProbeConfig,
+    cells_of,
+    estimate,
+    plan_rows,
+    run_grid,
+)
+from experiments.memory_probe.probe import (
     CellResult,
     ProbeSettings,
     SymbolStreams,
@@ -20,14 +26,8 @@ from rl_transformers.study.probe import (
     episode_lengths,
     window_batches,
 )
-from rl_transformers.study.probe_grid import (
-    ProbeConfig,
-    cells_of,
-    estimate,
-    plan_rows,
-    run_grid,
-)
-from rl_transformers.study.probe_restore import restore_cells
+from experiments.memory_probe.restore import restore_cells
+from rl_transformers.study.encoders import Encoder
 from rl_transformers.utils.errors import UserError
 
 TINY = "attention=full;position=rope;memory=None;d_model=16;n_heads=2;n_layers=1"
@@ -182,13 +182,13 @@ def test_dry_run_counts_shared_cells_once_and_uses_measured_rates(tmp_path) -> N
 
 
 def test_documents_follow_the_cell_results(tmp_path) -> None:
-    from rl_transformers.study import probe_report
+    from experiments.memory_probe import report as probe_report
 
     encoder = Encoder("tiny", TINY, "attention")
     cfg = ProbeConfig(out=tmp_path / "cells", ks=(1, 4, 16), seeds=(0, 1), settings=ProbeSettings(updates=3))
     rows = plan_rows([encoder], ("default",))
     run_grid(cfg, rows, _stub(1, []), log=lambda _: None)
-    report = probe_report.build(cfg, rows, "python scripts/memory_probe.py --test")
+    report = probe_report.build(cfg, rows, "python -m experiments.memory_probe.run --test")
     by_k = report["rows"][0]["by_k"]
     assert by_k["1"]["accuracy_mean"] == 1.0 and by_k["1"]["median_updates_to_success"] == 5
     assert by_k["4"]["accuracy_mean"] == pytest.approx(0.3) and by_k["4"]["updates_to_success"] == [
@@ -211,7 +211,7 @@ def test_a_cell_equal_to_an_earlier_rows_on_its_first_seed_is_marked_and_its_oth
 ) -> None:
     """Rows that are the same model under two names (``local`` = ``full``) are marked, not re-run;
     checked per k (``other`` equals ``first`` at k = 1 and 4 only, as a sparse pattern may over short episodes)."""
-    from rl_transformers.study import probe_report
+    from experiments.memory_probe import report as probe_report
     from rl_transformers.study.confirm_stages import probe_lines
 
     def measure(spec: str, k: int, seed: int, settings: ProbeSettings) -> CellResult:
@@ -232,7 +232,7 @@ def test_a_cell_equal_to_an_earlier_rows_on_its_first_seed_is_marked_and_its_oth
     calls.clear()
     run_grid(cfg, rows, measure, log=lambda _: None)
     assert calls == []  # a resumed grid runs none of the skipped seeds either
-    report = probe_report.build(cfg, rows, "python scripts/memory_probe.py --test")
+    report = probe_report.build(cfg, rows, "python -m experiments.memory_probe.run --test")
     summary = {r["encoder"]: r for r in report["rows"]}
     assert summary["twin"]["repeats"] == "first [default]"
     assert summary["other"]["repeats"] is None and summary["first"]["repeats"] is None
@@ -254,8 +254,11 @@ def test_a_cell_equal_to_an_earlier_rows_on_its_first_seed_is_marked_and_its_oth
     # a fresh checkout, from the committed documents' thinned curves, finds the same repeats
     fresh = dataclasses.replace(cfg, out=tmp_path / "restored")
     assert restore_cells(fresh, rows, tmp_path / "docs" / "memory_probe.json") == 6 + 3 + 4
-    assert probe_report.build(fresh, rows, "python scripts/memory_probe.py --test")["rows"] == report["rows"]
-    # a run of some encoders (scripts/memory_probe.py --encoders twin) finds the rows they repeat among all
+    assert (
+        probe_report.build(fresh, rows, "python -m experiments.memory_probe.run --test")["rows"]
+        == report["rows"]
+    )
+    # a run of some encoders (python -m experiments.memory_probe.run --encoders twin) finds the rows they repeat among all
     alone = dataclasses.replace(cfg, out=tmp_path / "alone")
     run_grid(alone, rows[:1], measure, log=lambda _: None)
     calls.clear()
@@ -266,7 +269,7 @@ def test_a_cell_equal_to_an_earlier_rows_on_its_first_seed_is_marked_and_its_oth
 def test_the_status_line_says_which_encoders_are_left_and_which_rows_the_grid_stopped(tmp_path) -> None:
     """The documents say how complete the grid is themselves: encoders with cells left (from which k), or, when
     complete, the rows that still recalled the largest k (stopped by the grid, not by failing)."""
-    from rl_transformers.study import probe_report
+    from experiments.memory_probe import report as probe_report
 
     short, long = Encoder("short", TINY, "attention"), Encoder("long", TINY + ";d_ff=64", "attention")
     cfg = ProbeConfig(out=tmp_path, ks=(1, 4, 16), seeds=(0, 1), settings=ProbeSettings(updates=3))

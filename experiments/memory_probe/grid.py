@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from experiments.memory_probe.probe import CellResult, ProbeSettings, measure
 from rl_transformers.study.encoders import Encoder, label
 from rl_transformers.study.knobs import Knob, context_knob
-from rl_transformers.study.probe import CellResult, ProbeSettings, measure
 from rl_transformers.utils.atomic import atomic_write_json
 from rl_transformers.utils.errors import UserError
 
@@ -40,7 +40,7 @@ REQUIRED = {"accuracy", "updates_to_success", "updates_per_s", "k", "seed", "spe
 
 @dataclass(frozen=True)
 class ProbeConfig:
-    """The memory probe (``scripts/memory_probe.py``)."""
+    """The memory probe (``python -m experiments.memory_probe.run``)."""
 
     out: Path = Path("runs/memory_probe")
     """Per-cell result files: <out>/<encoder>/<knob>=<value>/k<k>-s<seed>.json."""

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from experiments.memory_probe.grid import ProbeConfig, ProbeSettings, plan_rows
+from experiments.memory_probe.report import cell_records
+from experiments.memory_probe.restore import restore_cells
 from rl_transformers.study.encoders import ppo_encoders, select
-from rl_transformers.study.probe_grid import ProbeConfig, ProbeSettings, plan_rows
-from rl_transformers.study.probe_report import cell_records
-from rl_transformers.study.probe_restore import restore_cells
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "results" / "memory_probe.json"
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "results" / "memory_probe.json"
 
 
 def _plan(committed: dict, out: Path) -> tuple[ProbeConfig, list]:
@@ -72,9 +72,8 @@ def test_the_script_restores_every_committed_cell_by_default_and_dry_runs_count_
     """Without --docs a run still starts from docs/results/memory_probe.json (a fresh checkout re-measured
     committed cells before), restoring every encoder's cells since one may repeat another; a dry run counts
     them as finished and writes nothing; --no-restore measures afresh."""
-    from tests.script_module import load_script
+    from experiments.memory_probe import run as probe
 
-    probe = load_script("memory_probe")
     committed = json.loads(DOCS.read_text())
     gtrxl = [c for c in committed["cells"] if c["encoder"] == "gtrxl"]
     assert gtrxl
