@@ -23,25 +23,11 @@ Documents of the screening stage:
 - :mod:`~rl_transformers.study.notes` - the page's method, notes and caveat, numbers computed from the records;
 - :mod:`~rl_transformers.study.plots` - the plots (learning curves as small multiples per family).
 
-The confirmation stage (the second edition, ``scripts/encoder_study_v2.py``):
+Tuning (the optional stage: ``scripts/tune.py``, :mod:`rl_transformers.tune`):
 
 - :mod:`~rl_transformers.study.knobs` - each encoder's context knob (shared with the memory probe and the tuner);
 - :mod:`~rl_transformers.study.tuning_space` - the tuning search space;
 - :mod:`~rl_transformers.study.tuning_checks` - tuned parameters and values read back as data, checked;
-- :mod:`~rl_transformers.study.confirm_plan` - tasks (the memory-length ladder), encoders, tuned jobs;
-- :mod:`~rl_transformers.study.confirm` - one command that tunes, runs, resumes and reports;
-- :mod:`~rl_transformers.study.confirm_report` - encoders.{md,json};
-- :mod:`~rl_transformers.study.confirm_verdict` - the verdict: where an encoder overtakes GRU, if anywhere;
-- :mod:`~rl_transformers.study.confirm_candidates` - the candidate-default decision;
-- :mod:`~rl_transformers.study.confirm_stages` - the screening and probe sections of the main page;
-- :mod:`~rl_transformers.study.confirm_headline` - the README's headline, rebuilt from the page.
-
-The memory probe (``python -m experiments.memory_probe.run``):
-
-- :mod:`~experiments.memory_probe.probe` - one supervised cell: recall the symbol seen k steps ago;
-- :mod:`~experiments.memory_probe.grid` - the grid: encoders x context bound x k x seeds, with a stop rule;
-- :mod:`~experiments.memory_probe.report` - memory_probe.{md,json} and its plot;
-- :mod:`~experiments.memory_probe.restore` - restore of the committed cells into a fresh checkout.
 
 The offline memory table (``scripts/offline_memory.py``):
 

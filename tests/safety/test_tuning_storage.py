@@ -23,14 +23,14 @@ optuna = pytest.importorskip("optuna")
 from optuna.distributions import FloatDistribution  # noqa: E402
 from optuna.trial import TrialState, create_trial  # noqa: E402
 
-from rl_transformers.study import confirm  # noqa: E402
-from rl_transformers.study import confirm_plan as cp  # noqa: E402
+from experiments.encoder_study import plan as cp  # noqa: E402
+from experiments.encoder_study import stages as confirm  # noqa: E402
 from rl_transformers.tune.study_check import expected_distributions  # noqa: E402
 from rl_transformers.tune.tuner import open_study, resolve_encoder, run_tuning  # noqa: E402
 from rl_transformers.utils.errors import UserError  # noqa: E402
+from tests.experiments.encoder_study.test_stages import GRU, best, short_windows  # noqa: E402, F401
+from tests.experiments.encoder_study.test_stages import write_best as write_best_json  # noqa: E402
 from tests.script_module import load_script  # noqa: E402
-from tests.study.test_confirm import GRU, best, short_windows  # noqa: E402, F401
-from tests.study.test_confirm import write_best as write_best_json  # noqa: E402
 from tests.study.test_tune import tiny  # noqa: E402
 
 HUGE = {"learning_rate": 1e-3, "ent_coef": 0.01, "seq_len": 8, "hidden_size": 10**7}

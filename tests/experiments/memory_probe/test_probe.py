@@ -211,8 +211,8 @@ def test_a_cell_equal_to_an_earlier_rows_on_its_first_seed_is_marked_and_its_oth
 ) -> None:
     """Rows that are the same model under two names (``local`` = ``full``) are marked, not re-run;
     checked per k (``other`` equals ``first`` at k = 1 and 4 only, as a sparse pattern may over short episodes)."""
+    from experiments.encoder_study.sections import probe_lines
     from experiments.memory_probe import report as probe_report
-    from rl_transformers.study.confirm_stages import probe_lines
 
     def measure(spec: str, k: int, seed: int, settings: ProbeSettings) -> CellResult:
         calls.append((spec, k, seed))

@@ -1,4 +1,4 @@
-"""The candidate-default decision: does a candidate default (:data:`~rl_transformers.study.confirm_plan.CANDIDATES`) replace
+"""The candidate-default decision: does a candidate default (:data:`~experiments.encoder_study.plan.CANDIDATES`) replace
 GTrXL's default? Each candidate is compared on every rung with the setting it would replace, the untuned `gtrxl`,
 by P(candidate > GTrXL) of the normalized final score with its 95 % stratified-bootstrap interval (``rliable``;
 ``study.aggregate.improvement_over``), as the verdict compares encoders with GRU.
@@ -10,7 +10,7 @@ lie wholly below 0.5 (it is nowhere worse than the default), and on at least one
 A qualifying candidate then faces the condition for a default change: the README's PPO results
 (T-Maze, CartPoleNoVel) re-run with it; the page says whether the library default follows it (:func:`applied`).
 The decision waits until both cells of every such rung have all their seeds and until whether each rung
-separated is settled (:func:`~rl_transformers.study.confirm_report.settled_rungs`: all its runs finished, or
+separated is settled (:func:`~experiments.encoder_study.report.settled_rungs`: all its runs finished, or
 cells with all their seeds already separate it, which no further run can undo): until then it is "pending". A
 rung that did not separate (every cell at random, at the maximum or memoryless) is left out, as in the verdict:
 a tie there says nothing.
@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from rl_transformers.study import confirm_plan as cp
+from experiments.encoder_study import plan as cp
+from experiments.encoder_study.verdict import Comparison, cell, side
 from rl_transformers.study.aggregate import improvement_over
-from rl_transformers.study.confirm_verdict import Comparison, cell, side
 from rl_transformers.utils.tables import markdown_table
 
 DEFAULT = "gtrxl"
@@ -58,7 +58,7 @@ def decision(
     settled: frozenset[str],
 ) -> str:
     """The rule of this module's docstring as one sentence. ``settled``: the rungs whose separation no further
-    run can change (:func:`~rl_transformers.study.confirm_report.settled_rungs`)."""
+    run can change (:func:`~experiments.encoder_study.report.settled_rungs`)."""
     seeds = len(cp.SEEDS)
     live = [r.name for r in cp.RUNGS if r.name not in stopped]
     waiting = [
@@ -125,7 +125,7 @@ def candidate_lines(
         "candidate qualifies when, on every rung that separated and was not stopped, it is nowhere below and at "
         "least once **above** (the interval wholly above 0.5); several: the most rungs above, then the higher "
         "mean P. Fixed on 2026-11-27, before the longer rungs ran; method: "
-        "`rl_transformers/study/confirm_candidates.py`.",
+        "`experiments/encoder_study/candidates.py`.",
         "",
         decision(comps, by_cell, unseparated, stopped, settled),
         "",

@@ -9,11 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from rl_transformers.study import confirm, confirm_report
-from rl_transformers.study import confirm_plan as cp
+from experiments.encoder_study import plan as cp
+from experiments.encoder_study import report as confirm_report
+from experiments.encoder_study import stages as confirm
 from rl_transformers.study.tuning_space import SearchSpace
-from tests.study.test_confirm import GRU, MLP, best
-from tests.study.test_confirm import short_windows as short_windows  # the windows of best()'s tuning results
+from tests.experiments.encoder_study.test_stages import GRU, MLP, best
+from tests.experiments.encoder_study.test_stages import (
+    short_windows as short_windows,  # the windows of best()'s tuning results
+)
 
 
 def record(task: str, name: str, variant: str, seed: int, final: float, curve: list | None = None) -> dict:
@@ -177,7 +180,7 @@ def test_every_committed_confirmation_record_is_restored_by_the_plan(
     from rl_transformers.study import files, records
 
     monkeypatch.setattr(cp, "TUNING_SPACE", SearchSpace())  # the tuner's own space, as committed
-    docs = Path(__file__).resolve().parents[2] / "docs" / "results"
+    docs = Path(__file__).resolve().parents[3] / "docs" / "results"
     rows = cp.encoder_rows()
     tuned = cp.tuning_results(rows, docs / files.TUNING, tmp_path / "tune")
     assert all(isinstance(t, cp.Tuned) for t in tuned.values()), tuned

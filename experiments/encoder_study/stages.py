@@ -1,5 +1,5 @@
 """The encoder study's second edition: one command that tunes, runs, resumes and reports the confirmation stage
-(what runs: :mod:`~rl_transformers.study.confirm_plan`).
+(what runs: :mod:`~experiments.encoder_study.plan`).
 
 - ``--stage tune``: one Optuna study per encoder (``scripts/tune.py``, TPE + median pruner, SQLite, tuning seeds
   disjoint from the test seeds; :func:`tune_command` gives each study's exact command, run as a subprocess with
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rl_transformers.study import confirm_plan as cp
+from experiments.encoder_study import plan as cp
+from experiments.encoder_study.headline import write_headline
 from rl_transformers.study import files, launch, records
-from rl_transformers.study.confirm_headline import write_headline
 from rl_transformers.study.encoders import Encoder, select
 from rl_transformers.study.progress import Progress
 from rl_transformers.study.records import Job
@@ -77,8 +77,8 @@ class ConfirmConfig:
     """Restore the committed records (<docs>/encoders.json) into empty run directories first."""
     readme: Path | None = None
     """Also rewrite this README's encoder-study headline from the new page (the block between its marker
-    comments: rl_transformers/study/confirm_headline.py), when --docs is the repository's docs/results;
-    scripts/encoder_study_v2.py passes README.md."""
+    comments: experiments/encoder_study/headline.py), when --docs is the repository's docs/results;
+    experiments/encoder_study/run.py passes README.md."""
 
     @property
     def tune_out(self) -> Path:
@@ -306,7 +306,7 @@ def run_confirm(
     """Both stages (``rows``: the encoder rows, default :func:`~confirm_plan.encoder_rows`; ``candidates``: the
     untuned-only candidate defaults, default :data:`~confirm_plan.CANDIDATES` with the default rows, none with
     given rows)."""
-    from rl_transformers.study.confirm_report import (
+    from experiments.encoder_study.report import (
         protocol_runs_per_rung,
         separation,
         stopped_rungs,
@@ -404,4 +404,4 @@ def command_line(cfg: ConfirmConfig) -> str:
         for k in ("out", "docs")
         if getattr(cfg, k) != getattr(default, k)
     ]
-    return " ".join(["python scripts/encoder_study_v2.py", *parts, "--report-only"])
+    return " ".join(["python -m experiments.encoder_study.run", *parts, "--report-only"])

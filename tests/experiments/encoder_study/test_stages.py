@@ -1,6 +1,6 @@
 """The encoder study's second edition, confirmation stage: its plan, tuned parameters read as data, the
 tuning commands, and a tiny stage run end to end through the study's worker (real PPO runs on a corridor-2
-T-Maze) with resume, restore and the README headline. Its documents' rules: test_confirm_report.py."""
+T-Maze) with resume, restore and the README headline. Its documents' rules: test_report.py."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from experiments.encoder_study import headline as headline
+from experiments.encoder_study import plan as cp
+from experiments.encoder_study import report as confirm_report
+from experiments.encoder_study import stages as confirm
 from rl_transformers.algos.ppo_config import PPOConfig
-from rl_transformers.study import confirm, confirm_report
-from rl_transformers.study import confirm_headline as headline
-from rl_transformers.study import confirm_plan as cp
 from rl_transformers.study.encoders import Encoder, parse_spec
 from rl_transformers.study.tuning_space import SearchSpace
 from rl_transformers.tune.tuner import TuneConfig

@@ -1,4 +1,4 @@
-"""The main page's screening and probe sections (``study.confirm_stages``), from hand-built documents; a missing
+"""The main page's screening and probe sections (``experiments.encoder_study.sections``), from hand-built documents; a missing
 or malformed document gives a line, never an exception."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rl_transformers.study import confirm_stages, files
+from experiments.encoder_study import sections as confirm_stages
+from rl_transformers.study import files
 
 
 def enc(iqm: float, lo: float, hi: float, p_lo: float, p_hi: float) -> dict:

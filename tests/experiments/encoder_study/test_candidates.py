@@ -1,12 +1,12 @@
-"""The candidate-default decision rule (``study.confirm_candidates``) on hand-built records: a candidate default replaces
+"""The candidate-default decision rule (``experiments.encoder_study.candidates``) on hand-built records: a candidate default replaces
 GTrXL's default only when it is nowhere below it and somewhere above it, on the rungs that separated, once every
 such rung has all its seeds."""
 
 from __future__ import annotations
 
-from rl_transformers.study import confirm_candidates as cc
-from rl_transformers.study import confirm_plan as cp
-from rl_transformers.study.confirm_report import cells
+from experiments.encoder_study import candidates as cc
+from experiments.encoder_study import plan as cp
+from experiments.encoder_study.report import cells
 
 ROPE, CRITIC = (e.name for e in cp.CANDIDATES)
 

@@ -1,6 +1,6 @@
 """The encoder study's second edition, confirmation stage: tasks, encoders, tuning
-settings, tuned parameters and jobs. Running it: :mod:`~rl_transformers.study.confirm`; documents:
-:mod:`~rl_transformers.study.confirm_report`; design and commands: docs/encoder_study_v2.md.
+settings, tuned parameters and jobs. Running it: :mod:`~experiments.encoder_study.stages`; documents:
+:mod:`~experiments.encoder_study.report`; design and commands: docs/encoder_study_v2.md.
 
 - **Tasks** (:data:`RUNGS`): a memory-length ladder - POPGym RepeatPrevious Easy / Medium / Hard (the symbol
   k = 4 / 32 / 64 steps back, episodes of 51 / 103 / 155 steps; Morad et al. 2023, arXiv 2303.01859) and the

@@ -3,8 +3,8 @@ from the study's main page, ``docs/results/encoders.md``.
 
 The headline is a block of the README between two marker comments (:data:`BEGIN`, :data:`END`). It holds the
 page's status (complete, or how many runs are finished), the verdict's summary lines (one per task family and
-variant) and the candidate-default decision (:mod:`~rl_transformers.study.confirm_candidates`), all copied from the page: the README cannot say more
-than the page, and a rebuild of the page (``python scripts/encoder_study_v2.py --report-only``) rewrites it.
+variant) and the candidate-default decision (:mod:`~experiments.encoder_study.candidates`), all copied from the page: the README cannot say more
+than the page, and a rebuild of the page (``python -m experiments.encoder_study.run --report-only``) rewrites it.
 ``tests/test_docs.py`` checks that the committed README's block is the one the committed page gives.
 """
 
@@ -13,14 +13,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from rl_transformers.study import confirm_plan as cp
+from experiments.encoder_study import plan as cp
 from rl_transformers.study import files
 from rl_transformers.utils.atomic import atomic_write_text
 from rl_transformers.utils.errors import UserError
 
-BEGIN = (
-    "<!-- encoder-study headline: generated from docs/results/encoders.md by scripts/encoder_study_v2.py -->"
-)
+BEGIN = "<!-- encoder-study headline: generated from docs/results/encoders.md by experiments/encoder_study/run.py -->"
 END = "<!-- end of the encoder-study headline -->"
 VERDICT = "## Verdict"
 

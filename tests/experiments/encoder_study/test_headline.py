@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from rl_transformers.study import confirm_headline as headline
-from rl_transformers.study import confirm_plan as cp
-from rl_transformers.study import confirm_report
+from experiments.encoder_study import headline as headline
+from experiments.encoder_study import plan as cp
+from experiments.encoder_study import report as confirm_report
 from rl_transformers.study.encoders import Encoder
 from rl_transformers.utils.errors import UserError
 

@@ -1,11 +1,11 @@
-"""The verdict (``study.confirm_verdict``) on hand-built records: P(X > GRU) against GRU of the
+"""The verdict (``experiments.encoder_study.verdict``) on hand-built records: P(X > GRU) against GRU of the
 same variant, above / below only when the interval excludes 0.5, rungs in memory order, pending rungs named."""
 
 from __future__ import annotations
 
-from rl_transformers.study import confirm_plan as cp
-from rl_transformers.study import confirm_verdict as cv
-from rl_transformers.study.confirm_report import cells
+from experiments.encoder_study import plan as cp
+from experiments.encoder_study import verdict as cv
+from experiments.encoder_study.report import cells
 
 EASY, MEDIUM = cp.rung("RepeatPreviousEasy"), cp.rung("RepeatPreviousMedium")
 

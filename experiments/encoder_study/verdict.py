@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from rl_transformers.study import confirm_plan as cp
+from experiments.encoder_study import plan as cp
+from experiments.encoder_study.plan import ladder_families, memory_rungs
 from rl_transformers.study.aggregate import improvement_over
-from rl_transformers.study.confirm_plan import ladder_families, memory_rungs
 from rl_transformers.utils.tables import markdown_table
 
 Comparison = tuple[float, float, float, int]
@@ -114,7 +114,7 @@ def verdict_lines(
         "variant (tuned vs tuned is the fair comparison: the same tuning budget). **above**: the interval lies "
         "wholly above 0.5; below: wholly below; otherwise not separated. A rung that did not separate (see the "
         "per-task tables) says nothing about memory: it is marked and left out of the summary lines. Method: "
-        "`rl_transformers/study/confirm_verdict.py`.",
+        "`experiments/encoder_study/verdict.py`.",
     ]
     for family, variants in comparisons(by_cell, reps).items():
         rungs = memory_rungs(family)
