@@ -1,5 +1,9 @@
 """The study driver: plan the jobs of a preset, run the unfinished ones, rebuild the documents.
 
+The general tool for comparing encoders (``scripts/encoder_study.py``, :func:`main`): encoders x tasks x seeds
+x budget. An experiment built on it adds its own text to the page and its own part beside the jobs with a
+:class:`Page` (e.g. ``experiments/encoder_screening/``).
+
 ``run_study(StudyConfig(...))`` expands the encoders (registry read now), makes one job per (task, encoder,
 seed), moves aside the results of ``rerun_encoders`` (a dry run only counts them), and - unless ``dry_run`` /
 ``report_only`` - runs the pending and failed jobs (local pool or Ray), seed-major so partial results cover
@@ -10,23 +14,14 @@ from __future__ import annotations
 
 import shlex
 import statistics
-import sys
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
 from rl_transformers.study import encoders as enc
-from rl_transformers.study import (
-    launch,
-    notes,
-    offline_memory,
-    offline_memory_report,
-    offline_memory_run,
-    records,
-    report,
-    suite,
-)
+from rl_transformers.study import launch, records, report, suite
 from rl_transformers.study.aggregate import REPS
 from rl_transformers.study.progress import Progress
 from rl_transformers.study.records import Job
@@ -35,7 +30,7 @@ from rl_transformers.utils.errors import UserError
 
 @dataclass(frozen=True)
 class StudyConfig:
-    """The encoder study (rl_transformers/study)."""
+    """A comparison of encoders: the suite's tasks x the registry's encoders x seeds, at a preset's budgets."""
 
     preset: Literal["quick", "full"] = "quick"
     """Budgets and seeds: quick (1 seed, 4 updates; a smoke run) or full (3 seeds, 64-96 updates)."""
@@ -72,10 +67,6 @@ class StudyConfig:
     restore: bool = True
     """Before running, restore finished runs from the committed records <docs>/encoders_screening.json (matched by job key)
     into run directories without a result, so a fresh checkout resumes where the committed results end."""
-    memory_table: bool = True
-    """With --preset full, the offline part also runs the offline memory table, its main tasks (T-Maze corridors
-    10-200, every causal attention and memory: rl_transformers/study/offline_memory.py, into the same --docs);
-    CartPole / Pendulum are its control rows."""
 
 
 def plan(cfg: StudyConfig) -> tuple[list[Job], dict]:
@@ -163,7 +154,32 @@ def estimates(jobs: list[Job], out: Path) -> tuple[list[float], int]:
     return seconds, unknown
 
 
-def run_study(cfg: StudyConfig, log=print) -> dict:
+@dataclass(frozen=True)
+class Page:
+    """What an experiment adds to the study: the command that rebuilds its page, the page's method, notes and
+    caveat (:func:`rl_transformers.study.report.write_report`'s ``ctx``), and a part run beside the jobs
+    (``beside(cfg, docs, log, start_by)``: run, dry-run or rebuild with this invocation's settings) whose
+    section joins the offline part (``dt_section(docs)``: Markdown lines)."""
+
+    command: str = "python scripts/encoder_study.py"
+    method: Callable[[str], str] | None = None
+    """The preset's method text."""
+    notes: Callable[..., str] | None = None
+    """``notes(records, aggregates, ctx)``: the notes in words."""
+    caveat: Callable[..., str] | None = None
+    """``caveat(records)``: a line under the status."""
+    beside: Callable[..., None] | None = None
+    dt_section: Callable[[Path], list[str]] | None = None
+
+
+def main(config: StudyConfig) -> None:
+    """``scripts/encoder_study.py``: compare the chosen encoders on the chosen tasks (no experiment's text)."""
+    run_study(config)
+
+
+def run_study(cfg: StudyConfig, log=print, page: Page | None = None) -> dict:
+    """Plan, restore, run and report ``cfg``; ``page``: what an experiment adds (default: nothing)."""
+    page = page if page is not None else Page()
     if cfg.rerun_encoders and cfg.report_only and not cfg.dry_run:
         raise UserError(
             f"--rerun-encoders {' '.join(cfg.rerun_encoders)} with --report-only would drop their results from "
@@ -207,7 +223,8 @@ def run_study(cfg: StudyConfig, log=print) -> dict:
     log(f"study {cfg.preset}: {len(jobs)} runs, {len(jobs) - len(todo)} finished, {len(todo)} to run "
         f"({n_failed} failed before, {n_short} stopped before their budget)")  # fmt: skip
     if cfg.dry_run:
-        offline_memory_part(cfg, docs, log, start_by)
+        if page.beside is not None:
+            page.beside(cfg, docs, log, start_by)
         seconds, unknown = estimate(todo, out)
         workers = f"{cfg.workers} worker" + ("s" if cfg.workers != 1 else "")
         unmeasured = f" ({unknown} runs without a measured rate: assumed 1,000 steps/s, 20 updates/s)"
@@ -224,10 +241,9 @@ def run_study(cfg: StudyConfig, log=print) -> dict:
                 launch.run_local(todo, cfg.workers, cfg.timeout_s, log, bar, start_by)
         finally:
             bar.close()
-    offline_memory_part(cfg, docs, log, start_by)
-    ctx["offline_memory"] = offline_memory_report.study_section(docs)
-    ctx["command"] = rebuild_command(cfg, docs)
-    ctx["method"], ctx["notes"], ctx["caveat"] = notes.method(cfg.preset), notes.notes, notes.caveat
+    if page.beside is not None:
+        page.beside(cfg, docs, log, start_by)
+    ctx.update(page_context(page, cfg, docs))
     ctx["planned"] = dict(Counter(j.spec["task"] for j in every_job))
     found = records.results(every_job, log)
     moved = set() if cfg.report_only else {j.spec["key"] for j in jobs if j.dir in rerun}
@@ -239,32 +255,14 @@ def run_study(cfg: StudyConfig, log=print) -> dict:
     return {"jobs": len(jobs), "records": len(found), "aggregates": aggs}
 
 
-def offline_memory_part(cfg: StudyConfig, docs: Path, log=print, start_by: float | None = None) -> None:
-    """The offline memory table as part of the study (``memory_table``, preset full, the offline part chosen and
-    no --tasks filter): run, dry-run or rebuild it with this invocation's settings (``start_by``: its start
-    limit, :func:`launch.start_limit`); --encoders passes on the names the table has (none of them: the table
-    is left out)."""
-    if not (cfg.memory_table and cfg.preset == "full" and "offline" in cfg.parts and not cfg.tasks):
-        return
-    table = {r.name for r in offline_memory.rows()}
-    names = tuple(n for n in cfg.encoders if n in table)
-    if cfg.encoders and not names:
-        return
-    offline_memory_run.run_offline_memory(
-        offline_memory.OfflineMemoryConfig(
-            encoders=names,
-            seeds=cfg.seeds if cfg.seeds is not None else offline_memory.SEEDS,
-            out=Path(cfg.out),
-            docs=docs,
-            workers=cfg.workers,
-            timeout_s=cfg.timeout_s,
-            dry_run=cfg.dry_run,
-            report_only=cfg.report_only,
-            restore=cfg.restore,
-        ),
-        log,
-        start_by,
-    )
+def page_context(page: Page, cfg: StudyConfig, docs: Path) -> dict:
+    """The report's context entries that ``page`` gives (the rebuild command always)."""
+    ctx: dict = {} if page.dt_section is None else {"offline_memory": page.dt_section(docs)}
+    ctx["command"] = rebuild_command(cfg, docs, page.command)
+    if page.method is not None:
+        ctx["method"] = page.method(cfg.preset)
+    ctx.update({k: v for k, v in (("notes", page.notes), ("caveat", page.caveat)) if v is not None})
+    return ctx
 
 
 def check_nothing_lost(found: list[dict], committed: Path, moved: set[str], guard: bool) -> None:
@@ -286,13 +284,9 @@ def check_nothing_lost(found: list[dict], committed: Path, moved: set[str], guar
         )
 
 
-def rebuild_command(cfg: StudyConfig, docs: Path) -> str:
+def rebuild_command(cfg: StudyConfig, docs: Path, command: str = "python scripts/encoder_study.py") -> str:
     parts = ["--preset", cfg.preset]
     if cfg.seeds is not None:
         parts += ["--seeds", *map(str, cfg.seeds)]
     parts += ["--out", str(cfg.out), "--docs", str(docs), "--report-only"]
-    return "python scripts/encoder_study.py " + " ".join(shlex.quote(p) for p in parts)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit("use scripts/encoder_study.py")
+    return command + " " + " ".join(shlex.quote(p) for p in parts)

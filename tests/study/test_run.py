@@ -27,9 +27,6 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> dict:
         return {}
 
     monkeypatch.setattr(report, "write_report", write_report)
-    monkeypatch.setattr(
-        run, "offline_memory_part", lambda cfg, docs, log=print, start_by=None: None
-    )  # tests/study/test_offline_memory.py
     return seen
 
 

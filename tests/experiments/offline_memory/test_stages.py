@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from experiments.offline_memory import plan as omp
+from experiments.offline_memory import report as offline_memory_report
+from experiments.offline_memory import stages as offline_memory_run
 from rl_transformers.study import offline_memory as om
-from rl_transformers.study import offline_memory_report, offline_memory_run, records, run
+from rl_transformers.study import records
 from rl_transformers.study.encoders import parse_spec
 from rl_transformers.utils.errors import UserError
 
@@ -56,9 +59,9 @@ def test_jobs_are_checkout_independent_and_bad_lengths_are_refused(tmp_path: Pat
     assert a.spec["dataset"] == f"rlt/tmaze-10/{om.DATASET_NAME}" and a.spec["dt"]["context_len"] == 11
     assert a.dir == tmp_path / "a" / om.PRESET / "dt" / "TMaze10" / "full" / "s0"
     with pytest.raises(UserError, match="corridor length 7"):
-        om.plan(om.OfflineMemoryConfig(lengths=(7,)), TINY_ROWS)
+        omp.plan(omp.OfflineMemoryConfig(lengths=(7,)), TINY_ROWS)
     with pytest.raises(UserError, match="unknown encoder 'fulll'"):
-        om.plan(om.OfflineMemoryConfig(encoders=("fulll",)), TINY_ROWS)
+        omp.plan(omp.OfflineMemoryConfig(encoders=("fulll",)), TINY_ROWS)
 
 
 @pytest.fixture
@@ -84,10 +87,10 @@ def test_a_tiny_table_runs_resumes_and_rebuilds_from_its_records(tiny_table: Pat
     documents list every row; a dry run changes nothing; a fresh checkout (empty --out) restores the committed
     records and rebuilds the same documents byte for byte without running anything."""
     docs = tiny_table / "docs"
-    cfg = om.OfflineMemoryConfig(lengths=(3,), seeds=(0,), out=tiny_table / "runs", docs=docs)
+    cfg = omp.OfflineMemoryConfig(lengths=(3,), seeds=(0,), out=tiny_table / "runs", docs=docs)
     lines: list[str] = []
     dry = offline_memory_run.run_offline_memory(
-        om.OfflineMemoryConfig(**{**cfg.__dict__, "dry_run": True}), lines.append
+        omp.OfflineMemoryConfig(**{**cfg.__dict__, "dry_run": True}), lines.append
     )
     assert dry["todo"] == 3 and not (tiny_table / "runs").exists() and not docs.exists()
     assert offline_memory_run.run_offline_memory(cfg, lines.append)["records"] == 3
@@ -120,7 +123,7 @@ def test_a_record_that_contradicts_its_job_is_refused(tiny_table: Path) -> None:
     job = om.make_job(3, FULL, 0, tiny_table / "runs")
     bad = {**{k: job.spec[k] for k in records.IDENTITY}, "key": job.spec["key"], "score": 1.0, "updates": 2}
     (docs / "offline_memory.json").write_text(json.dumps([bad]))
-    cfg = om.OfflineMemoryConfig(
+    cfg = omp.OfflineMemoryConfig(
         lengths=(3,), seeds=(0,), out=tiny_table / "runs", docs=docs, report_only=True
     )
     with pytest.raises(UserError, match="whole budget"):
@@ -136,33 +139,6 @@ def test_a_record_with_a_bad_success_field_is_no_result(tmp_path: Path, field: s
             "updates": job.spec["budget"], "success": 1.0, "success_curve": [[600, 1.0]]}  # fmt: skip
     assert records.problem(good, job.spec) is None
     assert field in str(records.problem({**good, field: value}, job.spec))
-
-
-def test_the_study_runs_the_table_as_its_offline_part(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """encoder_study.py --preset full runs the table with its own settings (workers, seeds, dry run, restore)
-    and the --encoders the table has; not for the quick preset, a --tasks filter, the online part alone, only
-    encoders the table lacks, or --no-memory-table."""
-    called: list[om.OfflineMemoryConfig] = []
-    monkeypatch.setattr(
-        offline_memory_run, "run_offline_memory", lambda cfg, log=print, start_by=None: called.append(cfg)
-    )
-    monkeypatch.setattr(om, "rows", lambda match=True: list(TINY_ROWS))
-    base = run.StudyConfig(preset="full", out=tmp_path / "runs", workers=2, dry_run=True)
-    run.offline_memory_part(run.replace(base, encoders=("xl", "gru")), tmp_path / "docs")
-    (cfg,) = called
-    assert cfg.encoders == ("xl",) and cfg.workers == 2 and cfg.dry_run and cfg.seeds == om.SEEDS
-    assert cfg.docs == tmp_path / "docs" and cfg.out == tmp_path / "runs"
-    for skipped in (
-        run.replace(base, preset="quick"),
-        run.replace(base, tasks=("TMaze10",)),
-        run.replace(base, parts=("online",)),
-        run.replace(base, encoders=("gru",)),
-        run.replace(base, memory_table=False),
-    ):
-        run.offline_memory_part(skipped, tmp_path / "docs")
-    assert len(called) == 1
 
 
 def test_memoryless_scores_count_the_evaluation_cues() -> None:
@@ -223,10 +199,10 @@ def test_estimates_use_measured_runs_then_the_benchmark_scaled_then_the_assumpti
         om.make_job(10, floor, 0, tmp_path),
     ]
     budget = om.BUDGET[10]
-    got = om.estimates(jobs, tmp_path, bench)
+    got = omp.estimates(jobs, tmp_path, bench)
     assert got == pytest.approx([budget / 20.0 + 10, budget / (40.0 * 0.25) + 10, budget / 20.0 + 10])
-    assert om.estimates([om.make_job(50, FULL, 0, tmp_path)], tmp_path, {}) == [
+    assert omp.estimates([om.make_job(50, FULL, 0, tmp_path)], tmp_path, {}) == [
         om.BUDGET[50] / om.ASSUMED_UPDATES_PER_S[50] + 10
     ]
-    assert om.bench_rates(tmp_path / "missing.json") == {}
-    assert om.bench_rates()[("full", 200)] > 0  # the committed benchmark covers the table's rows
+    assert omp.bench_rates(tmp_path / "missing.json") == {}
+    assert omp.bench_rates()[("full", 200)] > 0  # the committed benchmark covers the table's rows

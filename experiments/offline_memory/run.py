@@ -3,10 +3,10 @@ attention (context covering the corridor), per memory (segments with carried mem
 rl_transformers/study/offline_memory.py).
 
     python scripts/make_memory_dataset.py --task tmaze --memory-lengths 10 25 50 --random-share 0.2 --root datasets/minari
-    python scripts/offline_memory.py --dry-run                        # run count and estimated core-hours
-    python scripts/offline_memory.py --lengths 10 50 --workers 2       # run (resumable), then write the documents
-    python scripts/offline_memory.py --encoders full xl floor --lengths 10 --seeds 0
-    python scripts/offline_memory.py --report-only                     # rebuild docs/results/offline_memory.*
+    python -m experiments.offline_memory.run --dry-run                        # run count and estimated core-hours
+    python -m experiments.offline_memory.run --lengths 10 50 --workers 2       # run (resumable), then write the documents
+    python -m experiments.offline_memory.run --encoders full xl floor --lengths 10 --seeds 0
+    python -m experiments.offline_memory.run --report-only                     # rebuild docs/results/offline_memory.*
 
 Each finished run leaves a result.json under --out; an interrupted table resumes where it stopped, and a fresh
 checkout restores the committed records of docs/results/offline_memory.json first.
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import tyro
 
+from experiments.offline_memory.plan import OfflineMemoryConfig
+from experiments.offline_memory.stages import run_offline_memory
 from rl_transformers.study.launch import STUDY_INTERRUPTED
-from rl_transformers.study.offline_memory import OfflineMemoryConfig
-from rl_transformers.study.offline_memory_run import run_offline_memory
 from rl_transformers.utils.errors import run_cli
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from rl_transformers.study import notes, suite
+from experiments.encoder_screening import notes
+from rl_transformers.study import suite
 
 
 def run(name: str, task: str, seed: int, curve: list, algo: str = "ppo", wall_s: float = 3600.0) -> dict:
