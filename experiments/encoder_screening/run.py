@@ -27,6 +27,7 @@ from pathlib import Path
 import tyro
 
 from experiments.encoder_screening import notes
+from experiments.encoder_screening.spec import ENCODERS
 from experiments.offline_memory import plan as omp
 from experiments.offline_memory.report import study_section
 from experiments.offline_memory.stages import run_offline_memory
@@ -84,7 +85,7 @@ def page(cfg: ScreeningConfig) -> Page:
     def beside(study: StudyConfig, docs: Path, log=print, start_by: float | None = None) -> None:
         offline_memory_part(study, docs, log, start_by, memory_table=cfg.memory_table)
 
-    return Page(COMMAND, notes.method, notes.notes, notes.caveat, beside, study_section)
+    return Page(COMMAND, notes.method, notes.notes, notes.caveat, beside, study_section, ENCODERS)
 
 
 def main(cfg: ScreeningConfig) -> None:

@@ -113,10 +113,23 @@ class Row:
         return {**RECIPE, "context_len": segment_len(length), "segments": segments}
 
 
+ATTENTIONS = (
+    "full", "local", "block_local", "block_local_2d", "blockwise", "strided", "fixed", "longformer", "bigbird",
+    "etc", "lsh", "routing", "memory_compressed", "linear", "performer", "rfa", "gaussian_prior", "adaptive_span",
+)  # fmt: skip
+"""The attention rows the table was run with (the causal attentions the DT backbone accepted then): frozen, so
+an attention registered later does not turn the finished table into a partial one; it joins by a new run."""
+
+
 def rows(match: bool = True) -> list[Row]:
-    """Every row: the DT attention rows, the memories, the floor."""
+    """Every row: the DT attention rows (:data:`ATTENTIONS`, in the registry's order), the memories, the floor."""
     attention, _ = dt_encoders(match)
-    out = [Row(e.name, "attention", e.spec, "K = L + 1") for e in attention]
+    missing = sorted(set(ATTENTIONS) - {e.name for e in attention})
+    if missing:
+        raise ValueError(
+            f"the offline memory table's attentions {missing} are not DT encoders of the registry"
+        )
+    out = [Row(e.name, "attention", e.spec, "K = L + 1") for e in attention if e.name in ATTENTIONS]
     out += [Row(m, "memory", "attention=full", f"full, K_s, {SEGMENTS} segments") for m in MEMORIES]
     out.append(Row(FLOOR, "floor", "attention=full", "full, K_s, no memory"))
     return out

@@ -15,7 +15,7 @@ from __future__ import annotations
 import shlex
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -69,8 +69,9 @@ class StudyConfig:
     into run directories without a result, so a fresh checkout resumes where the committed results end."""
 
 
-def plan(cfg: StudyConfig) -> tuple[list[Job], dict]:
-    """The jobs of ``cfg`` (seed-major order) and the report context."""
+def plan(cfg: StudyConfig, planned: Mapping[str, tuple[str, ...]] | None = None) -> tuple[list[Job], dict]:
+    """The jobs of ``cfg`` (seed-major order) and the report context; ``planned`` {algo: encoder names}: the
+    encoders of the study (default: every row of the registry), which ``cfg.encoders`` narrows."""
     preset = suite.check_preset(cfg.preset)
     seeds = cfg.seeds if cfg.seeds is not None else suite.SEEDS[preset]
     ctx: dict = {
@@ -90,6 +91,9 @@ def plan(cfg: StudyConfig) -> tuple[list[Job], dict]:
         if not tasks:
             continue
         rows, excluded = enc.ppo_encoders() if algo == "ppo" else enc.dt_encoders()
+        if planned is not None:  # the study's own set (an unknown name is refused: the registry lost it)
+            names = planned.get(algo, ())
+            rows = enc.select(rows, names, "the study's planned encoders") if names else []
         rows = enc.select(rows, cfg.encoders)
         ctx["tasks"][algo] = [t.name for t in tasks]
         ctx["encoders"][algo] = [(e.name, e.spec, e.family, e.note) for e in rows]
@@ -170,6 +174,9 @@ class Page:
     """``caveat(records)``: a line under the status."""
     beside: Callable[..., None] | None = None
     dt_section: Callable[[Path], list[str]] | None = None
+    encoders: Mapping[str, tuple[str, ...]] | None = None
+    """{algo: encoder names} the experiment planned (its spec, frozen: an encoder registered after it ran does not
+    turn its finished page into a partial one); default: every row of the registry."""
 
 
 def main(config: StudyConfig) -> None:
@@ -187,10 +194,10 @@ def run_study(cfg: StudyConfig, log=print, page: Page | None = None) -> dict:
             source="--report-only",
         )
     start_by = launch.start_limit(cfg.stop_starting_after_h)
-    jobs, _ = plan(cfg)
+    jobs, _ = plan(cfg, page.encoders)
     # The documents always describe the whole preset (both parts, every task and encoder), whatever subset
     # this invocation runs, so running one task never drops another task's results from the records.
-    every_job, ctx = plan(replace(cfg, parts=("online", "offline"), tasks=(), encoders=()))
+    every_job, ctx = plan(replace(cfg, parts=("online", "offline"), tasks=(), encoders=()), page.encoders)
     out = Path(cfg.out)
     docs = cfg.docs if cfg.docs is not None else out / cfg.preset / "docs"
     # A dry run changes nothing on disk: it counts the results it would restore as finished and those it would
