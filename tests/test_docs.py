@@ -25,11 +25,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted(
     p
-    for p in [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *(ROOT / "docs").glob("**/*.md")]
+    for p in [
+        ROOT / "README.md",
+        ROOT / "benchmarks" / "README.md",
+        *(ROOT / "docs").glob("**/*.md"),
+        *(ROOT / "experiments").glob("**/*.md"),
+    ]
     if p.is_file()
 )
 SHELL_LANGS = {"bash", "sh", "shell", "console", "zsh"}
-OUR_MODULES = ("envs", "offline_data", "rl_transformers", "scripts")
+OUR_MODULES = ("envs", "offline_data", "rl_transformers", "scripts", "experiments")
 
 FENCE = re.compile(r"^(\s*)(```+|~~~+)\s*([\w+-]*)")
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")

@@ -21,7 +21,7 @@ whichever --tasks / --encoders this invocation runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import tyro
@@ -65,14 +65,7 @@ def offline_memory_part(
     run_offline_memory(
         omp.OfflineMemoryConfig(
             encoders=names,
-            seeds=cfg.seeds if cfg.seeds is not None else offline_memory.SEEDS,
-            out=Path(cfg.out),
-            docs=docs,
-            workers=cfg.workers,
-            timeout_s=cfg.timeout_s,
-            dry_run=cfg.dry_run,
-            report_only=cfg.report_only,
-            restore=cfg.restore,
+            flags=replace(cfg.flags, docs=docs),
         ),
         log,
         start_by,

@@ -33,6 +33,13 @@ from experiments.encoder_study import plan as cp
 from experiments.encoder_study.headline import write_headline
 from rl_transformers.study import files, launch, records
 from rl_transformers.study.encoders import Encoder, select
+from rl_transformers.study.flags import (
+    Flags,
+    StudyFlags,
+    check_nothing_lost,
+    rebuild_command,
+    restore_committed,
+)
 from rl_transformers.study.progress import Progress
 from rl_transformers.study.records import Job
 from rl_transformers.utils.atomic import atomic_write_json
@@ -46,6 +53,9 @@ REPO_DOCS = Path("docs/results")
 """The documents the README's headline follows (``--readme``; both relative to the working directory, so a
 checkout whose package is installed from another one still rewrites its own); other ``--docs`` leave it alone."""
 
+FLAGS = StudyFlags(out=Path("runs/encoder_study_v2"), timeout_s=14400.0)
+"""The study's default flags (one run at once, documents in docs/results)."""
+
 
 @dataclass(frozen=True)
 class ConfirmConfig:
@@ -57,36 +67,32 @@ class ConfirmConfig:
     """Only these encoders (default: every confirmation row)."""
     tasks: tuple[str, ...] = ()
     """Only these rungs (default: the whole ladder); the documents always cover everything."""
-    seeds: tuple[int, ...] = cp.SEEDS
-    out: Path = Path("runs/encoder_study_v2")
-    """Run directories: <out>/<variant>/ppo/<task>/<encoder>/s<seed>/; tuning: <out>/tune/<study>."""
-    docs: Path = Path("docs/results")
-    """encoders.{md,json} and encoders_tuning.json; encoders_screening.json (the first edition) gives rates."""
-    workers: int = 1
-    """Runs (or tuning studies) at once, one torch thread each."""
-    timeout_s: float | None = 14400.0
-    """Kill a run after this many seconds (it runs again on the next invocation)."""
-    stop_starting_after_h: float | None = None
-    """Run stage: start no run after this many hours (a time-limited slot, e.g. a SLURM job's --time less one
-    run's duration); the running ones finish and keep their results, the next invocation runs the rest."""
-    dry_run: bool = False
-    """Print the run count and core-hours of both stages, then exit; nothing on disk changes."""
-    report_only: bool = False
-    """Only rebuild the documents from finished runs and tuning results."""
-    restore: bool = True
-    """Restore the committed records (<docs>/encoders.json) into empty run directories first."""
+    flags: Flags = FLAGS
+    """Runs in <out>/<variant>/ppo/<task>/<encoder>/s<seed>/, tuning in <out>/tune/<study>; encoders.{md,json} and
+    encoders_tuning.json in --docs (encoders_screening.json there gives rates); --workers: runs or tuning studies
+    at once, one torch thread each; --stop-starting-after-h: the run stage only; seeds default: the study's."""
     readme: Path | None = None
     """Also rewrite this README's encoder-study headline from the new page (the block between its marker
     comments: experiments/encoder_study/headline.py), when --docs is the repository's docs/results;
     experiments/encoder_study/run.py passes README.md."""
 
     @property
+    def seeds(self) -> tuple[int, ...]:
+        """The seeds of this invocation's jobs."""
+        return self.flags.seeds if self.flags.seeds is not None else cp.SEEDS
+
+    @property
+    def docs(self) -> Path:
+        """The documents' directory."""
+        return Path(self.flags.docs or FLAGS.docs or ".")
+
+    @property
     def tune_out(self) -> Path:
-        return Path(self.out) / "tune"
+        return Path(self.flags.out) / "tune"
 
     @property
     def tuning_file(self) -> Path:
-        return Path(self.docs) / files.TUNING
+        return self.docs / files.TUNING
 
 
 # -- tuning ---------------------------------------------------------------------------------------------------
@@ -153,7 +159,7 @@ def tune_stage(
         code = runner(args, cfg.tune_out / f"{cp.study_name(e)}.log")
         return f"  {tune_outcome(code)} {e.name}: {shlex.join(args)}"
 
-    with cf.ThreadPoolExecutor(max_workers=max(1, cfg.workers)) as pool:
+    with cf.ThreadPoolExecutor(max_workers=max(1, cfg.flags.workers)) as pool:
         lines = list(pool.map(one, todo))
     for line in lines:
         log(line)
@@ -254,7 +260,7 @@ def dry_run_report(
 ) -> float:
     """Print both stages' cost, and what the ladder's stop rule would save after each rung not yet known to
     separate (``separated``: rungs whose records already separate); returns the core-hours."""
-    measured = rates(Path(cfg.out), Path(cfg.docs) / files.SCREENING_RECORDS)
+    measured = rates(Path(cfg.flags.out), cfg.docs / files.SCREENING_RECORDS)
     sources: dict[str, int] = defaultdict(int)
     tuning = 0.0
     for e in encoders:
@@ -292,7 +298,7 @@ def dry_run_report(
             if saved and r.name not in separated:
                 log(f"  (if {r.name} does not separate, the stop rule skips the longer rungs: "
                     f"-{saved:.2f} core-hours)")  # fmt: skip
-    log(f"in all {total:.1f} core-hours: {total / max(1, cfg.workers):.1f} h on {cfg.workers} worker(s); rates of "
+    log(f"in all {total:.1f} core-hours: {total / max(1, cfg.flags.workers):.1f} h on {cfg.flags.workers} worker(s); rates of "
         "the runs and trials: " + ", ".join(f"{s} {n}" for s, n in sorted(sources.items()))
         + f" (measured: finished runs here, of the same rung or the nearest shorter one; first edition: {cfg.docs}/{files.SCREENING_RECORDS} per encoder x task factor; "
         f"assumed: {ASSUMED_STEPS_PER_S:g} steps/s)")  # fmt: skip
@@ -313,12 +319,12 @@ def run_confirm(
         write_report,
     )
 
-    if cfg.workers < 1:
-        raise UserError(f"must be >= 1, got {cfg.workers}", source="--workers")
-    if cfg.stage == "tune" and cfg.stop_starting_after_h is not None:
+    if cfg.flags.workers < 1:
+        raise UserError(f"must be >= 1, got {cfg.flags.workers}", source="--workers")
+    if cfg.stage == "tune" and cfg.flags.stop_starting_after_h is not None:
         raise UserError("limits the run stage only (tuning studies resume trial by trial: stop them with Ctrl-C)",
                         source="--stop-starting-after-h")  # fmt: skip
-    start_by = launch.start_limit(cfg.stop_starting_after_h)
+    start_by = launch.start_limit(cfg.flags.stop_starting_after_h)
     extra = sorted(set(cfg.seeds) - set(cp.SEEDS))
     if extra:  # the documents cover the protocol's seeds only; others would run and never be reported
         raise UserError(
@@ -328,26 +334,22 @@ def run_confirm(
     settings = candidates if candidates is not None else ([] if rows is not None else list(cp.CANDIDATES))
     chosen = select([*table, *settings], cfg.encoders)
     tasks = cp.rungs(cfg.tasks)
-    docs = Path(cfg.docs)
-    if not cfg.dry_run:  # local tuning results join the committed file first: its runs' records need them
+    docs = cfg.docs
+    if (
+        not cfg.flags.dry_run
+    ):  # local tuning results join the committed file first: its runs' records need them
         collect_tuning(cfg, table, log)
     tuned = cp.tuning_results(table, cfg.tuning_file, cfg.tune_out)
-    if cfg.stage == "tune" and not (cfg.dry_run or cfg.report_only):
+    if cfg.stage == "tune" and not (cfg.flags.dry_run or cfg.flags.report_only):
         tune_stage(cfg, [e for e in chosen if e.name not in cp.CANDIDATE_NAMES], tuned, log)
         tuned = cp.tuning_results(table, cfg.tuning_file, cfg.tune_out)
     untuned = [f"{n} ({why})" for n, why in tuned.items() if not isinstance(why, cp.Tuned)]  # rows only
     if untuned:
         log(f"no tuned runs for {len(untuned)} encoders: {', '.join(untuned)}")
-    jobs = cp.plan(tasks, chosen, cfg.seeds, tuned, Path(cfg.out))
-    every = cp.plan(cp.RUNGS, [*table, *settings], cp.SEEDS, tuned, Path(cfg.out))
+    jobs = cp.plan(tasks, chosen, cfg.seeds, tuned, Path(cfg.flags.out))
+    every = cp.plan(cp.RUNGS, [*table, *settings], cp.SEEDS, tuned, Path(cfg.flags.out))
     committed = docs / files.RECORDS
-    restored: set[Path] = set()
-    if cfg.restore and committed.exists():
-        restored = {j.dir for j in records.restore(every, committed, dry_run=cfg.dry_run)}
-        if restored:
-            log(
-                f"{'would restore' if cfg.dry_run else 'restored'} {len(restored)} finished runs from {committed}"
-            )
+    restored = restore_committed(every, committed, cfg.flags, log)
     finished = records.results(every)
     per_rung = protocol_runs_per_rung(len(table), len(settings))
     stopped = stopped_rungs(finished, {r.name: per_rung for r in cp.RUNGS})
@@ -362,7 +364,7 @@ def run_confirm(
     log(f"confirmation: {len(jobs)} runs, {len(jobs) - len(todo)} finished, {len(todo)} to run{later}")
     if cfg.stage == "tune":
         todo = []
-    if cfg.dry_run:
+    if cfg.flags.dry_run:
         chosen_todo = [j for j in jobs if j.dir not in restored and launch.status(j) != "done"]
         with_records = {r["task"] for r in finished}
         separated = frozenset(
@@ -370,23 +372,19 @@ def run_confirm(
         )
         hours = dry_run_report(cfg, chosen, tuned, chosen_todo, log, separated)
         return {"jobs": len(jobs), "todo": len(chosen_todo), "core_hours": hours}
-    if todo and not cfg.report_only:
-        measured = rates(Path(cfg.out), docs / files.SCREENING_RECORDS)
+    if todo and not cfg.flags.report_only:
+        measured = rates(Path(cfg.flags.out), docs / files.SCREENING_RECORDS)
         each = {
             j.name: j.spec["budget"] / rate_of(j.spec["task"], j.spec["encoder_name"], measured)[0] + START_S
             for j in todo
         }
-        bar = Progress(each, cfg.workers, log)
+        bar = Progress(each, cfg.flags.workers, log)
         try:
-            launch.run_local(todo, cfg.workers, cfg.timeout_s, log, bar, start_by)
+            launch.run_local(todo, cfg.flags.workers, cfg.flags.timeout_s, log, bar, start_by)
         finally:
             bar.close()
     found = records.results(every, log)
-    before = records.read_committed(committed) if committed.exists() and cfg.restore else []
-    lost = {r["key"] for r in before} - {r["key"] for r in found}
-    if lost:
-        raise UserError(f"the rebuilt documents would lose {len(lost)} committed records; nothing written (restore "
-                        "them: leave out --no-restore)", source=str(committed))  # fmt: skip
+    check_nothing_lost(found, committed, guard=cfg.flags.restore)
     write_report(found, table, tuned, docs, command_line(cfg), settings)
     log(f"wrote {docs}/{files.PAGE}, {files.RECORDS} ({len(found)} runs)")
     if cfg.readme is not None and docs.resolve() != REPO_DOCS.resolve():
@@ -397,11 +395,6 @@ def run_confirm(
 
 
 def command_line(cfg: ConfirmConfig) -> str:
-    """The command that rebuilds the documents (the options that differ from the defaults, then --report-only)."""
-    default = ConfirmConfig()
-    parts = [
-        f"--{k} {shlex.quote(str(getattr(cfg, k)))}"
-        for k in ("out", "docs")
-        if getattr(cfg, k) != getattr(default, k)
-    ]
-    return " ".join(["python -m experiments.encoder_study.run", *parts, "--report-only"])
+    """The command that rebuilds the documents (--seeds, --out and --docs where they differ from the defaults,
+    then --report-only)."""
+    return rebuild_command("python -m experiments.encoder_study.run", cfg.flags, FLAGS)

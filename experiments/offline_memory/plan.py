@@ -10,8 +10,12 @@ from pathlib import Path
 from rl_transformers.study import offline_memory as om
 from rl_transformers.study import records
 from rl_transformers.study.encoders import Encoder, select
+from rl_transformers.study.flags import Flags, StudyFlags
 from rl_transformers.study.records import Job
 from rl_transformers.utils.errors import UserError
+
+FLAGS = StudyFlags(out=Path("runs/offline_memory"), timeout_s=7200.0)
+"""The table's default flags (one run at once, documents in docs/results)."""
 
 
 @dataclass(frozen=True)
@@ -22,24 +26,14 @@ class OfflineMemoryConfig:
     """Corridor lengths to run (the documents always cover every length of the table)."""
     encoders: tuple[str, ...] = ()
     """Only these rows by name (default: every row)."""
-    seeds: tuple[int, ...] = om.SEEDS
-    out: Path = Path("runs/offline_memory")
-    """Run directories: <out>/offline_memory/dt/TMaze<L>/<row>/s<seed>/."""
-    docs: Path = Path("docs/results")
-    """Where offline_memory.{md,json} and plots/offline_memory*.png are written."""
-    workers: int = 1
-    """Runs at once (one torch thread each)."""
-    timeout_s: float | None = 7200.0
-    """Kill a run after this many seconds (it runs again on the next invocation)."""
-    stop_starting_after_h: float | None = None
-    """Start no run after this many hours (a time-limited slot, e.g. a SLURM job's --time less one run's
-    duration); the running ones finish and keep their results, the next invocation runs the rest."""
-    dry_run: bool = False
-    """Print the run count and the estimated time, then exit; nothing on disk changes."""
-    report_only: bool = False
-    """Only rebuild the documents from finished runs."""
-    restore: bool = True
-    """Restore the committed records (<docs>/offline_memory.json) into empty run directories first."""
+    flags: Flags = FLAGS
+    """Runs in <out>/offline_memory/dt/TMaze<L>/<row>/s<seed>/; offline_memory.{md,json} and
+    plots/offline_memory*.png in --docs; seeds default: the table's."""
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        """The seeds of this invocation's jobs."""
+        return self.flags.seeds if self.flags.seeds is not None else om.SEEDS
 
 
 def plan(cfg: OfflineMemoryConfig, table: list[om.Row] | None = None) -> list[Job]:
@@ -52,7 +46,7 @@ def plan(cfg: OfflineMemoryConfig, table: list[om.Row] | None = None) -> list[Jo
     table = table if table is not None else om.rows()
     chosen = {e.name for e in select([Encoder(r.name, r.spec, r.family) for r in table], cfg.encoders)}
     return [
-        om.make_job(length, row, seed, Path(cfg.out))
+        om.make_job(length, row, seed, Path(cfg.flags.out))
         for length in sorted(cfg.lengths)
         for seed in cfg.seeds
         for row in table

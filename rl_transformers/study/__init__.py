@@ -8,6 +8,9 @@ tasks, encoders and budgets it used, its own code, its command and its results.
 
 Plan and run:
 
+- :mod:`~rl_transformers.study.flags` - the flags every driver shares (out, docs, seeds, workers, timeout, dry
+  run, report only, restore) and what they share: restoring the committed records, refusing to lose them, the
+  rebuild command;
 - :mod:`~rl_transformers.study.suite` - tasks, budgets, presets;
 - :mod:`~rl_transformers.study.encoders` - registry expansion, positional rule, parameter matching;
 - :mod:`~rl_transformers.study.ranges` - the values a record can hold for its task;

@@ -25,6 +25,7 @@ from optuna.trial import TrialState, create_trial  # noqa: E402
 
 from experiments.encoder_study import plan as cp  # noqa: E402
 from experiments.encoder_study import stages as confirm  # noqa: E402
+from rl_transformers.study.flags import configure  # noqa: E402
 from rl_transformers.tune.study_check import expected_distributions  # noqa: E402
 from rl_transformers.tune.tuner import open_study, resolve_encoder, run_tuning  # noqa: E402
 from rl_transformers.utils.errors import UserError  # noqa: E402
@@ -163,7 +164,7 @@ def test_a_knob_range_beyond_the_memory_limit_is_refused_up_front(tmp_path: Path
 
 # -- the confirmation study's copy of best.json ----------------------------------------------------------------
 def test_a_local_best_json_out_of_range_is_never_copied(tmp_path: Path) -> None:
-    cfg = confirm.ConfirmConfig(stage="tune", out=tmp_path / "runs", docs=tmp_path / "docs")
+    cfg = configure(confirm.ConfirmConfig, stage="tune", out=tmp_path / "runs", docs=tmp_path / "docs")
     for entry, why in (
         (best(GRU, hidden_size=10**7), "hidden_size 10000000"),
         ({**best(GRU), "value": 1e9}, "outside the task's possible returns"),
@@ -176,7 +177,7 @@ def test_a_local_best_json_out_of_range_is_never_copied(tmp_path: Path) -> None:
 
 
 def test_a_failed_tuning_worker_fails_the_stage(tmp_path: Path) -> None:
-    cfg = confirm.ConfirmConfig(stage="tune", out=tmp_path / "runs", docs=tmp_path / "docs")
+    cfg = configure(confirm.ConfirmConfig, stage="tune", out=tmp_path / "runs", docs=tmp_path / "docs")
     tuned = cp.tuning_results([GRU], cfg.tuning_file, cfg.tune_out)
     with pytest.raises(UserError, match=r"1 tuning studies failed \(gru\)"):
         confirm.tune_stage(cfg, [GRU], tuned, _quiet, runner=lambda args, log_path: 1)

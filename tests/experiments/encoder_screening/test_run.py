@@ -10,6 +10,7 @@ import pytest
 from experiments.encoder_screening import run as screening
 from experiments.offline_memory import plan as omp
 from rl_transformers.study import offline_memory as om
+from rl_transformers.study.flags import configure
 from tests.experiments.offline_memory.test_stages import TINY_ROWS
 
 
@@ -31,11 +32,11 @@ def test_the_study_runs_the_table_as_its_offline_part(
         screening, "run_offline_memory", lambda cfg, log=print, start_by=None: called.append(cfg)
     )
     monkeypatch.setattr(om, "rows", lambda match=True: list(TINY_ROWS))
-    base = screening.ScreeningConfig(preset="full", out=tmp_path / "runs", workers=2, dry_run=True)
+    base = configure(screening.ScreeningConfig, preset="full", out=tmp_path / "runs", workers=2, dry_run=True)
     beside(replace(base, encoders=("xl", "gru")), tmp_path / "docs")
     (cfg,) = called
-    assert cfg.encoders == ("xl",) and cfg.workers == 2 and cfg.dry_run and cfg.seeds == om.SEEDS
-    assert cfg.docs == tmp_path / "docs" and cfg.out == tmp_path / "runs"
+    assert cfg.encoders == ("xl",) and cfg.flags.workers == 2 and cfg.flags.dry_run and cfg.seeds == om.SEEDS
+    assert cfg.flags.docs == tmp_path / "docs" and cfg.flags.out == tmp_path / "runs"
     for skipped in (
         replace(base, preset="quick"),
         replace(base, tasks=("TMaze10",)),

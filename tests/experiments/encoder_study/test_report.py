@@ -12,6 +12,7 @@ import pytest
 from experiments.encoder_study import plan as cp
 from experiments.encoder_study import report as confirm_report
 from experiments.encoder_study import stages as confirm
+from rl_transformers.study.flags import configure
 from rl_transformers.study.tuning_space import SearchSpace
 from tests.experiments.encoder_study.test_stages import GRU, MLP, best
 from tests.experiments.encoder_study.test_stages import (
@@ -236,7 +237,7 @@ def test_the_ladder_stops_after_a_rung_that_did_not_separate_with_all_its_runs()
 
 
 def test_the_dry_run_says_what_the_stop_rule_would_save(tmp_path: Path) -> None:
-    cfg = confirm.ConfirmConfig(out=str(tmp_path / "runs"), docs=str(tmp_path / "docs"), dry_run=True)
+    cfg = configure(confirm.ConfirmConfig, out=tmp_path / "runs", docs=tmp_path / "docs", dry_run=True)
     tuned = {"gru": cp.tuned_config(GRU, best(GRU), "gru.json")}
     rungs = (cp.rung("RepeatPreviousMedium"), cp.rung("RepeatPreviousHard"))
     todo = cp.plan(rungs, [GRU], (0,), tuned, tmp_path / "runs")

@@ -17,6 +17,7 @@ from experiments.encoder_study import report as confirm_report
 from experiments.encoder_study import stages as confirm
 from rl_transformers.algos.ppo_config import PPOConfig
 from rl_transformers.study.encoders import Encoder, parse_spec
+from rl_transformers.study.flags import changed, configure
 from rl_transformers.study.tuning_space import SearchSpace
 from rl_transformers.tune.tuner import TuneConfig
 from rl_transformers.utils.errors import UserError
@@ -181,10 +182,10 @@ def test_a_tiny_stage_runs_resumes_and_rebuilds_from_its_records(
     writes nothing; a second run has nothing left; a fresh checkout (no run directories, no local tuning)
     restores the committed records and rebuilds the same documents byte for byte."""
     docs, out = tiny / "docs", tiny / "runs"
-    cfg = confirm.ConfirmConfig(encoders=("gru",), seeds=(0,), out=out, docs=docs)
+    cfg = configure(confirm.ConfirmConfig, encoders=("gru",), seeds=(0,), out=out, docs=docs)
     write_best(cfg.tune_out, GRU, best(GRU))
     lines: list[str] = []
-    dry = confirm.run_confirm(dataclasses.replace(cfg, dry_run=True), lines.append, rows=[GRU, MLP])
+    dry = confirm.run_confirm(changed(cfg, dry_run=True), lines.append, rows=[GRU, MLP])
     assert dry["todo"] == 2 and not docs.exists()
     assert {p.name for p in out.rglob("*")} == {
         "tune",
@@ -193,14 +194,12 @@ def test_a_tiny_stage_runs_resumes_and_rebuilds_from_its_records(
     }  # only the hand-made one
     assert any("in all" in line and "core-hours" in line for line in lines)
     with pytest.raises(UserError, match=r"seeds \[7\] are not test seeds"):
-        confirm.run_confirm(dataclasses.replace(cfg, seeds=(0, 7)), lines.append, rows=[GRU, MLP])
+        confirm.run_confirm(changed(cfg, seeds=(0, 7)), lines.append, rows=[GRU, MLP])
     with pytest.raises(UserError, match=r"limits the run stage only") as err:
-        confirm.run_confirm(dataclasses.replace(cfg, stage="tune", stop_starting_after_h=1.0), lines.append)
+        confirm.run_confirm(changed(cfg, stage="tune", stop_starting_after_h=1.0), lines.append)
     assert err.value.source == "--stop-starting-after-h"
     with pytest.raises(UserError, match=r"positive number of hours, got 0"):
-        confirm.run_confirm(
-            dataclasses.replace(cfg, stop_starting_after_h=0.0), lines.append, rows=[GRU, MLP]
-        )
+        confirm.run_confirm(changed(cfg, stop_starting_after_h=0.0), lines.append, rows=[GRU, MLP])
     assert confirm.run_confirm(cfg, lines.append, rows=[GRU, MLP])["records"] == 2
     published = json.loads((docs / "encoders.json").read_text())
     assert sorted(r["preset"] for r in published) == [cp.TUNED, cp.UNTUNED]
@@ -228,14 +227,10 @@ def test_a_tiny_stage_runs_resumes_and_rebuilds_from_its_records(
     shutil.rmtree(out)  # a fresh checkout: the committed documents and tuning file, no runs, no local tuning
     readme = tiny / "README.md"
     readme.write_text(f"# x\n\n{headline.BEGIN}\nold\n{headline.END}\n\nafter\n")
-    confirm.run_confirm(
-        dataclasses.replace(cfg, report_only=True, readme=readme), lines.append, rows=[GRU, MLP]
-    )
+    confirm.run_confirm(changed(cfg, report_only=True, readme=readme), lines.append, rows=[GRU, MLP])
     assert "\nold\n" in readme.read_text() and "left alone: its headline follows" in lines[-1]  # other docs
     monkeypatch.setattr(confirm, "REPO_DOCS", docs)
-    confirm.run_confirm(
-        dataclasses.replace(cfg, report_only=True, readme=readme), lines.append, rows=[GRU, MLP]
-    )
+    confirm.run_confirm(changed(cfg, report_only=True, readme=readme), lines.append, rows=[GRU, MLP])
     assert any("restored 2 finished runs" in line for line in lines)
     assert (docs / "encoders.md").read_text() == markdown
     block = readme.read_text()  # the README's headline follows the rebuilt page
@@ -247,15 +242,15 @@ def test_a_tiny_stage_runs_resumes_and_rebuilds_from_its_records(
     assert not list(out.rglob("stdout.log"))  # restored, not run
     stale = out / cp.UNTUNED / "ppo" / "TMaze2" / "gru" / "s0"
     (stale / "result.json").rename(stale / "result.stale.json")  # moved aside: no longer a finished run
-    with pytest.raises(UserError, match="would lose 1 committed records"):
-        confirm.run_confirm(dataclasses.replace(cfg, report_only=True), lines.append, rows=[GRU, MLP])
+    with pytest.raises(UserError, match="1 of the 2 committed ones would be lost"):
+        confirm.run_confirm(changed(cfg, report_only=True), lines.append, rows=[GRU, MLP])
     assert (docs / "encoders.md").read_text() == markdown  # nothing written
 
 
 def test_the_tune_stage_runs_the_missing_studies_and_commits_their_results(tiny: Path) -> None:
     """A fake tuner (the command's study writes best.json) stands in for Optuna: only untuned encoders are tuned,
     each with its own exact command, and their results join the committed tuning file."""
-    cfg = confirm.ConfirmConfig(stage="tune", out=tiny / "runs", docs=tiny / "docs")
+    cfg = configure(confirm.ConfirmConfig, stage="tune", out=tiny / "runs", docs=tiny / "docs")
     write_best(cfg.tune_out, GRU, best(GRU))
     ran: list[list[str]] = []
 
@@ -293,7 +288,7 @@ def test_changed_tuning_settings_move_committed_results_aside(
 ) -> None:
     """A result tuned under other settings (here: another pruner warm-up) is never read as this one's: the
     committed file keeps it under 'previous', starts the new settings empty, and the tuner is told the warm-up."""
-    cfg = confirm.ConfirmConfig(stage="tune", out=tiny / "runs", docs=tiny / "docs")
+    cfg = configure(confirm.ConfirmConfig, stage="tune", out=tiny / "runs", docs=tiny / "docs")
     write_best(cfg.tune_out, GRU, best(GRU))
     confirm.collect_tuning(cfg, [GRU])
     old = json.loads(cfg.tuning_file.read_text())

@@ -15,6 +15,7 @@ from experiments.offline_memory import stages as offline_memory_run
 from rl_transformers.study import offline_memory as om
 from rl_transformers.study import records
 from rl_transformers.study.encoders import parse_spec
+from rl_transformers.study.flags import changed, configure
 from rl_transformers.utils.errors import UserError
 
 FULL = om.Row("full", "attention", "attention=full", "K = L + 1")
@@ -87,11 +88,9 @@ def test_a_tiny_table_runs_resumes_and_rebuilds_from_its_records(tiny_table: Pat
     documents list every row; a dry run changes nothing; a fresh checkout (empty --out) restores the committed
     records and rebuilds the same documents byte for byte without running anything."""
     docs = tiny_table / "docs"
-    cfg = omp.OfflineMemoryConfig(lengths=(3,), seeds=(0,), out=tiny_table / "runs", docs=docs)
+    cfg = configure(omp.OfflineMemoryConfig, lengths=(3,), seeds=(0,), out=tiny_table / "runs", docs=docs)
     lines: list[str] = []
-    dry = offline_memory_run.run_offline_memory(
-        omp.OfflineMemoryConfig(**{**cfg.__dict__, "dry_run": True}), lines.append
-    )
+    dry = offline_memory_run.run_offline_memory(changed(cfg, dry_run=True), lines.append)
     assert dry["todo"] == 3 and not (tiny_table / "runs").exists() and not docs.exists()
     assert offline_memory_run.run_offline_memory(cfg, lines.append)["records"] == 3
     published = json.loads((docs / "offline_memory.json").read_text())
@@ -123,8 +122,13 @@ def test_a_record_that_contradicts_its_job_is_refused(tiny_table: Path) -> None:
     job = om.make_job(3, FULL, 0, tiny_table / "runs")
     bad = {**{k: job.spec[k] for k in records.IDENTITY}, "key": job.spec["key"], "score": 1.0, "updates": 2}
     (docs / "offline_memory.json").write_text(json.dumps([bad]))
-    cfg = omp.OfflineMemoryConfig(
-        lengths=(3,), seeds=(0,), out=tiny_table / "runs", docs=docs, report_only=True
+    cfg = configure(
+        omp.OfflineMemoryConfig,
+        lengths=(3,),
+        seeds=(0,),
+        out=tiny_table / "runs",
+        docs=docs,
+        report_only=True,
     )
     with pytest.raises(UserError, match="whole budget"):
         offline_memory_run.run_offline_memory(cfg, print)
