@@ -1,33 +1,11 @@
-"""The encoder study: every registered attention (plus GTrXL, memories, depths, GRU / LSTM / MLP) as a policy
-encoder, online (PPO on T-Maze + POPGym Easy) and offline (Decision Transformer), aggregated with rliable.
+"""Compare encoders as RL policy encoders (PPO online, the Decision Transformer offline), aggregated with rliable.
 
-    python scripts/encoder_study.py --preset quick --dry-run          # run count and estimated time
-    python scripts/encoder_study.py --preset quick                    # smoke run (1 seed, <= 1 h on 2 cores)
-    python scripts/encoder_study.py --preset full --parts online      # the full online grid (resumable)
-    python scripts/encoder_study.py --preset full --rerun-encoders lsh bigbird   # re-run changed variants
-    python scripts/encoder_study.py --preset full --launcher ray --ray-address auto   # on a Ray cluster
-    python scripts/encoder_study.py --preset full --docs docs/results --report-only  # rebuild the documents
-
-Progress: a bar over the runs (done / running / left, ETA from measured rates) on a terminal, one line per
-finished run otherwise. Runs land in <out>/<preset>/<algo>/<task>/<encoder>/s<seed>/ (result.json when finished); a second invocation
-skips finished runs and retries failed ones, and skips a run another invocation is running (its running.lock names
-the process; a lock of a dead process is taken over). The committed records (<docs>/encoders_screening.json) are restored into empty run
-directories first (--no-restore to skip), so a fresh checkout resumes where the committed results end; the documents
-always cover the whole preset, whichever --tasks / --encoders this invocation runs. See rl_transformers/study/ for the method.
+The command is ``rlt study``, defined in rl_transformers/cli/study.py: ``--help`` lists its flags.
 """
 
-from __future__ import annotations
+import sys
 
-import tyro
-
-from rl_transformers.study.launch import STUDY_INTERRUPTED
-from rl_transformers.study.run import StudyConfig, run_study
-from rl_transformers.utils.errors import run_cli
-
-
-def main(config: StudyConfig) -> None:
-    run_study(config)
-
+from rl_transformers.cli.study import command
 
 if __name__ == "__main__":
-    run_cli(lambda: main(tyro.cli(StudyConfig, description=__doc__)), on_interrupt=STUDY_INTERRUPTED)
+    sys.exit(command())

@@ -27,11 +27,16 @@ from rl_transformers.cli import COMMANDS as RLT_COMMANDS
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted(
     p
-    for p in [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *(ROOT / "docs").glob("**/*.md")]
+    for p in [
+        ROOT / "README.md",
+        ROOT / "benchmarks" / "README.md",
+        *(ROOT / "docs").glob("**/*.md"),
+        *(ROOT / "experiments").glob("**/*.md"),
+    ]
     if p.is_file()
 )
 SHELL_LANGS = {"bash", "sh", "shell", "console", "zsh"}
-OUR_MODULES = ("envs", "offline_data", "rl_transformers", "scripts")
+OUR_MODULES = ("envs", "offline_data", "rl_transformers", "scripts", "experiments")
 
 FENCE = re.compile(r"^(\s*)(```+|~~~+)\s*([\w+-]*)")
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
@@ -364,10 +369,10 @@ def test_readme_stays_a_short_user_guide() -> None:
 def test_the_readme_headline_follows_the_encoder_study_page() -> None:
     """The README's encoder-study headline is the block the committed page gives (its status and
     verdict lines), so a rebuilt page that is committed without its README block fails here."""
-    from rl_transformers.study.confirm_headline import headline, replace_block
+    from experiments.encoder_study.headline import headline, replace_block
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     page = (ROOT / "docs" / "results" / "encoders.md").read_text(encoding="utf-8")
     assert readme == replace_block(readme, headline(page), "README.md"), (
-        "README.md's encoder-study headline is out of date: run `python scripts/encoder_study_v2.py --report-only`"
+        "README.md's encoder-study headline is out of date: run `python -m experiments.encoder_study.run --report-only`"
     )

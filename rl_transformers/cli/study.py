@@ -1,19 +1,21 @@
-"""The encoder study: every registered attention (plus GTrXL, memories, depths, GRU / LSTM / MLP) as a policy
-encoder, online (PPO on T-Maze + POPGym Easy) and offline (Decision Transformer), aggregated with rliable.
+"""Compare encoders: the chosen registered encoders (default: every attention, plus GTrXL, memories, depths,
+GRU / LSTM / MLP) as policy encoders, online (PPO on T-Maze + POPGym Easy) and offline (Decision Transformer),
+aggregated with rliable (rl_transformers/study/run.py; the screening stage built on it: experiments/encoder_screening/).
 
     python scripts/encoder_study.py --preset quick --dry-run          # run count and estimated time
-    python scripts/encoder_study.py --preset quick                    # smoke run (1 seed, <= 1 h on 2 cores)
+    python scripts/encoder_study.py --preset quick --encoders gtrxl gru lstm   # smoke run (1 seed)
     python scripts/encoder_study.py --preset full --parts online      # the full online grid (resumable)
     python scripts/encoder_study.py --preset full --rerun-encoders lsh bigbird   # re-run changed variants
     python scripts/encoder_study.py --preset full --launcher ray --ray-address auto   # on a Ray cluster
-    python scripts/encoder_study.py --preset full --docs docs/results --report-only  # rebuild the documents
+    python scripts/encoder_study.py --preset quick --report-only      # rebuild the documents
 
 Progress: a bar over the runs (done / running / left, ETA from measured rates) on a terminal, one line per
-finished run otherwise. Runs land in <out>/<preset>/<algo>/<task>/<encoder>/s<seed>/ (result.json when finished); a second invocation
-skips finished runs and retries failed ones, and skips a run another invocation is running (its running.lock names
-the process; a lock of a dead process is taken over). The committed records (<docs>/encoders_screening.json) are restored into empty run
-directories first (--no-restore to skip), so a fresh checkout resumes where the committed results end; the documents
-always cover the whole preset, whichever --tasks / --encoders this invocation runs. See rl_transformers/study/ for the method.
+finished run otherwise. Runs land in <out>/<preset>/<algo>/<task>/<encoder>/s<seed>/ (result.json when finished);
+a second invocation skips finished runs and retries failed ones, and skips a run another invocation is running
+(its running.lock names the process; a lock of a dead process is taken over). Committed records
+(<docs>/encoders_screening.json) are restored into empty run directories first (--no-restore to skip); the
+documents (default <out>/<preset>/docs) always cover the whole preset, whichever --tasks / --encoders this
+invocation runs.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from rl_transformers.utils.extras import need
 
 def main(config: StudyConfig) -> None:
     """Plan, run and report the study of ``config`` (:func:`~rl_transformers.study.run.run_study`)."""
-    if not config.dry_run:  # checked before any run starts: the documents need both
+    if not config.flags.dry_run:  # checked before any run starts: the documents need both
         need("rliable", "the study's statistics (rl_transformers.study.aggregate)")
         need("matplotlib", "the study's plots (rl_transformers.study.plots)")
     run_study(config)

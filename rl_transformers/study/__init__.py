@@ -1,7 +1,16 @@
-"""The encoder study: every attention variant as a policy encoder, online (PPO) and offline (DT).
+"""Comparing encoders: any registered encoder as a policy encoder, online (PPO) and offline (DT), on any task.
 
-Plan and run (the screening stage, ``scripts/encoder_study.py``, :class:`~rl_transformers.study.run.StudyConfig`):
+The general tool (``scripts/encoder_study.py``, :func:`~rl_transformers.study.run.main`): a plan (encoders x tasks
+x seeds x budget; tuning as an optional stage), local-pool and Ray launchers, resumable records whose job keys
+hash the job's contents (no checkout path), the rliable aggregate and a report. The concrete experiments built
+on it live beside the library in ``experiments/<name>/`` (not installed): each is a short description of the
+tasks, encoders and budgets it used, its own code, its command and its results.
 
+Plan and run:
+
+- :mod:`~rl_transformers.study.flags` - the flags every driver shares (out, docs, seeds, workers, timeout, dry
+  run, report only, restore) and what they share: restoring the committed records, refusing to lose them, the
+  rebuild command;
 - :mod:`~rl_transformers.study.suite` - tasks, budgets, presets;
 - :mod:`~rl_transformers.study.encoders` - registry expansion, positional rule, parameter matching;
 - :mod:`~rl_transformers.study.ranges` - the values a record can hold for its task;
@@ -12,42 +21,27 @@ Plan and run (the screening stage, ``scripts/encoder_study.py``, :class:`~rl_tra
 - :mod:`~rl_transformers.study.attempts` - an interrupted PPO run resumes from its checkpoint;
 - :mod:`~rl_transformers.study.worker` - one run in a subprocess (calls the trainers' ``train``);
 - :mod:`~rl_transformers.study.progress` - the progress bar / lines over jobs, ETA from measured rates;
-- :mod:`~rl_transformers.study.run` - the driver: plan a preset, run the unfinished jobs, rebuild the documents.
+- :mod:`~rl_transformers.study.run` - the driver: plan a preset, run the unfinished jobs, rebuild the documents
+  (an experiment adds its page text and a part of its own with a :class:`~rl_transformers.study.run.Page`).
 
-Documents of the screening stage:
+Documents:
 
 - :mod:`~rl_transformers.study.files` - the document names under ``--docs``;
 - :mod:`~rl_transformers.study.aggregate` - rliable statistics;
-- :mod:`~rl_transformers.study.report` - encoders_screening.{md,json} and its aggregate;
+- :mod:`~rl_transformers.study.report` - the page and records ({md,json}) and its aggregate;
 - :mod:`~rl_transformers.study.summary` - the findings in words, from the same aggregates;
-- :mod:`~rl_transformers.study.notes` - the page's method, notes and caveat, numbers computed from the records;
 - :mod:`~rl_transformers.study.plots` - the plots (learning curves as small multiples per family).
 
-The confirmation stage (the second edition, ``scripts/encoder_study_v2.py``):
+Tuning (the optional stage: ``scripts/tune.py``, :mod:`rl_transformers.tune`):
 
 - :mod:`~rl_transformers.study.knobs` - each encoder's context knob (shared with the memory probe and the tuner);
 - :mod:`~rl_transformers.study.tuning_space` - the tuning search space;
-- :mod:`~rl_transformers.study.tuning_checks` - tuned parameters and values read back as data, checked;
-- :mod:`~rl_transformers.study.confirm_plan` - tasks (the memory-length ladder), encoders, tuned jobs;
-- :mod:`~rl_transformers.study.confirm` - one command that tunes, runs, resumes and reports;
-- :mod:`~rl_transformers.study.confirm_report` - encoders.{md,json};
-- :mod:`~rl_transformers.study.confirm_verdict` - the verdict: where an encoder overtakes GRU, if anywhere;
-- :mod:`~rl_transformers.study.confirm_candidates` - the candidate-default decision;
-- :mod:`~rl_transformers.study.confirm_stages` - the screening and probe sections of the main page;
-- :mod:`~rl_transformers.study.confirm_headline` - the README's headline, rebuilt from the page.
+- :mod:`~rl_transformers.study.tuning_checks` - tuned parameters and values read back as data, checked.
 
-The memory probe (``scripts/memory_probe.py``):
+The offline memory table, which the long-context DT benchmark (:mod:`rl_transformers.bench.dt_long`) measures
+and ``experiments/offline_memory/`` runs:
 
-- :mod:`~rl_transformers.study.probe` - one supervised cell: recall the symbol seen k steps ago;
-- :mod:`~rl_transformers.study.probe_grid` - the grid: encoders x context bound x k x seeds, with a stop rule;
-- :mod:`~rl_transformers.study.probe_report` - memory_probe.{md,json} and its plot;
-- :mod:`~rl_transformers.study.probe_restore` - restore of the committed cells into a fresh checkout.
-
-The offline memory table (``scripts/offline_memory.py``):
-
-- :mod:`~rl_transformers.study.offline_memory` - rows, jobs and estimates of the T-Maze table;
-- :mod:`~rl_transformers.study.offline_memory_report` - offline_memory.{md,json} and the study's offline section;
-- :mod:`~rl_transformers.study.offline_memory_run` - run, dry-run or rebuild the table.
+- :mod:`~rl_transformers.study.offline_memory` - rows, recipe, tasks and jobs of the T-Maze table.
 
 Side-by-side with the ecosystem (``scripts/compare_peer.py``):
 

@@ -2,8 +2,8 @@
 
 Two stages: the **screening** stage, the first edition (every encoder untuned at one small budget:
 :mod:`~rl_transformers.study.run`, :mod:`~rl_transformers.study.report`), and the **confirmation** stage, the
-second edition (tuned and untuned on a memory-length ladder: :mod:`~rl_transformers.study.confirm`,
-:mod:`~rl_transformers.study.confirm_report`), whose documents are the study's main page. Until 2026-11-27 the
+second edition (tuned and untuned on a memory-length ladder: :mod:`~experiments.encoder_study.stages`,
+:mod:`~experiments.encoder_study.report`), whose documents are the study's main page. Until 2026-11-27 the
 screening stage's files were called encoders.{md,json} / encoders_aggregate.json and the confirmation stage's
 encoders_v2.{md,json} / encoders_v2_tuning.json.
 """

@@ -1,6 +1,6 @@
 """One context knob per study encoder: the setting that bounds how far back it can see (or how much it holds).
 
-The memory probe (:mod:`rl_transformers.study.probe`) runs every encoder with its knob at the default and raised
+The memory probe (:mod:`experiments.memory_probe.probe`) runs every encoder with its knob at the default and raised
 to cover the lookup distance k; the tuner (:mod:`rl_transformers.tune.tuner`) searches it. A knob is either a
 **reach** (a length in tokens: a query sees keys up to about that many steps back, per layer) or a
 **capacity** (a width: what a recurrent state can hold). Which one an encoder has, read from its configuration

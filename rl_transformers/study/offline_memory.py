@@ -18,23 +18,23 @@ the cue of t = 0 is needed at t = L). A DT must carry the cue L steps to choose 
 - the **floor**: ``full`` with K = K_s and no memory: the cue is out of its context at the junction, so it
   can only guess (a memoryless policy's success is the share of evaluation episodes with its favoured cue).
 
-Jobs, resume, locks, records and their restore are the encoder study's (:mod:`~rl_transformers.study.launch`,
-:mod:`~rl_transformers.study.records`): a job is one (L, row, seed) under ``<out>/offline_memory/dt/TMaze<L>/``;
-the committed ``docs/results/offline_memory.json`` is restored into a fresh checkout before anything runs.
+This module is the table itself (its rows, recipe, tasks and jobs), which the long-context DT benchmark
+(:mod:`rl_transformers.bench.dt_long`) measures too; running it is an experiment of its own
+(``experiments/offline_memory/``: ``python -m experiments.offline_memory.run``). Jobs, resume, locks, records
+and their restore are the study's (:mod:`~rl_transformers.study.launch`, :mod:`~rl_transformers.study.records`): a
+job is one (L, row, seed) under ``<out>/offline_memory/dt/TMaze<L>/``.
 """
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rl_transformers.study import launch, records
-from rl_transformers.study.encoders import Encoder, dt_encoders, format_spec, parse_spec, select
+from rl_transformers.study import launch
+from rl_transformers.study.encoders import Encoder, dt_encoders, format_spec, parse_spec
 from rl_transformers.study.records import Job
 from rl_transformers.study.suite import DATASET_ROOT, Task
-from rl_transformers.utils.errors import UserError
 
 PRESET = "offline_memory"
 LENGTHS = (10, 25, 50)
@@ -113,10 +113,23 @@ class Row:
         return {**RECIPE, "context_len": segment_len(length), "segments": segments}
 
 
+ATTENTIONS = (
+    "full", "local", "block_local", "block_local_2d", "blockwise", "strided", "fixed", "longformer", "bigbird",
+    "etc", "lsh", "routing", "memory_compressed", "linear", "performer", "rfa", "gaussian_prior", "adaptive_span",
+)  # fmt: skip
+"""The attention rows the table was run with (the causal attentions the DT backbone accepted then): frozen, so
+an attention registered later does not turn the finished table into a partial one; it joins by a new run."""
+
+
 def rows(match: bool = True) -> list[Row]:
-    """Every row: the DT attention rows, the memories, the floor."""
+    """Every row: the DT attention rows (:data:`ATTENTIONS`, in the registry's order), the memories, the floor."""
     attention, _ = dt_encoders(match)
-    out = [Row(e.name, "attention", e.spec, "K = L + 1") for e in attention]
+    missing = sorted(set(ATTENTIONS) - {e.name for e in attention})
+    if missing:
+        raise ValueError(
+            f"the offline memory table's attentions {missing} are not DT encoders of the registry"
+        )
+    out = [Row(e.name, "attention", e.spec, "K = L + 1") for e in attention if e.name in ATTENTIONS]
     out += [Row(m, "memory", "attention=full", f"full, K_s, {SEGMENTS} segments") for m in MEMORIES]
     out.append(Row(FLOOR, "floor", "attention=full", "full, K_s, no memory"))
     return out
@@ -144,104 +157,3 @@ def make_job(length: int, row: Row, seed: int, out: Path) -> Job:
     return launch.make_job(
         task(length), row.encoder(length), seed, PRESET, out, dt=row.dt_args(length), dataset_root=DATASETS
     )
-
-
-@dataclass(frozen=True)
-class OfflineMemoryConfig:
-    """The offline memory table: T-Maze corridors x attentions and memories x seeds."""
-
-    lengths: tuple[int, ...] = LENGTHS
-    """Corridor lengths to run (the documents always cover every length of the table)."""
-    encoders: tuple[str, ...] = ()
-    """Only these rows by name (default: every row)."""
-    seeds: tuple[int, ...] = SEEDS
-    out: Path = Path("runs/offline_memory")
-    """Run directories: <out>/offline_memory/dt/TMaze<L>/<row>/s<seed>/."""
-    docs: Path = Path("docs/results")
-    """Where offline_memory.{md,json} and plots/offline_memory*.png are written."""
-    workers: int = 1
-    """Runs at once (one torch thread each)."""
-    timeout_s: float | None = 7200.0
-    """Kill a run after this many seconds (it runs again on the next invocation)."""
-    stop_starting_after_h: float | None = None
-    """Start no run after this many hours (a time-limited slot, e.g. a SLURM job's --time less one run's
-    duration); the running ones finish and keep their results, the next invocation runs the rest."""
-    dry_run: bool = False
-    """Print the run count and the estimated time, then exit; nothing on disk changes."""
-    report_only: bool = False
-    """Only rebuild the documents from finished runs."""
-    restore: bool = True
-    """Restore the committed records (<docs>/offline_memory.json) into empty run directories first."""
-
-
-def plan(cfg: OfflineMemoryConfig, table: list[Row] | None = None) -> list[Job]:
-    """The jobs of ``cfg`` in length-major, then seed-major order (short corridors finish first)."""
-    for length in cfg.lengths:
-        if length not in LENGTHS:
-            raise UserError(
-                f"corridor length {length} is not in the table {list(LENGTHS)}", source="--lengths"
-            )
-    table = table if table is not None else rows()
-    chosen = {e.name for e in select([Encoder(r.name, r.spec, r.family) for r in table], cfg.encoders)}
-    return [
-        make_job(length, row, seed, Path(cfg.out))
-        for length in sorted(cfg.lengths)
-        for seed in cfg.seeds
-        for row in table
-        if row.name in chosen
-    ]
-
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "dt_long_context" / "results.json"
-"""The committed side-by-side measurement of every (row, L) update (scripts/bench_dt_long_context.py)."""
-
-
-def bench_rates(path: Path = BENCH) -> dict[tuple[str, int], float]:
-    """{(row, L): updates/s of the update alone (CPU time)} from the committed benchmark; empty without it."""
-    data = records.read_json(path)
-    rows = data.get("results") if isinstance(data, dict) else None
-    out: dict[tuple[str, int], float] = {}
-    for r in rows if isinstance(rows, list) else []:
-        x = r.get("cpu_updates_per_s") if isinstance(r, dict) else None
-        if (
-            isinstance(x, int | float)
-            and x > 0
-            and isinstance(r.get("row"), str)
-            and isinstance(r.get("length"), int)
-        ):
-            out[(r["row"], r["length"])] = float(x)
-    return out
-
-
-def estimates(jobs: list[Job], out: Path, bench: dict[tuple[str, int], float] | None = None) -> list[float]:
-    """Seconds per job, plus 10 s of start-up: its budget over the updates/s (evaluations included) of finished
-    runs of the same (length, row); else the benchmark's rate of the update alone (:func:`bench_rates`) times
-    the median ratio of finished runs' rates to their benchmark rates (evaluations, start-up, load), over the
-    same length's runs, else over all (0.5 while none finished); else the median of finished runs of the same length; else
-    :data:`ASSUMED_UPDATES_PER_S`."""
-    bench = bench_rates() if bench is None else bench
-    found = [records.read_json(p) for p in Path(out).rglob("result.json")]
-    rates: dict[tuple[str, str], list[float]] = {}
-    for r in found:
-        if isinstance(r, dict) and isinstance(x := r.get("updates_per_s"), int | float) and x > 0:
-            rates.setdefault((str(r.get("task")), str(r.get("encoder_name"))), []).append(float(x))
-    ratios: dict[int, list[float]] = {}
-    for (t, name), xs in rates.items():
-        length = int(t.removeprefix("TMaze")) if t.removeprefix("TMaze").isdigit() else -1
-        if (name, length) in bench:
-            ratios.setdefault(length, []).extend(x / bench[(name, length)] for x in xs)
-    pooled = [x for xs in ratios.values() for x in xs]
-    seconds = []
-    for job in jobs:
-        t, name = job.spec["task"], job.spec["encoder_name"]
-        length = int(t.removeprefix("TMaze"))
-        if rates.get((t, name)):
-            rate = statistics.median(rates[(t, name)])
-        elif (name, length) in bench:
-            factor = statistics.median(ratios.get(length) or pooled) if pooled else 0.5
-            rate = bench[(name, length)] * factor
-        else:
-            same = [x for (tt, _), xs in rates.items() if tt == t for x in xs]
-            rate = statistics.median(same) if same else ASSUMED_UPDATES_PER_S.get(length, 1.0)
-        seconds.append(job.spec["budget"] / rate + 10.0)
-    return seconds

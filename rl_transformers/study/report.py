@@ -13,7 +13,7 @@ per-task and aggregate tables, plots under ``plots/``: performance profile, IQM 
 task, score vs steps/s).
 
 This is the study's first edition, the **screening** stage (every encoder untuned at one small budget). The
-second edition's confirmation stage writes ``encoders.{md,json}`` (:mod:`~rl_transformers.study.confirm_report`).
+second edition's confirmation stage writes ``encoders.{md,json}`` (:mod:`~experiments.encoder_study.report`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """The study driver: plan the jobs of a preset, run the unfinished ones, rebuild the documents.
 
+The general tool for comparing encoders (``scripts/encoder_study.py``, :func:`main`): encoders x tasks x seeds
+x budget. An experiment built on it adds its own text to the page and its own part beside the jobs with a
+:class:`Page` (e.g. ``experiments/encoder_screening/``).
+
 ``run_study(StudyConfig(...))`` expands the encoders (registry read now), makes one job per (task, encoder,
 seed), moves aside the results of ``rerun_encoders`` (a dry run only counts them), and - unless ``dry_run`` /
 ``report_only`` - runs the pending and failed jobs (local pool or Ray), seed-major so partial results cover
@@ -8,34 +12,29 @@ every encoder evenly. Then it collects every finished run of the preset and writ
 
 from __future__ import annotations
 
-import shlex
 import statistics
-import sys
 from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
 from rl_transformers.study import encoders as enc
-from rl_transformers.study import (
-    launch,
-    notes,
-    offline_memory,
-    offline_memory_report,
-    offline_memory_run,
-    records,
-    report,
-    suite,
-)
+from rl_transformers.study import launch, records, report, suite
 from rl_transformers.study.aggregate import REPS
+from rl_transformers.study.flags import Flags, StudyFlags, check_nothing_lost, restore_committed
+from rl_transformers.study.flags import rebuild_command as flag_command
 from rl_transformers.study.progress import Progress
 from rl_transformers.study.records import Job
 from rl_transformers.utils.errors import UserError
 
+FLAGS = StudyFlags(docs=None, workers=2)
+"""The study's default flags (two runs at once; documents in <out>/<preset>/docs)."""
+
 
 @dataclass(frozen=True)
 class StudyConfig:
-    """The encoder study (rl_transformers/study)."""
+    """A comparison of encoders: the suite's tasks x the registry's encoders x seeds, at a preset's budgets."""
 
     preset: Literal["quick", "full"] = "quick"
     """Budgets and seeds: quick (1 seed, 4 updates; a smoke run) or full (3 seeds, 64-96 updates)."""
@@ -45,43 +44,23 @@ class StudyConfig:
     """Only these tasks (default: the whole suite of the chosen parts)."""
     encoders: tuple[str, ...] = ()
     """Only these encoders by name (default: every row)."""
-    seeds: tuple[int, ...] | None = None
-    """Override the preset's seeds."""
     rerun_encoders: tuple[str, ...] = ()
     """Move aside the finished results of these encoders (e.g. after an attention got faster) so they run again."""
-    out: Path = Path("runs/study")
-    """Run directories: <out>/<preset>/<algo>/<task>/<encoder>/s<seed>/."""
-    docs: Path | None = None
-    """Where to write encoders_screening.{md,json}, encoders_screening_aggregate.json and plots/ (default:
-    <out>/<preset>/docs)."""
-    workers: int = 2
-    """Runs at once (local pool) / CPUs of a local Ray instance."""
     launcher: Literal["local", "ray"] = "local"
     """local process pool, or ray (tasks with 1 CPU each)."""
     ray_address: str | None = None
     """ray.init(address=...) of an existing cluster (default: start a local instance)."""
-    timeout_s: float | None = 3600.0
-    """Kill a run after this many seconds (failed: it runs again on the next invocation); its worker stops too."""
-    stop_starting_after_h: float | None = None
-    """Start no run after this many hours (a time-limited slot, e.g. a SLURM job's --time less one run's
-    duration); the running ones finish and keep their results, the next invocation runs the rest."""
-    dry_run: bool = False
-    """Print the run count and an estimated time from measured steps/s, then exit; nothing on disk changes."""
-    report_only: bool = False
-    """Only rebuild the documents from finished runs."""
-    restore: bool = True
-    """Before running, restore finished runs from the committed records <docs>/encoders_screening.json (matched by job key)
-    into run directories without a result, so a fresh checkout resumes where the committed results end."""
-    memory_table: bool = True
-    """With --preset full, the offline part also runs the offline memory table, its main tasks (T-Maze corridors
-    10-200, every causal attention and memory: rl_transformers/study/offline_memory.py, into the same --docs);
-    CartPole / Pendulum are its control rows."""
+    flags: Flags = FLAGS
+    """Runs in <out>/<preset>/<algo>/<task>/<encoder>/s<seed>/; documents (encoders_screening.{md,json},
+    encoders_screening_aggregate.json, plots/) in --docs, default <out>/<preset>/docs; seeds default: the
+    preset's."""
 
 
-def plan(cfg: StudyConfig) -> tuple[list[Job], dict]:
-    """The jobs of ``cfg`` (seed-major order) and the report context."""
+def plan(cfg: StudyConfig, planned: Mapping[str, tuple[str, ...]] | None = None) -> tuple[list[Job], dict]:
+    """The jobs of ``cfg`` (seed-major order) and the report context; ``planned`` {algo: encoder names}: the
+    encoders of the study (default: every row of the registry), which ``cfg.encoders`` narrows."""
     preset = suite.check_preset(cfg.preset)
-    seeds = cfg.seeds if cfg.seeds is not None else suite.SEEDS[preset]
+    seeds = cfg.flags.seeds if cfg.flags.seeds is not None else suite.SEEDS[preset]
     ctx: dict = {
         "tasks": {},
         "task_notes": {},
@@ -99,6 +78,9 @@ def plan(cfg: StudyConfig) -> tuple[list[Job], dict]:
         if not tasks:
             continue
         rows, excluded = enc.ppo_encoders() if algo == "ppo" else enc.dt_encoders()
+        if planned is not None:  # the study's own set (an unknown name is refused: the registry lost it)
+            names = planned.get(algo, ())
+            rows = enc.select(rows, names, "the study's planned encoders") if names else []
         rows = enc.select(rows, cfg.encoders)
         ctx["tasks"][algo] = [t.name for t in tasks]
         ctx["encoders"][algo] = [(e.name, e.spec, e.family, e.note) for e in rows]
@@ -111,7 +93,7 @@ def plan(cfg: StudyConfig) -> tuple[list[Job], dict]:
         for seed in seeds:
             for t in tasks:
                 for e in rows:
-                    jobs.append(launch.make_job(t, e, seed, preset, Path(cfg.out)))
+                    jobs.append(launch.make_job(t, e, seed, preset, Path(cfg.flags.out)))
     return jobs, ctx
 
 
@@ -163,39 +145,62 @@ def estimates(jobs: list[Job], out: Path) -> tuple[list[float], int]:
     return seconds, unknown
 
 
-def run_study(cfg: StudyConfig, log=print) -> dict:
-    if cfg.rerun_encoders and cfg.report_only and not cfg.dry_run:
+@dataclass(frozen=True)
+class Page:
+    """What an experiment adds to the study: the command that rebuilds its page, the page's method, notes and
+    caveat (:func:`rl_transformers.study.report.write_report`'s ``ctx``), and a part run beside the jobs
+    (``beside(cfg, docs, log, start_by)``: run, dry-run or rebuild with this invocation's settings) whose
+    section joins the offline part (``dt_section(docs)``: Markdown lines)."""
+
+    command: str = "python scripts/encoder_study.py"
+    method: Callable[[str], str] | None = None
+    """The preset's method text."""
+    notes: Callable[..., str] | None = None
+    """``notes(records, aggregates, ctx)``: the notes in words."""
+    caveat: Callable[..., str] | None = None
+    """``caveat(records)``: a line under the status."""
+    beside: Callable[..., None] | None = None
+    dt_section: Callable[[Path], list[str]] | None = None
+    encoders: Mapping[str, tuple[str, ...]] | None = None
+    """{algo: encoder names} the experiment planned (its spec, frozen: an encoder registered after it ran does not
+    turn its finished page into a partial one); default: every row of the registry."""
+
+
+def main(config: StudyConfig) -> None:
+    """``scripts/encoder_study.py``: compare the chosen encoders on the chosen tasks (no experiment's text)."""
+    run_study(config)
+
+
+def run_study(cfg: StudyConfig, log=print, page: Page | None = None) -> dict:
+    """Plan, restore, run and report ``cfg``; ``page``: what an experiment adds (default: nothing)."""
+    page = page if page is not None else Page()
+    if cfg.rerun_encoders and cfg.flags.report_only and not cfg.flags.dry_run:
         raise UserError(
             f"--rerun-encoders {' '.join(cfg.rerun_encoders)} with --report-only would drop their results from "
             "the documents without running them again; leave out one of the two",
             source="--report-only",
         )
-    start_by = launch.start_limit(cfg.stop_starting_after_h)
-    jobs, _ = plan(cfg)
+    start_by = launch.start_limit(cfg.flags.stop_starting_after_h)
+    jobs, _ = plan(cfg, page.encoders)
     # The documents always describe the whole preset (both parts, every task and encoder), whatever subset
     # this invocation runs, so running one task never drops another task's results from the records.
-    every_job, ctx = plan(replace(cfg, parts=("online", "offline"), tasks=(), encoders=()))
-    out = Path(cfg.out)
-    docs = cfg.docs if cfg.docs is not None else out / cfg.preset / "docs"
+    every_job, ctx = plan(replace(cfg, parts=("online", "offline"), tasks=(), encoders=()), page.encoders)
+    out = Path(cfg.flags.out)
+    docs = cfg.flags.docs if cfg.flags.docs is not None else out / cfg.preset / "docs"
     # A dry run changes nothing on disk: it counts the results it would restore as finished and those it would
     # move aside as to run.
-    restored: set[Path] = set()
     committed = docs / report.RECORDS
-    if cfg.restore and committed.exists():
-        restored = {j.dir for j in records.restore(every_job, committed, dry_run=cfg.dry_run)}
-        if restored:
-            verb = "would restore" if cfg.dry_run else "restored"
-            log(f"{verb} {len(restored)} finished runs from {committed}")
+    restored = restore_committed(every_job, committed, cfg.flags, log)
     rerun: set[Path] = set()
     if cfg.rerun_encoders:
         enc.select([enc.Encoder(n, "", "") for n in {j.spec["encoder_name"] for j in jobs}], cfg.rerun_encoders,
                    "--rerun-encoders")  # fmt: skip
-        rerun = {j.dir for j in launch.invalidate(jobs, cfg.rerun_encoders, dry_run=cfg.dry_run)}
-        if cfg.dry_run:
+        rerun = {j.dir for j in launch.invalidate(jobs, cfg.rerun_encoders, dry_run=cfg.flags.dry_run)}
+        if cfg.flags.dry_run:
             rerun |= {
                 j.dir for j in jobs if j.dir in restored and j.spec["encoder_name"] in cfg.rerun_encoders
             }
-        verb = "would move" if cfg.dry_run else "moved"
+        verb = "would move" if cfg.flags.dry_run else "moved"
         log(f"{verb} aside {len(rerun)} results of {list(cfg.rerun_encoders)}")
     states = {
         j.dir: "pending" if j.dir in rerun else "done" if j.dir in restored else launch.status(j)
@@ -206,32 +211,34 @@ def run_study(cfg: StudyConfig, log=print) -> dict:
     n_short = sum(1 for j in todo if states[j.dir] == "incomplete")
     log(f"study {cfg.preset}: {len(jobs)} runs, {len(jobs) - len(todo)} finished, {len(todo)} to run "
         f"({n_failed} failed before, {n_short} stopped before their budget)")  # fmt: skip
-    if cfg.dry_run:
-        offline_memory_part(cfg, docs, log, start_by)
+    if cfg.flags.dry_run:
+        if page.beside is not None:
+            page.beside(cfg, docs, log, start_by)
         seconds, unknown = estimate(todo, out)
-        workers = f"{cfg.workers} worker" + ("s" if cfg.workers != 1 else "")
+        workers = f"{cfg.flags.workers} worker" + ("s" if cfg.flags.workers != 1 else "")
         unmeasured = f" ({unknown} runs without a measured rate: assumed 1,000 steps/s, 20 updates/s)"
-        log(f"estimated {seconds / 3600:.2f} h on 1 worker, {seconds / 3600 / max(1, cfg.workers):.2f} h on "
+        log(f"estimated {seconds / 3600:.2f} h on 1 worker, {seconds / 3600 / max(1, cfg.flags.workers):.2f} h on "
             f"{workers}" + (unmeasured if unknown else ""))  # fmt: skip
         return {"jobs": len(jobs), "todo": len(todo), "seconds": seconds}
-    if todo and not cfg.report_only:
+    if todo and not cfg.flags.report_only:
         each, _ = estimates(todo, out)
-        bar = Progress({j.name: s for j, s in zip(todo, each, strict=True)}, cfg.workers, log)
+        bar = Progress({j.name: s for j, s in zip(todo, each, strict=True)}, cfg.flags.workers, log)
         try:
             if cfg.launcher == "ray":
-                launch.run_ray(todo, cfg.ray_address, cfg.workers, cfg.timeout_s, log, bar, start_by)
+                launch.run_ray(
+                    todo, cfg.ray_address, cfg.flags.workers, cfg.flags.timeout_s, log, bar, start_by
+                )
             else:
-                launch.run_local(todo, cfg.workers, cfg.timeout_s, log, bar, start_by)
+                launch.run_local(todo, cfg.flags.workers, cfg.flags.timeout_s, log, bar, start_by)
         finally:
             bar.close()
-    offline_memory_part(cfg, docs, log, start_by)
-    ctx["offline_memory"] = offline_memory_report.study_section(docs)
-    ctx["command"] = rebuild_command(cfg, docs)
-    ctx["method"], ctx["notes"], ctx["caveat"] = notes.method(cfg.preset), notes.notes, notes.caveat
+    if page.beside is not None:
+        page.beside(cfg, docs, log, start_by)
+    ctx.update(page_context(page, cfg, docs))
     ctx["planned"] = dict(Counter(j.spec["task"] for j in every_job))
     found = records.results(every_job, log)
-    moved = set() if cfg.report_only else {j.spec["key"] for j in jobs if j.dir in rerun}
-    check_nothing_lost(found, committed, moved, cfg.report_only or cfg.restore)
+    moved = set() if cfg.flags.report_only else {j.spec["key"] for j in jobs if j.dir in rerun}
+    check_nothing_lost(found, committed, moved, cfg.flags.report_only or cfg.flags.restore)
     log(f"building the documents from {len(found)} runs: rliable's bootstrap ({REPS:,} resamples per CI) "
         "takes minutes (about 6 on one core for the full preset)")  # fmt: skip
     aggs = report.write_report(found, docs, ctx)
@@ -239,60 +246,18 @@ def run_study(cfg: StudyConfig, log=print) -> dict:
     return {"jobs": len(jobs), "records": len(found), "aggregates": aggs}
 
 
-def offline_memory_part(cfg: StudyConfig, docs: Path, log=print, start_by: float | None = None) -> None:
-    """The offline memory table as part of the study (``memory_table``, preset full, the offline part chosen and
-    no --tasks filter): run, dry-run or rebuild it with this invocation's settings (``start_by``: its start
-    limit, :func:`launch.start_limit`); --encoders passes on the names the table has (none of them: the table
-    is left out)."""
-    if not (cfg.memory_table and cfg.preset == "full" and "offline" in cfg.parts and not cfg.tasks):
-        return
-    table = {r.name for r in offline_memory.rows()}
-    names = tuple(n for n in cfg.encoders if n in table)
-    if cfg.encoders and not names:
-        return
-    offline_memory_run.run_offline_memory(
-        offline_memory.OfflineMemoryConfig(
-            encoders=names,
-            seeds=cfg.seeds if cfg.seeds is not None else offline_memory.SEEDS,
-            out=Path(cfg.out),
-            docs=docs,
-            workers=cfg.workers,
-            timeout_s=cfg.timeout_s,
-            dry_run=cfg.dry_run,
-            report_only=cfg.report_only,
-            restore=cfg.restore,
-        ),
-        log,
-        start_by,
-    )
+def page_context(page: Page, cfg: StudyConfig, docs: Path) -> dict:
+    """The report's context entries that ``page`` gives (the rebuild command always)."""
+    ctx: dict = {} if page.dt_section is None else {"offline_memory": page.dt_section(docs)}
+    ctx["command"] = rebuild_command(cfg, docs, page.command)
+    if page.method is not None:
+        ctx["method"] = page.method(cfg.preset)
+    ctx.update({k: v for k, v in (("notes", page.notes), ("caveat", page.caveat)) if v is not None})
+    return ctx
 
 
-def check_nothing_lost(found: list[dict], committed: Path, moved: set[str], guard: bool) -> None:
-    """Refuse to write documents holding fewer records than ``committed`` (the records file they replace): every
-    committed record must be among ``found``, except those moved aside on purpose (``moved``: their jobs run
-    again). ``guard`` False (a run with --no-restore: starting over) skips the check."""
-    if not guard or not committed.exists():
-        return
-    before = records.read_committed(committed)
-    have = {r["key"] for r in found}
-    lost = [r for r in before if r["key"] not in have and r["key"] not in moved]
-    if lost:
-        who = "/".join(str(lost[0].get(f)) for f in ("algo", "task", "encoder_name", "seed"))
-        raise UserError(
-            f"the rebuilt documents would hold {len(found)} records, and {len(lost)} of the {len(before)} "
-            f"committed ones would be lost (e.g. {who}, key {lost[0]['key']!r}); nothing written. Their run "
-            "directories lack a finished result: restore them (leave out --no-restore) or run them",
-            source=str(committed),
-        )
-
-
-def rebuild_command(cfg: StudyConfig, docs: Path) -> str:
-    parts = ["--preset", cfg.preset]
-    if cfg.seeds is not None:
-        parts += ["--seeds", *map(str, cfg.seeds)]
-    parts += ["--out", str(cfg.out), "--docs", str(docs), "--report-only"]
-    return "python scripts/encoder_study.py " + " ".join(shlex.quote(p) for p in parts)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit("use scripts/encoder_study.py")
+def rebuild_command(cfg: StudyConfig, docs: Path, command: str = "python scripts/encoder_study.py") -> str:
+    """The command that rebuilds ``cfg``'s documents into ``docs``: the preset, the seeds when given, the run
+    directory and the documents' directory always."""
+    flags = replace(cfg.flags, docs=docs)
+    return flag_command(command, flags, FLAGS, ["--preset", cfg.preset], always=("out", "docs"))

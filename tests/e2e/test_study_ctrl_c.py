@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_ctrl_c_on_the_memory_probe_prints_one_line_and_exits_130(tmp_path: Path) -> None:
     args = ["--out", str(tmp_path), "--encoders", "gru", "--ks", "1", "--seeds", "0", "--no-restore"]
     proc = subprocess.Popen(
-        [sys.executable, "-u", "scripts/memory_probe.py", *args, "--settings.updates", "1000000"],
+        [sys.executable, "-u", "-m", "experiments.memory_probe.run", *args, "--settings.updates", "1000000"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -23,14 +23,15 @@ optuna = pytest.importorskip("optuna")
 from optuna.distributions import FloatDistribution  # noqa: E402
 from optuna.trial import TrialState, create_trial  # noqa: E402
 
-from rl_transformers.study import confirm  # noqa: E402
-from rl_transformers.study import confirm_plan as cp  # noqa: E402
+from experiments.encoder_study import plan as cp  # noqa: E402
+from experiments.encoder_study import stages as confirm  # noqa: E402
+from rl_transformers.study.flags import configure  # noqa: E402
 from rl_transformers.tune.command import main as tune_main  # noqa: E402  (the command's own output)
 from rl_transformers.tune.study_check import expected_distributions  # noqa: E402
 from rl_transformers.tune.tuner import open_study, resolve_encoder, run_tuning  # noqa: E402
 from rl_transformers.utils.errors import UserError  # noqa: E402
-from tests.study.test_confirm import GRU, best, short_windows  # noqa: E402, F401
-from tests.study.test_confirm import write_best as write_best_json  # noqa: E402
+from tests.experiments.encoder_study.test_stages import GRU, best, short_windows  # noqa: E402, F401
+from tests.experiments.encoder_study.test_stages import write_best as write_best_json  # noqa: E402
 from tests.study.test_tune import tiny  # noqa: E402
 
 HUGE = {"learning_rate": 1e-3, "ent_coef": 0.01, "seq_len": 8, "hidden_size": 10**7}
@@ -161,7 +162,7 @@ def test_a_knob_range_beyond_the_memory_limit_is_refused_up_front(tmp_path: Path
 
 # -- the confirmation study's copy of best.json ----------------------------------------------------------------
 def test_a_local_best_json_out_of_range_is_never_copied(tmp_path: Path) -> None:
-    cfg = confirm.ConfirmConfig(stage="tune", out=tmp_path / "runs", docs=tmp_path / "docs")
+    cfg = configure(confirm.ConfirmConfig, stage="tune", out=tmp_path / "runs", docs=tmp_path / "docs")
     for entry, why in (
         (best(GRU, hidden_size=10**7), "hidden_size 10000000"),
         ({**best(GRU), "value": 1e9}, "outside the task's possible returns"),
@@ -174,7 +175,7 @@ def test_a_local_best_json_out_of_range_is_never_copied(tmp_path: Path) -> None:
 
 
 def test_a_failed_tuning_worker_fails_the_stage(tmp_path: Path) -> None:
-    cfg = confirm.ConfirmConfig(stage="tune", out=tmp_path / "runs", docs=tmp_path / "docs")
+    cfg = configure(confirm.ConfirmConfig, stage="tune", out=tmp_path / "runs", docs=tmp_path / "docs")
     tuned = cp.tuning_results([GRU], cfg.tuning_file, cfg.tune_out)
     with pytest.raises(UserError, match=r"1 tuning studies failed \(gru\)"):
         confirm.tune_stage(cfg, [GRU], tuned, _quiet, runner=lambda args, log_path: 1)

@@ -9,6 +9,7 @@ import pytest
 from rl_transformers.backbone import available
 from rl_transformers.study import encoders as enc
 from rl_transformers.study import run, suite
+from rl_transformers.study.flags import configure
 from rl_transformers.utils.errors import UserError, run_cli
 
 # the study's row names without the (slow) parameter matching: every attention plus the baselines
@@ -55,7 +56,7 @@ def test_run_cli_prints_the_error_without_a_traceback(
 ) -> None:
     monkeypatch.delenv("RLT_DEBUG", raising=False)
     monkeypatch.setattr(enc, "ppo_encoders", lambda match=True: (list(ROWS), []))
-    cfg = run.StudyConfig(parts=("online",), out=tmp_path / "runs", dry_run=True, **overrides)
+    cfg = configure(run.StudyConfig, parts=("online",), out=tmp_path / "runs", dry_run=True, **overrides)
     with pytest.raises(SystemExit) as exit_info:
         run_cli(lambda: run.run_study(cfg, log=lambda _msg: None), argv=["encoder_study.py"])
     assert exit_info.value.code == 2
@@ -70,7 +71,7 @@ def test_a_bad_start_limit_is_refused_before_anything_runs(
 ) -> None:
     monkeypatch.delenv("RLT_DEBUG", raising=False)
     monkeypatch.setattr(enc, "ppo_encoders", lambda match=True: (list(ROWS), []))
-    cfg = run.StudyConfig(parts=("online",), out=tmp_path / "runs", stop_starting_after_h=-2.0)
+    cfg = configure(run.StudyConfig, parts=("online",), out=tmp_path / "runs", stop_starting_after_h=-2.0)
     with pytest.raises(SystemExit) as exit_info:
         run_cli(lambda: run.run_study(cfg, log=lambda _msg: None), argv=["encoder_study.py"])
     assert exit_info.value.code == 2

@@ -56,7 +56,7 @@ def test_a_copy_at_another_path_restores_every_committed_record(tmp_path: Path) 
         "import json, sys\n"
         "from pathlib import Path\n"
         "from rl_transformers.study import records, run\n"
-        "jobs, _ = run.plan(run.StudyConfig(preset='full', out=Path('runs/study')))\n"
+        "jobs, _ = run.plan(run.StudyConfig(preset='full'))\n"
         "done = records.restore(jobs, Path(sys.argv[1]), dry_run=True)\n"
         "print(json.dumps({'restored': len(done), 'keys': sorted(j.spec['key'] for j in jobs),\n"
         "                  'root': run.launch.ROOT.as_posix()}))\n"

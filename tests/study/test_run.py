@@ -9,6 +9,7 @@ import pytest
 
 from rl_transformers.study import encoders as enc
 from rl_transformers.study import report, run
+from rl_transformers.study.flags import changed, configure
 from rl_transformers.study.records import Job
 from rl_transformers.utils.errors import UserError
 
@@ -27,9 +28,6 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> dict:
         return {}
 
     monkeypatch.setattr(report, "write_report", write_report)
-    monkeypatch.setattr(
-        run, "offline_memory_part", lambda cfg, docs, log=print, start_by=None: None
-    )  # tests/study/test_offline_memory.py
     return seen
 
 
@@ -53,7 +51,7 @@ def test_subset_report_keeps_every_committed_task(tmp_path: Path, captured: dict
         for j in (tmaze, repeat, offline)
     ]
     (docs / "encoders_screening.json").write_text(json.dumps(committed))
-    cfg = run.StudyConfig(preset="full", parts=("online",), tasks=("TMaze10",), out=tmp_path / "runs",
+    cfg = configure(run.StudyConfig, preset="full", parts=("online",), tasks=("TMaze10",), out=tmp_path / "runs",
                           docs=docs, report_only=True)  # fmt: skip
     run.run_study(cfg, log=lambda _msg: None)
     assert sorted(r["key"] for r in captured["records"]) == sorted(
@@ -67,7 +65,7 @@ def test_subset_report_keeps_every_committed_task(tmp_path: Path, captured: dict
 
     captured.clear()  # --no-restore: the committed file is not restored, and a rebuild that drops it is refused
     with pytest.raises(UserError, match="3 of the 3 committed ones would be lost"):
-        run.run_study(run.replace(cfg, out=tmp_path / "fresh", restore=False), log=lambda _msg: None)
+        run.run_study(changed(cfg, out=tmp_path / "fresh", restore=False), log=lambda _msg: None)
     assert captured == {} and not (tmp_path / "fresh").exists()
 
 
@@ -102,7 +100,7 @@ def test_estimate_scales_an_encoder_rate_by_the_task_speed_factor(tmp_path: Path
 def test_a_dry_run_changes_nothing_on_disk(tmp_path: Path, captured: dict) -> None:
     """It counts what it would restore as finished and what it would move aside as to run, and writes nothing."""
     docs = tmp_path / "docs"
-    cfg = run.StudyConfig(preset="full", parts=("online",), tasks=("TMaze10",), out=tmp_path / "runs",
+    cfg = configure(run.StudyConfig, preset="full", parts=("online",), tasks=("TMaze10",), out=tmp_path / "runs",
                           docs=docs, dry_run=True)  # fmt: skip
     jobs, _ = run.plan(cfg)
 
@@ -122,16 +120,14 @@ def test_a_dry_run_changes_nothing_on_disk(tmp_path: Path, captured: dict) -> No
     assert run.run_study(cfg, log=said.append)["todo"] == 0  # the 3 mlp seeds count as restored
     assert f"would restore 3 finished runs from {docs / 'encoders_screening.json'}" in said
     for name in ("mlp", "gru"):  # moved aside: restored ones too
-        dry = run.run_study(run.replace(cfg, rerun_encoders=(name,)), log=said.append)
+        dry = run.run_study(changed(cfg, rerun_encoders=(name,)), log=said.append)
         assert dry["todo"] == 3 and f"would move aside 3 results of ['{name}']" in said
     assert sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before
 
     with pytest.raises(UserError, match="--rerun-encoders mlp with --report-only would drop their results"):
-        run.run_study(
-            run.replace(cfg, dry_run=False, report_only=True, rerun_encoders=("mlp",)), log=said.append
-        )
+        run.run_study(changed(cfg, dry_run=False, report_only=True, rerun_encoders=("mlp",)), log=said.append)
     assert sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before
-    run.run_study(run.replace(cfg, dry_run=False, report_only=True), log=said.append)
+    run.run_study(changed(cfg, dry_run=False, report_only=True), log=said.append)
     assert f"restored 3 finished runs from {docs / 'encoders_screening.json'}" in said
     assert any(line.startswith("building the documents from 6 runs: rliable") for line in said)
 
@@ -139,7 +135,7 @@ def test_a_dry_run_changes_nothing_on_disk(tmp_path: Path, captured: dict) -> No
 def test_report_only_never_writes_fewer_records_than_it_read(tmp_path: Path, captured: dict) -> None:
     """Reproduces the lost committed records: a rebuild that would drop committed records writes nothing."""
     docs = tmp_path / "docs"
-    cfg = run.StudyConfig(preset="full", out=tmp_path / "runs", docs=docs, report_only=True)
+    cfg = configure(run.StudyConfig, preset="full", out=tmp_path / "runs", docs=docs, report_only=True)
     jobs, _ = run.plan(cfg)
     ours = [j for j in jobs if j.spec["task"] == "TMaze10"][:2]
     docs.mkdir()
@@ -147,9 +143,7 @@ def test_report_only_never_writes_fewer_records_than_it_read(tmp_path: Path, cap
     (docs / "encoders_screening.json").write_text(json.dumps(committed))
     before = (docs / "encoders_screening.json").read_bytes()
     with pytest.raises(UserError, match=r"would hold 0 records, and 2 of the 2 committed ones would be lost"):
-        run.run_study(
-            run.replace(cfg, restore=False), log=lambda _msg: None
-        )  # a fresh checkout, not restored
+        run.run_study(changed(cfg, restore=False), log=lambda _msg: None)  # a fresh checkout, not restored
     assert captured == {} and (docs / "encoders_screening.json").read_bytes() == before
     run.run_study(cfg, log=lambda _msg: None)
     assert len(captured["records"]) == 2
