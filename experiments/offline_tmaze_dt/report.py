@@ -88,21 +88,19 @@ def seed_rows(runs: dict[int, list[dict[str, Any]]]) -> list[str]:
 
 
 def tuning_rows(tuning: Path) -> list[str]:
-    """Per recipe (folder of ``tuning/``) and corridor: final successes of the tuning seeds, how many found the
-    cue at some evaluation and how many held it at the end."""
+    """Per recipe (folder of ``tuning/``), corridor and tuning seed: the success at every evaluation, and whether
+    the run found the cue at some evaluation and held it at the end."""
     lines = [
-        "| recipe | L | seeds | final success per seed | solved at the end | found at some evaluation |",
+        "| recipe | L | seed | success at each evaluation | found (≥ 0.9 once) | held at the end |",
         "|---|---|---|---|---|---|",
     ]
     for folder in sorted(p for p in tuning.iterdir() if p.is_dir()) if tuning.exists() else []:
         for L, rs in load(folder).items():
-            finals = " ".join(f"{r['final_success']:.2f}" for r in rs)
-            solved = sum(r["final_success"] >= SOLVED for r in rs)
-            found = sum(first_solved(r) is not None for r in rs)
-            seeds = ", ".join(str(r["seed"]) for r in rs)
-            lines.append(
-                f"| `{folder.name}` | {L} | {seeds} | {finals} | {solved} / {len(rs)} | {found} / {len(rs)} |"
-            )
+            for r in rs:
+                curve = " ".join(f"{p['success']:.2f}" for p in r["curve"])
+                found = "yes" if first_solved(r) is not None else "no"
+                held = "yes" if r["final_success"] >= SOLVED else "no"
+                lines.append(f"| `{folder.name}` | {L} | {r['seed']} | {curve} | {found} | {held} |")
     return lines
 
 
