@@ -1,0 +1,158 @@
+"""Write docs/results/offline_tmaze_dt.md from the committed run records (``records/`` and ``tuning/``).
+
+The page: per corridor the solved count (final success >= :data:`SOLVED`), the interquartile mean of the final
+success rates with its 95 % stratified-bootstrap CI (``rliable`` through
+:func:`rl_transformers.study.aggregate.iqm_intervals`), every seed's final success, return and curve; the
+tuning evidence (old and new recipe on the tuning seeds); the commands, commits and machines. Nothing but the
+records goes in, so the page is rebuilt byte for byte from them (tests/experiments/test_offline_tmaze_dt.py).
+
+    python experiments/offline_tmaze_dt/report.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rl_transformers.study.aggregate import iqm_intervals
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+PAGE = ROOT / "docs" / "results" / "offline_tmaze_dt.md"
+SOLVED = 0.9
+"""A run solves its corridor when its final success rate is at least this (a policy that ignores the cue
+succeeds in about half of the episodes: 0.44 or 0.56 on the 50 evaluation episodes)."""
+SEEDS = tuple(range(10))
+CORRIDORS = (10, 50, 200)
+PREAMBLE = HERE / "preamble.md"
+
+
+def load(folder: Path) -> dict[int, list[dict[str, Any]]]:
+    """{corridor: records sorted by seed} of ``<folder>/L<L>/s<seed>.json``."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for path in sorted(folder.glob("L*/s*.json")):
+        record = json.loads(path.read_text())
+        out.setdefault(int(record["corridor"]), []).append(record)
+    return {k: sorted(v, key=lambda r: r["seed"]) for k, v in sorted(out.items())}
+
+
+def first_solved(record: dict[str, Any]) -> int | None:
+    """The first evaluation step with success >= :data:`SOLVED` (None: never)."""
+    return next((p["step"] for p in record["curve"] if p["success"] >= SOLVED), None)
+
+
+def summary_rows(runs: dict[int, list[dict[str, Any]]]) -> list[str]:
+    finals = {L: np.array([[r["final_success"]] for r in rs], dtype=float) for L, rs in runs.items()}
+    intervals = iqm_intervals({str(L): x for L, x in finals.items() if len(x) > 0})
+    lines = [
+        "| corridor L | K (tokens) | updates | seeds run | solved | IQM success [95 % CI] | mean return "
+        "| median wall (s) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for L in CORRIDORS:
+        rs = runs.get(L, [])
+        if not rs:
+            lines.append(f"| {L} | {L + 1} ({3 * (L + 1)}) | – | 0 / {len(SEEDS)} | – | – | – | – |")
+            continue
+        iqm, lo, hi = intervals[str(L)]
+        solved = sum(r["final_success"] >= SOLVED for r in rs)
+        updates = rs[0]["settings"]["total_steps"]
+        mean_return = statistics.fmean(r["final_return"] for r in rs)
+        wall = statistics.median(r["wall_s"] for r in rs)
+        lines.append(
+            f"| {L} | {L + 1} ({3 * (L + 1)}) | {updates} | {len(rs)} / {len(SEEDS)} | **{solved} / {len(rs)}** "
+            f"| {iqm:.2f} [{lo:.2f}, {hi:.2f}] | {mean_return:.2f} | {wall:.0f} |"
+        )
+    return lines
+
+
+def seed_rows(runs: dict[int, list[dict[str, Any]]]) -> list[str]:
+    lines = [
+        "| L | seed | final success | final return | first ≥ 0.9 at | success at each evaluation |",
+        "|---|---|---|---|---|---|",
+    ]
+    for L, rs in runs.items():
+        for r in rs:
+            first = first_solved(r)
+            curve = " ".join(f"{p['success']:.2f}" for p in r["curve"])
+            lines.append(
+                f"| {L} | {r['seed']} | {r['final_success']:.2f} | {r['final_return']:.2f} "
+                f"| {'never' if first is None else first} | {curve} |"
+            )
+    return lines
+
+
+def tuning_rows(tuning: Path) -> list[str]:
+    """Per recipe (folder of ``tuning/``), corridor and tuning seed: the success at every evaluation, and whether
+    the run found the cue at some evaluation and held it at the end."""
+    lines = [
+        "| recipe | L | seed | success at each evaluation | found (≥ 0.9 once) | held at the end |",
+        "|---|---|---|---|---|---|",
+    ]
+    for folder in sorted(p for p in tuning.iterdir() if p.is_dir()) if tuning.exists() else []:
+        for L, rs in load(folder).items():
+            for r in rs:
+                curve = " ".join(f"{p['success']:.2f}" for p in r["curve"])
+                found = "yes" if first_solved(r) is not None else "no"
+                held = "yes" if r["final_success"] >= SOLVED else "no"
+                lines.append(f"| `{folder.name}` | {L} | {r['seed']} | {curve} | {found} | {held} |")
+    return lines
+
+
+def missing(runs: dict[int, list[dict[str, Any]]]) -> list[str]:
+    out = []
+    for L in CORRIDORS:
+        have = {r["seed"] for r in runs.get(L, [])}
+        lost = [s for s in SEEDS if s not in have]
+        if lost:
+            out.append(f"- corridor {L}: seeds {', '.join(map(str, lost))} not run.")
+    return out
+
+
+def provenance(runs: dict[int, list[dict[str, Any]]]) -> list[str]:
+    records = [r for rs in runs.values() for r in rs]
+    commits = sorted({r["commit"] for r in records})
+    machines = sorted({r["machine"] for r in records})
+    dirty = sum(bool(r["dirty"]) for r in records)
+    lines = [f"- commit{'s' if len(commits) > 1 else ''}: {', '.join(f'`{c[:12]}`' for c in commits)}"]
+    lines.append(f"- run from a tree with uncommitted changes: {dirty} of {len(records)} records")
+    lines += [f"- machine: {m}" for m in machines]
+    lines.append("- one run at a time, one torch thread (`OMP_NUM_THREADS=1`, `--threads 1`)")
+    if records:
+        lines += ["", "Command of one run (the records hold each run's own):", "", "```bash"]
+        lines += [records[0]["command"], "```"]
+    return lines
+
+
+def render(
+    records: Path = HERE / "records", tuning: Path = HERE / "tuning", preamble: Path = PREAMBLE
+) -> str:
+    runs = load(records)
+    parts = [preamble.read_text().rstrip("\n"), "", "## Result", ""]
+    parts += summary_rows(runs)
+    gaps = missing(runs)
+    if gaps:
+        parts += ["", "Not run:", "", *gaps]
+    parts += ["", "## Every seed", "", *seed_rows(runs)]
+    parts += ["", "## Recipe evidence (tuning seeds, not the test seeds)", "", *tuning_rows(tuning)]
+    parts += ["", "## Provenance", "", *provenance(runs)]
+    return "\n".join(parts) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--page", type=Path, default=PAGE)
+    args = parser.parse_args()
+    args.page.write_text(render())
+    print(f"wrote {args.page}")
+
+
+if __name__ == "__main__":
+    main()

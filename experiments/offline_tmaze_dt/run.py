@@ -1,0 +1,186 @@
+"""Run the Decision Transformer on offline T-Maze corridors, one compact JSON record per (corridor, seed).
+
+Each run is ``scripts/train_dt.py`` with ``full`` attention and the whole episode in context (K = L + 1 steps,
+3(L + 1) tokens, windows aligned to the episode start) under :data:`RECIPE`; the record keeps the config, the
+success rate and mean return of every evaluation (50 greedy episodes at target return 1), the commit, the
+machine and the command. Records of the experiment need a clean tree (the records folder aside): a run from
+uncommitted code does not count. Existing records are kept (the run is resumable by rerunning the command).
+
+    python experiments/offline_tmaze_dt/run.py --corridors 10 50 200 --seeds 0 1 2 3 4 5 6 7 8 9
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+RECORDS = HERE / "records"
+DATASET = "rlt/tmaze-{L}/mixed-e0-r20-v0"
+DATASET_COMMAND = (
+    "python scripts/make_memory_dataset.py --task tmaze --memory-lengths 10 50 200 --random-share 0.2 "
+    "--root datasets/minari"
+)
+RECIPE_FILE = HERE / "recipe.json"
+"""The shipped recipe (data, read by this script and by tests/algos/test_dt_tmaze_learns.py): the backbone
+(the offline memory table's DT: ``full``, d = 64, 2 layers, 1 head, no dropout), the DT flags besides the
+context, budget and seed, the updates per corridor length and the evaluations per run (evenly spaced, the last
+at the end of the budget)."""
+_RECIPE = json.loads(RECIPE_FILE.read_text())
+BACKBONE: dict[str, Any] = _RECIPE["backbone"]
+RECIPE: dict[str, Any] = _RECIPE["dt"]
+BUDGET = {int(k): int(v) for k, v in _RECIPE["budget"].items()}
+EVALUATIONS = int(_RECIPE["evaluations"])
+
+
+def flags(settings: dict[str, Any]) -> list[str]:
+    """``train_dt.py`` flags of ``settings`` (``backbone.x`` keys are backbone flags)."""
+    out: list[str] = []
+    for key, value in settings.items():
+        out.append("--" + key.replace("_", "-"))
+        out += [str(v) for v in value] if isinstance(value, list) else [str(value)]
+    return out
+
+
+def settings_of(length: int, seed: int, overrides: dict[str, Any]) -> dict[str, Any]:
+    """Every ``train_dt.py`` setting of the run (corridor ``length``, ``seed``) with ``overrides`` applied."""
+    budget = int(overrides.pop("total_steps", BUDGET[length]))
+    settings = {
+        "dataset": DATASET.format(L=length),
+        "context_len": length + 1,
+        **RECIPE,
+        "total_steps": budget,
+        "eval_every": max(1, budget // EVALUATIONS),
+        "seed": seed,
+        **{f"backbone.{k}": v for k, v in BACKBONE.items()},
+    }
+    settings.update(overrides)
+    return settings
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def commit_state(records: Path) -> tuple[str, bool]:
+    """(HEAD commit, whether the tree differs from it outside the records folder)."""
+    exclude = (
+        f":(exclude){records.resolve().relative_to(ROOT)}" if records.resolve().is_relative_to(ROOT) else ""
+    )
+    status = git("status", "--porcelain", "--", ".", *([exclude] if exclude else []))
+    return git("rev-parse", "HEAD"), bool(status)
+
+
+def machine() -> str:
+    """CPU model, cores, OS and torch version of this machine."""
+    import torch
+
+    model = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        names = [
+            x.split(":", 1)[1].strip() for x in cpuinfo.read_text().splitlines() if x.startswith("model name")
+        ]
+        model = names[0] if names else model
+    return f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, torch {torch.__version__}"
+
+
+def curve(run_dir: Path) -> list[dict[str, float]]:
+    """[{step, success, return}] of each evaluation at the first target, in step order."""
+    points = []
+    for path in (run_dir / "eval").glob("step_*.json"):
+        data = json.loads(path.read_text())
+        episodes = data["episodes"][0]
+        successes = [bool(x) for x in episodes["successes"]]
+        returns = [float(x) for x in episodes["returns"]]
+        points.append(
+            {
+                "step": int(data["step"]),
+                "success": round(sum(successes) / len(successes), 4),
+                "return": round(sum(returns) / len(returns), 4),
+            }
+        )
+    return sorted(points, key=lambda p: p["step"])
+
+
+def run_one(length: int, seed: int, args: argparse.Namespace, overrides: dict[str, Any]) -> Path:
+    """Train one run and write its record; returns the record path (an existing one is kept)."""
+    out = Path(args.records) / f"L{length}" / f"s{seed}.json"
+    if out.exists():
+        return out
+    commit, dirty = commit_state(Path(args.records))
+    if dirty and not args.allow_dirty:
+        sys.exit(f"uncommitted changes outside {args.records}: commit first (or --allow-dirty for tuning)")
+    settings = settings_of(length, seed, dict(overrides))
+    run_root = Path(args.runs) / f"L{length}" / f"s{seed}"
+    command = [sys.executable, "scripts/train_dt.py", *flags(settings)]
+    command += ["--dataset-root", str(args.dataset_root), "--run-root", str(run_root), "--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    start = time.time()
+    with open(Path(args.runs) / f"L{length}-s{seed}.log", "w") as log:
+        subprocess.run([*command, "--threads", "1"], cwd=ROOT, env=env, stdout=log, stderr=log, check=True)
+    wall = time.time() - start
+    run_dir = max((run_root / "dt").glob("*/*"), key=lambda p: p.stat().st_mtime)
+    points = curve(run_dir)
+    record = {
+        "corridor": length,
+        "seed": seed,
+        "settings": settings,
+        "final_success": points[-1]["success"],
+        "final_return": points[-1]["return"],
+        "curve": points,
+        "wall_s": round(wall, 1),
+        "commit": commit,
+        "dirty": dirty,
+        "machine": machine(),
+        "command": " ".join(
+            ["python", "scripts/train_dt.py", *flags(settings), "--dataset-root datasets/minari"]
+        ),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    return out
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    key, _, value = text.partition("=")
+    if not value:
+        raise argparse.ArgumentTypeError(f"--set takes key=value, got {text!r}")
+    return key, json.loads(value) if value[0] in "0123456789-[" or value in ("true", "false") else value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--corridors", type=int, nargs="+", default=sorted(BUDGET), choices=sorted(BUDGET))
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
+    parser.add_argument(
+        "--records", default=str(RECORDS), help="where records go: <records>/L<L>/s<seed>.json"
+    )
+    parser.add_argument("--runs", default="runs/offline_tmaze_dt", help="run directories and logs")
+    parser.add_argument("--dataset-root", default="datasets/minari")
+    parser.add_argument("--set", type=parse_override, action="append", default=[], help="tuning: key=value")
+    parser.add_argument("--allow-dirty", action="store_true", help="tuning only: run from uncommitted code")
+    args = parser.parse_args()
+    Path(args.runs).mkdir(parents=True, exist_ok=True)
+    for length in args.corridors:
+        for seed in args.seeds:
+            path = run_one(length, seed, args, dict(args.set))
+            record = json.loads(path.read_text())
+            print(
+                f"L={length} seed={seed} success={record['final_success']} wall={record['wall_s']}s",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""docs/results/offline_tmaze_dt.md is rebuilt byte for byte from the committed records of
+experiments/offline_tmaze_dt/ (report.py), and the records are what the page claims: runs of the shipped recipe
+from a committed tree, each final value the last point of its curve."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+from types import ModuleType
+
+EXPERIMENT = Path(__file__).resolve().parents[2] / "experiments" / "offline_tmaze_dt"
+PAGE = EXPERIMENT.parents[1] / "docs" / "results" / "offline_tmaze_dt.md"
+
+
+def report() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("offline_tmaze_dt_report", EXPERIMENT / "report.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def records() -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((EXPERIMENT / "records").glob("L*/s*.json"))]
+
+
+def test_page_is_rebuilt_from_the_records() -> None:
+    assert report().render() == PAGE.read_text()
+
+
+def test_a_changed_record_changes_the_page(tmp_path: Path) -> None:
+    copy = tmp_path / "records"
+    shutil.copytree(EXPERIMENT / "records", copy)
+    path = sorted(copy.glob("L*/s*.json"))[0]
+    record = json.loads(path.read_text())
+    record["final_success"] = 0.44 if record["final_success"] >= 0.9 else 1.0
+    path.write_text(json.dumps(record))
+    assert report().render(records=copy) != PAGE.read_text()
+
+
+def test_records_are_runs_of_the_shipped_recipe_from_committed_code() -> None:
+    recipe = json.loads((EXPERIMENT / "recipe.json").read_text())
+    found = records()
+    assert found
+    for r in found:
+        settings = r["settings"]
+        assert not r["dirty"] and len(r["commit"]) == 40
+        assert settings["context_len"] == r["corridor"] + 1  # the whole episode in context
+        assert settings["total_steps"] == recipe["budget"][str(r["corridor"])]
+        assert {k: settings[k] for k in recipe["dt"]} == recipe["dt"]
+        assert {k: settings[f"backbone.{k}"] for k in recipe["backbone"]} == recipe["backbone"]
+        assert r["curve"][-1]["step"] == settings["total_steps"]
+        assert r["final_success"] == r["curve"][-1]["success"]
+        assert r["final_return"] == r["curve"][-1]["return"]
+
+
+def test_solved_counts_on_the_page_match_the_records() -> None:
+    text = PAGE.read_text()
+    by_corridor: dict[int, list[float]] = {}
+    for r in records():
+        by_corridor.setdefault(r["corridor"], []).append(r["final_success"])
+    for length, finals in by_corridor.items():
+        solved = sum(x >= 0.9 for x in finals)
+        assert f"| {length} | {length + 1} ({3 * (length + 1)}) |" in text
+        row = next(line for line in text.splitlines() if line.startswith(f"| {length} | {length + 1} ("))
+        assert f"**{solved} / {len(finals)}**" in row
