@@ -20,11 +20,11 @@ test: venv
 # The `slow` tests that take under ~2 min each (measured one at a time, OMP_NUM_THREADS=1, on a loaded 2-core VM:
 # dataset kill 77 s, SIGKILL + resume 101 s, torchrun two ranks 26 s, DT return conditioning (the only DT
 # learning check) 142 s under load; the CartPoleNoVel recipe check 342 s beside four training processes, ~2 min
-# expected idle: 100k GTrXL steps at ~1,000 steps per CPU-second). Left out: test_gtrxl_solves_short_tmaze_and_mlp_does_not (trains GTrXL and an
+# expected idle: 100k GTrXL steps at ~1,000 steps per CPU-second), the DT on offline T-Maze corridor 10 25 s). Left out: test_gtrxl_solves_short_tmaze_and_mlp_does_not (trains GTrXL and an
 # MLP on T-Maze to a learning threshold: stopped unfinished after 166 s here; run it with -m slow by hand).
 SLOW_IN := tests/safety/test_dataset_kill.py tests/e2e/test_kill_resume.py \
 	tests/e2e/test_train_dt.py::test_torchrun_two_ranks tests/e2e/test_train_dt.py::test_return_conditioning_on_cartpole \
-	tests/e2e/test_recipe_learns.py
+	tests/e2e/test_recipe_learns.py tests/algos/test_dt_tmaze_learns.py
 test-slow: venv
 	$(BIN)/python -m pytest -q -m slow -n 2 --max-worker-restart 0 --timeout 600 --timeout-method signal --durations 5 $(SLOW_IN)
 
