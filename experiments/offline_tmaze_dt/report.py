@@ -6,7 +6,7 @@ success rates with its 95 % stratified-bootstrap CI (``rliable`` through
 tuning evidence (old and new recipe on the tuning seeds); the commands, commits and machines. Nothing but the
 records goes in, so the page is rebuilt byte for byte from them (tests/experiments/test_offline_tmaze_dt.py).
 
-    python experiments/offline_tmaze_dt/report.py
+    python -m experiments.offline_tmaze_dt.report
 """
 
 from __future__ import annotations

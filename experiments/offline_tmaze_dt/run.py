@@ -6,7 +6,7 @@ success rate and mean return of every evaluation (50 greedy episodes at target r
 machine and the command. Records of the experiment need a clean tree (the records folder aside): a run from
 uncommitted code does not count. Existing records are kept (the run is resumable by rerunning the command).
 
-    python experiments/offline_tmaze_dt/run.py --corridors 10 50 200 --seeds 0 1 2 3 4 5 6 7 8 9
+    python -m experiments.offline_tmaze_dt.run --corridors 10 50 200 --seeds 0 1 2 3 4 5 6 7 8 9
 """
 
 from __future__ import annotations

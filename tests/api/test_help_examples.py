@@ -24,9 +24,18 @@ INVOCATION = re.compile(r"(?<![\"'=])\bpython scripts/")
 """A command that starts a script (one quoted inside another command's argument is not a new example)."""
 
 
+def documented_in(script: Path) -> Path:
+    """Where the script's help text is written: the package module of its ``rlt`` command for a thin wrapper
+    (``from M import command``), else the script itself."""
+    for node in ast.parse(script.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ImportFrom) and node.module and any(a.name == "command" for a in node.names):
+            return ROOT.joinpath(*node.module.split(".")).with_suffix(".py")
+    return script
+
+
 def example_lines(script: Path) -> list[str]:
     """The command lines of the module docstring, as they appear in the source file."""
-    source = script.read_text(encoding="utf-8")
+    source = documented_in(script).read_text(encoding="utf-8")
     node = ast.parse(source).body[0]
     assert isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant), f"{script.name}: no docstring"
     segment = ast.get_source_segment(source, node) or ""
