@@ -42,7 +42,7 @@ for line in open(sys.argv[1]):
     print(f"lowest: {name} {got}")
 PYEOF
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider --timeout 900 \
-    tests/lifecycle/test_cli.py \
+    tests/runs/test_run_flags.py \
     tests/algos/test_rollout.py \
     tests/algos/test_truncation_bootstrap.py \
     tests/offline_data/test_minari_io.py \
