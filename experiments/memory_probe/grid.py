@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from experiments.memory_probe.probe import CellResult, ProbeSettings, measure
+from rl_transformers.study import launch
 from rl_transformers.study.encoders import Encoder, label
+from rl_transformers.study.flags import Flags, StudyFlags
 from rl_transformers.study.knobs import Knob, context_knob
 from rl_transformers.utils.atomic import atomic_write_json
 from rl_transformers.utils.errors import UserError
@@ -38,38 +40,46 @@ REQUIRED = {"accuracy", "updates_to_success", "updates_per_s", "k", "seed", "spe
 """Fields every cell result has."""
 
 
+FLAGS = StudyFlags(out=Path("runs/memory_probe"), docs=None, seeds=(0, 1, 2), timeout_s=None)
+"""The probe's values of the shared study flags: cells under ``runs/memory_probe``, documents only with
+``--docs``, three seeds, one process and no per-run timeout (the cells run one after another in this process)."""
+
+
 @dataclass(frozen=True)
 class ProbeConfig:
-    """The memory probe (``python -m experiments.memory_probe.run``)."""
+    """The memory probe (``python -m experiments.memory_probe.run``): the shared study flags (``--out``: the
+    per-cell result files, <out>/<encoder>/<knob>=<value>/k<k>-s<seed>.json; ``--docs``: write
+    memory_probe.{md,json} and plots/memory_probe.png there; ``--no-restore``, ``--seeds``, ``--dry-run``,
+    ``--report-only``, ``--stop-starting-after-h``) and the probe's own grid and settings."""
 
-    out: Path = Path("runs/memory_probe")
-    """Per-cell result files: <out>/<encoder>/<knob>=<value>/k<k>-s<seed>.json."""
-    docs: Path | None = None
-    """Write memory_probe.{md,json} and plots/memory_probe.png here (e.g. docs/results)."""
-    restore: bool = True
-    """Start from the committed cells (<docs>/memory_probe.json, else docs/results/memory_probe.json) measured
-    with the same settings; --no-restore measures every cell afresh."""
     encoders: tuple[str, ...] = ()
     """Study encoder names (default: every PPO encoder of the study: causal attentions, memories, depths,
     GRU / LSTM / MLP)."""
     ks: tuple[int, ...] = KS
     """Lookup distances k, run in increasing order."""
-    seeds: tuple[int, ...] = (0, 1, 2)
-    """Seeds of every cell."""
     bounds: tuple[Bound, ...] = ("default", "cover")
     """Context bounds: the knob's default, and raised to cover k."""
     settings: ProbeSettings = field(default_factory=ProbeSettings)
     """Stream, training and success settings shared by all cells."""
-    dry_run: bool = False
-    """Print the cell count and the estimated time, run nothing."""
-    report_only: bool = False
-    """Only rebuild the documents from the finished cells."""
     assumed_updates_per_s: float = 1.0
     """Rate assumed by --dry-run for encoders with no finished cell to measure it from."""
     threads: int = 1
     """torch intra-op threads (one process runs the cells one after another)."""
     note: str = ""
     """A line shown at the top of the documents (e.g. 'partial, smoke grid')."""
+    flags: Flags = FLAGS
+    """The flags every study driver shares (without a prefix on the command line). With ``--docs``, committed
+    cells are restored from ``<docs>/memory_probe.json`` (without it, from ``docs/results/memory_probe.json``)."""
+
+    @property
+    def out(self) -> Path:
+        """Where the cell files are (``--out``)."""
+        return Path(self.flags.out)
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        """Seeds of every cell (``--seeds``; :data:`FLAGS`' when not given)."""
+        return self.flags.seeds if self.flags.seeds is not None else FLAGS.seeds or ()
 
     def __post_init__(self) -> None:
         if not self.ks or any(not isinstance(k, int) or k < 1 for k in self.ks):
@@ -83,6 +93,18 @@ class ProbeConfig:
                 raise UserError(f"unknown bound {bound!r}; valid: default, cover", source="--bounds")
         if not self.assumed_updates_per_s > 0:
             raise UserError("must be > 0", source="--assumed-updates-per-s")
+        if self.flags.workers != 1:
+            raise UserError(
+                f"the probe measures its cells one after another in one process, got {self.flags.workers}; "
+                "to use more cores, run one invocation per core with disjoint --encoders and the same --out",
+                source="--workers",
+            )
+        if self.flags.timeout_s is not None:
+            raise UserError(
+                f"the probe has no per-run timeout (its cells run in this process), got {self.flags.timeout_s:g}; "
+                "bound the invocation with --stop-starting-after-h instead",
+                source="--timeout-s",
+            )
 
 
 @dataclass(frozen=True)
@@ -224,12 +246,14 @@ def run_grid(
     measure_cell: Measure = measure,
     log: Callable[[str], None] = print,
     peers: list[Row] | None = None,
+    start_by: float | None = None,
 ) -> dict[str, int | None]:
     """Run every pending cell of ``rows`` (see the module docstring); returns, per row name, the k at which
     it stopped (None: it ran every k). Where a row's first seed at k equals an earlier row's
     (:func:`repeat_of`; ``peers``: the rows compared with, default ``rows``: the script passes every encoder's,
     so a run of some encoders finds the rows they repeat among the others), its other seeds at k are not run:
-    that row's cells stand for them."""
+    that row's cells stand for them. No cell starts after ``start_by`` (a ``time.time()``, from
+    ``--stop-starting-after-h``): the grid stops there, and the next invocation resumes it."""
     peers = rows if peers is None else peers
     stopped: dict[str, int | None] = {}
     total = len({c.path(cfg.out) for row in rows for k in cfg.ks for c in cells_of(row, k, cfg.seeds)})
@@ -241,6 +265,9 @@ def run_grid(
             for cell in cells_of(row, k, cfg.seeds):
                 seen.add(cell.path(cfg.out))
                 result = load_cell(cell, cfg.out, cfg.settings)
+                if result is None and launch.past(start_by):
+                    log("--stop-starting-after-h reached: no more cells start; rerun the command to resume")
+                    return stopped
                 if result is None:
                     where = f"{cell.knob}={cell.value}" if cell.knob else "no knob"
                     log(f"[cell {len(seen)} of at most {total}] {row.name} k={k} seed={cell.seed} {where}")

@@ -21,9 +21,9 @@ COMMITTED = Path("docs/results/memory_probe.json")
 
 def committed_json(cfg: ProbeConfig) -> Path | None:
     """Where this invocation restores finished cells from (None: --no-restore)."""
-    if not cfg.restore:
+    if not cfg.flags.restore:
         return None
-    return cfg.docs / "memory_probe.json" if cfg.docs is not None else COMMITTED
+    return cfg.flags.docs / "memory_probe.json" if cfg.flags.docs is not None else COMMITTED
 
 
 def restorable(cfg: ProbeConfig, rows: list[Row], docs_json: Path) -> dict[Path, dict[str, Any]]:
@@ -65,6 +65,32 @@ def restore_cells(cfg: ProbeConfig, rows: list[Row], docs_json: Path) -> int:
     return len(found)
 
 
+def check_nothing_lost(report: dict[str, Any], docs_json: Path | None) -> None:
+    """Refuse to replace ``docs_json`` (the committed documents a run restored from; None: --no-restore, a run
+    that starts over) with a ``report`` lacking any of its cells (same encoder, spec, k and seed): a run over a
+    part of the grid, or with other settings, would otherwise drop committed measurements from the page."""
+    if docs_json is None or not docs_json.is_file():
+        return
+    try:
+        before = json.loads(docs_json.read_text(encoding="utf-8")).get("cells") or []
+    except (OSError, ValueError, AttributeError) as exc:
+        raise UserError(f"unreadable probe documents ({exc})", source=str(docs_json)) from None
+    have = {_identity(c) for c in report["cells"]}
+    lost = [c for c in before if isinstance(c, dict) and _identity(c) not in have]
+    if lost:
+        who = "/".join(str(lost[0].get(f)) for f in ("encoder", "spec", "k", "seed"))
+        raise UserError(
+            f"the rebuilt documents would hold {len(report['cells'])} cells, and {len(lost)} of the {len(before)} "
+            f"committed ones would be lost (e.g. {who}); nothing written. Run the committed grid's encoders, k, "
+            "seeds and settings, write to another --docs, or start over with --no-restore",
+            source=str(docs_json),
+        )
+
+
+def _identity(cell: dict[str, Any]) -> tuple[Any, ...]:
+    return (cell.get("encoder"), cell.get("spec"), cell.get("k"), cell.get("seed"))
+
+
 def _finite_record(rec: dict[str, Any]) -> bool:
     numbers = [rec.get("accuracy"), rec.get("updates_per_s")]
     curve = rec.get("curve_every_10")
@@ -73,4 +99,4 @@ def _finite_record(rec: dict[str, Any]) -> bool:
     return all(math.isfinite(v) for v in [*numbers, *curve]) and set(rec) >= REQUIRED - {"settings"}
 
 
-__all__ = ["COMMITTED", "committed_json", "restorable", "restore_cells"]
+__all__ = ["COMMITTED", "check_nothing_lost", "committed_json", "restorable", "restore_cells"]

@@ -20,7 +20,8 @@ import torch
 import tyro
 
 from experiments.memory_probe.grid import ProbeConfig, estimate, plan_rows, run_grid
-from experiments.memory_probe.restore import committed_json, restorable, restore_cells
+from experiments.memory_probe.restore import check_nothing_lost, committed_json, restorable, restore_cells
+from rl_transformers.study import launch
 from rl_transformers.study.encoders import ppo_encoders, select
 from rl_transformers.utils.errors import run_cli
 
@@ -33,24 +34,27 @@ def main(cfg: ProbeConfig) -> None:
         encoders, cfg.bounds
     )  # repeated cells and rates are looked for among every encoder's rows
     committed = committed_json(cfg)
-    if cfg.dry_run:  # the committed cells a run would restore count as finished; nothing is written
+    start_by = launch.start_limit(cfg.flags.stop_starting_after_h)
+    if cfg.flags.dry_run:  # the committed cells a run would restore count as finished; nothing is written
         print(estimate(cfg, rows, peers, restorable(cfg, peers, committed) if committed else None))
         return
-    if committed is not None:  # a fresh checkout starts from the committed cells, never below them; every
+    if committed is not None:  # a fresh checkout starts from the committed cells, never below them: every
         restored = restore_cells(
             cfg, peers, committed
         )  # encoder's, as a cell may repeat another's (repeat_of)
         if restored:
             print(f"restored {restored} finished cells from {committed} into {cfg.out}")
-    if not cfg.report_only:
-        run_grid(cfg, rows, peers=peers)
-    if cfg.docs is not None:
+    if not cfg.flags.report_only:
+        run_grid(cfg, rows, peers=peers, start_by=start_by)
+    if cfg.flags.docs is not None:
         from experiments.memory_probe import report
 
         # the command that runs (or resumes) the grid and writes these documents
         args = [a for a in sys.argv[1:] if a != "--report-only"]
         command = shlex.join(["python", "-m", "experiments.memory_probe.run", *args])
-        for path in report.write(report.build(cfg, rows, command, peers), cfg.docs):
+        built = report.build(cfg, rows, command, peers)
+        check_nothing_lost(built, committed)
+        for path in report.write(built, cfg.flags.docs):
             print(f"wrote {path}")
 
 

@@ -28,6 +28,7 @@ from experiments.memory_probe.probe import (
 )
 from experiments.memory_probe.restore import restore_cells
 from rl_transformers.study.encoders import Encoder
+from rl_transformers.study.flags import changed, configure
 from rl_transformers.utils.errors import UserError
 
 TINY = "attention=full;position=rope;memory=None;d_model=16;n_heads=2;n_layers=1"
@@ -118,7 +119,7 @@ def test_gru_state_is_carried_across_windows_and_updates_as_in_ppo() -> None:
 
 def test_a_context_shorter_than_k_fails_and_one_covering_k_succeeds(tmp_path) -> None:
     encoder = Encoder("tiny", TINY + ';attention_options={"max_cache": 2}', "attention")
-    cfg = ProbeConfig(out=tmp_path, ks=(4,), seeds=(0,), settings=LEARN)
+    cfg = configure(ProbeConfig, out=tmp_path, ks=(4,), seeds=(0,), settings=LEARN)
     rows = plan_rows([encoder], ("default", "cover"))
     assert [(r.bound, r.value(4)) for r in rows] == [("default", 2), ("cover", 5)]
     stopped = run_grid(cfg, rows, log=lambda _: None)
@@ -144,7 +145,7 @@ def _stub(succeed_up_to: int, calls: list[tuple[str, int, int]]):
 def test_rows_stop_at_their_first_failing_k_and_the_grid_resumes(tmp_path) -> None:
     encoder = Encoder("tiny", TINY, "attention")  # max_cache defaults to the policy's context_len, 64
     settings = ProbeSettings(updates=3)
-    cfg = ProbeConfig(out=tmp_path, ks=(1, 4, 16, 64), seeds=(0, 1), settings=settings)
+    cfg = configure(ProbeConfig, out=tmp_path, ks=(1, 4, 16, 64), seeds=(0, 1), settings=settings)
     rows = plan_rows([encoder], ("default",))
     calls: list[tuple[str, int, int]] = []
     assert run_grid(cfg, rows, _stub(4, calls), log=lambda _: None) == {"tiny [default]": 16}
@@ -153,18 +154,24 @@ def test_rows_stop_at_their_first_failing_k_and_the_grid_resumes(tmp_path) -> No
     again: list[tuple[str, int, int]] = []
     assert run_grid(cfg, rows, _stub(4, again), log=lambda _: None) == {"tiny [default]": 16}
     assert again == []  # every finished cell is read back, none re-run
-    other = ProbeConfig(out=tmp_path, ks=(1,), seeds=(0,), settings=ProbeSettings(updates=4))
+    other = configure(ProbeConfig, out=tmp_path, ks=(1,), seeds=(0,), settings=ProbeSettings(updates=4))
     with pytest.raises(UserError, match="other settings"):
         run_grid(other, rows, _stub(4, again), log=lambda _: None)
 
 
 def test_dry_run_counts_shared_cells_once_and_uses_measured_rates(tmp_path) -> None:
     encoder = Encoder("tiny", TINY, "attention")  # reach knob max_cache, default 64
-    cfg = ProbeConfig(out=tmp_path, ks=(1, 4, 128), seeds=(0, 1), settings=ProbeSettings(updates=3))
+    cfg = configure(
+        ProbeConfig, out=tmp_path, ks=(1, 4, 128), seeds=(0, 1), settings=ProbeSettings(updates=3)
+    )
     rows = plan_rows([encoder], ("default", "cover"))
     # default row: 3 k x 2 seeds; cover row: k=1, 4 share the default's cells (64 >= k + 1), k=128 -> 129
     assert "8 cells at most (0 finished, 8 to run" in estimate(cfg, rows)
-    run_grid(ProbeConfig(out=tmp_path, ks=(1,), seeds=(0, 1), settings=cfg.settings), rows[:1], _stub(9, []))
+    run_grid(
+        configure(ProbeConfig, out=tmp_path, ks=(1,), seeds=(0, 1), settings=cfg.settings),
+        rows[:1],
+        _stub(9, []),
+    )
     text = estimate(cfg, rows)
     assert "(2 finished, 6 to run" in text
     # the 4 pending cells at max_cache=64 use the measured 2.5 updates/s, the 2 at 129 the same encoder's
@@ -185,7 +192,9 @@ def test_documents_follow_the_cell_results(tmp_path) -> None:
     from experiments.memory_probe import report as probe_report
 
     encoder = Encoder("tiny", TINY, "attention")
-    cfg = ProbeConfig(out=tmp_path / "cells", ks=(1, 4, 16), seeds=(0, 1), settings=ProbeSettings(updates=3))
+    cfg = configure(
+        ProbeConfig, out=tmp_path / "cells", ks=(1, 4, 16), seeds=(0, 1), settings=ProbeSettings(updates=3)
+    )
     rows = plan_rows([encoder], ("default",))
     run_grid(cfg, rows, _stub(1, []), log=lambda _: None)
     report = probe_report.build(cfg, rows, "python -m experiments.memory_probe.run --test")
@@ -223,7 +232,9 @@ def test_a_cell_equal_to_an_earlier_rows_on_its_first_seed_is_marked_and_its_oth
     first = Encoder("first", TINY, "attention")
     twin = Encoder("twin", TINY + ";d_ff=64", "attention")
     other = Encoder("other", TINY.replace("n_heads=2", "n_heads=4"), "attention")
-    cfg = ProbeConfig(out=tmp_path / "cells", ks=(1, 4, 16), seeds=(0, 1), settings=ProbeSettings(updates=3))
+    cfg = configure(
+        ProbeConfig, out=tmp_path / "cells", ks=(1, 4, 16), seeds=(0, 1), settings=ProbeSettings(updates=3)
+    )
     rows = plan_rows([first, twin, other], ("default",))
     calls: list[tuple[str, int, int]] = []
     assert run_grid(cfg, rows, measure, log=lambda _: None) == dict.fromkeys(r.name for r in rows)
@@ -252,14 +263,14 @@ def test_a_cell_equal_to_an_earlier_rows_on_its_first_seed_is_marked_and_its_oth
     assert "| `twin` | max_cache | = `first` (the same model) |" in table
     assert "| `other` | max_cache | 16 |" in table
     # a fresh checkout, from the committed documents' thinned curves, finds the same repeats
-    fresh = dataclasses.replace(cfg, out=tmp_path / "restored")
+    fresh = changed(cfg, out=tmp_path / "restored")
     assert restore_cells(fresh, rows, tmp_path / "docs" / "memory_probe.json") == 6 + 3 + 4
     assert (
         probe_report.build(fresh, rows, "python -m experiments.memory_probe.run --test")["rows"]
         == report["rows"]
     )
     # a run of some encoders (python -m experiments.memory_probe.run --encoders twin) finds the rows they repeat among all
-    alone = dataclasses.replace(cfg, out=tmp_path / "alone")
+    alone = changed(cfg, out=tmp_path / "alone")
     run_grid(alone, rows[:1], measure, log=lambda _: None)
     calls.clear()
     run_grid(alone, rows[1:2], measure, log=lambda _: None, peers=rows)
@@ -272,7 +283,7 @@ def test_the_status_line_says_which_encoders_are_left_and_which_rows_the_grid_st
     from experiments.memory_probe import report as probe_report
 
     short, long = Encoder("short", TINY, "attention"), Encoder("long", TINY + ";d_ff=64", "attention")
-    cfg = ProbeConfig(out=tmp_path, ks=(1, 4, 16), seeds=(0, 1), settings=ProbeSettings(updates=3))
+    cfg = configure(ProbeConfig, out=tmp_path, ks=(1, 4, 16), seeds=(0, 1), settings=ProbeSettings(updates=3))
     rows = plan_rows([short, long], ("default",))
     run_grid(cfg, rows[:1], _stub(1, []), log=lambda _: None)  # short fails k = 4: complete
     run_grid(dataclasses.replace(cfg, ks=(1, 4)), rows[1:], _stub(99, []), log=lambda _: None)
@@ -282,3 +293,46 @@ def test_the_status_line_says_which_encoders_are_left_and_which_rows_the_grid_st
     line = probe_report.status(probe_report.build(cfg, rows, "cmd"))
     assert line.endswith("still recalling at k = 16, where the grid ends: long [default].")
     assert line.startswith("**Status**: complete: all 2 encoders")
+
+
+def test_the_probe_takes_the_shared_study_flags_and_refuses_the_ones_it_cannot_honour(tmp_path) -> None:
+    """--out, --seeds, --dry-run ... are the study's shared flags (no prefix); more than one worker or a per-run
+    timeout cannot apply to cells measured in this process, so they are refused with the way to get them."""
+    import tyro
+
+    cfg = tyro.cli(ProbeConfig, args=["--out", str(tmp_path), "--seeds", "3", "4", "--dry-run", "--ks", "1"])
+    assert (cfg.out, cfg.seeds, cfg.flags.dry_run, cfg.ks) == (tmp_path, (3, 4), True, (1,))
+    assert configure(ProbeConfig).seeds == (0, 1, 2)  # the probe's own default
+    with pytest.raises(UserError, match="disjoint --encoders") as err:
+        configure(ProbeConfig, workers=2)
+    assert err.value.source == "--workers"
+    with pytest.raises(UserError, match="--stop-starting-after-h") as err:
+        configure(ProbeConfig, timeout_s=60.0)
+    assert err.value.source == "--timeout-s"
+
+
+def test_no_cell_starts_past_the_start_limit_and_the_next_invocation_resumes(tmp_path) -> None:
+    import time
+
+    cfg = configure(ProbeConfig, out=tmp_path, ks=(1, 4), seeds=(0, 1), settings=ProbeSettings(updates=3))
+    rows = plan_rows([Encoder("tiny", TINY, "attention")], ("default",))
+    calls: list[tuple[str, int, int]] = []
+    run_grid(cfg, rows, _stub(9, calls), log=lambda _: None, start_by=time.time() - 1)
+    assert calls == [] and not any(tmp_path.rglob("*.json"))
+    run_grid(cfg, rows, _stub(9, calls), log=lambda _: None, start_by=time.time() + 3600)
+    assert [(k, s) for _, k, s in calls] == [(1, 0), (1, 1), (4, 0), (4, 1)]
+
+
+def test_documents_that_would_drop_committed_cells_are_refused(tmp_path) -> None:
+    """A run over part of the grid (or with other settings) must not overwrite committed documents with fewer
+    cells; the same cells, or more, are fine; without a committed file (--no-restore) nothing is checked."""
+    from experiments.memory_probe.restore import check_nothing_lost
+
+    cell = {"encoder": "gtrxl", "spec": "s", "k": 1, "seed": 0}
+    committed = tmp_path / "memory_probe.json"
+    committed.write_text(json.dumps({"cells": [cell, {**cell, "seed": 1}]}))
+    check_nothing_lost({"cells": [{**cell, "seed": 1}, cell, {**cell, "k": 4}]}, committed)
+    with pytest.raises(UserError, match=r"1 of the 2 committed ones would be lost \(e.g. gtrxl/s/1/1\)"):
+        check_nothing_lost({"cells": [cell]}, committed)
+    check_nothing_lost({"cells": []}, None)
+    check_nothing_lost({"cells": []}, tmp_path / "absent.json")

@@ -9,13 +9,15 @@ from experiments.memory_probe.grid import ProbeConfig, ProbeSettings, plan_rows
 from experiments.memory_probe.report import cell_records
 from experiments.memory_probe.restore import restore_cells
 from rl_transformers.study.encoders import ppo_encoders, select
+from rl_transformers.study.flags import configure
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "results" / "memory_probe.json"
 
 
 def _plan(committed: dict, out: Path) -> tuple[ProbeConfig, list]:
     encoders = sorted({c["encoder"] for c in committed["cells"]})
-    cfg = ProbeConfig(
+    cfg = configure(
+        ProbeConfig,
         out=out,
         encoders=tuple(encoders),
         ks=tuple(committed["ks"]),
@@ -55,7 +57,8 @@ def test_other_settings_or_non_finite_records_are_not_restored(tmp_path: Path) -
 
 
 def _script_config(committed: dict, out: Path, **changes) -> ProbeConfig:
-    return ProbeConfig(
+    return configure(
+        ProbeConfig,
         out=out,
         encoders=("gtrxl",),
         ks=tuple(committed["ks"]),
