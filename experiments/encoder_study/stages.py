@@ -98,7 +98,8 @@ class ConfirmConfig:
 # -- tuning ---------------------------------------------------------------------------------------------------
 def tune_command(encoder: Encoder, out: Path) -> list[str]:
     """The exact ``scripts/tune.py`` command of an encoder's tuning study (settings: :func:`confirm_plan.
-    tuning_settings`; every other flag at the tuner's default)."""
+    tuning_settings`, and :data:`confirm_plan.TUNING_SPACE`'s capacity range; every other flag at the tuner's
+    default)."""
     s = cp.tuning_settings()
     args = ["python", "scripts/tune.py", "--encoder", encoder.spec, "--env-id", s["env_id"]]
     if s["env_kwargs"]:
@@ -107,7 +108,7 @@ def tune_command(encoder: Encoder, out: Path) -> list[str]:
              "--n-trials", str(s["trials"]), "--objective", s["objective"], "--study-name", cp.study_name(encoder),
              "--pruner-warmup-steps", str(s["pruner_warmup_steps"]),
              "--out", str(out), "--ppo.anneal-horizon", str(cp.ANNEAL_HORIZON), "--threads", "1", "--device",
-             "cpu"]  # fmt: skip
+             "cpu", "--space.param-tolerance", str(cp.TUNING_SPACE.param_tolerance)]  # fmt: skip
     return args
 
 

@@ -3,16 +3,21 @@
 Ranges are sampled log-uniformly (learning rate, entropy coefficient, the knob as an integer) and the
 training window from a list, by Optuna's TPE sampler (Bergstra et al. 2011, "Algorithms for hyper-parameter
 optimization", NeurIPS). The knob is the encoder's own (:mod:`rl_transformers.study.knobs`): a reach (mem_len,
-max_cache, window, ...) or a capacity (hidden size of the RNNs, random features). A space is checked when it is
+max_cache, window, ...) or a capacity (hidden size of the RNNs, random features). Tuning a capacity would let an
+encoder buy parameters the others lack, so by default a capacity knob is searched only over the widths whose
+policy stays within :data:`~rl_transformers.policies.sizing.TOLERANCE` (10 %) of the encoder's own parameter count
+(:func:`capacity_range`): the trial budget and the size are the same for every encoder. A space is checked when it is
 built (ranges) and against the encoder and PPO settings before a study starts (:meth:`SearchSpace.check`): a bad
 one is a :class:`UserError` naming the flag, the value and what is valid.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rl_transformers.policies.sizing import TOLERANCE
 from rl_transformers.study.knobs import Knob
 from rl_transformers.utils.errors import UserError
 
@@ -49,6 +54,11 @@ class SearchSpace:
     the encoder's value."""
     tune_knob: bool = True
     """Search the encoder's context knob (--space.no-tune-knob keeps it at the encoder's value)."""
+    param_tolerance: float | None = TOLERANCE
+    """A capacity knob's default range: only the widths whose policy's parameter count is within this fraction
+    of the encoder's own (inside half to twice its value), so tuning keeps encoders parameter-matched. None:
+    half to twice the value, whatever the count (the range the encoder study's confirmation stage was tuned
+    with). An explicit --space.knob is used as given."""
 
     def __post_init__(self) -> None:
         _check_range("--space.learning-rate", self.learning_rate)
@@ -63,6 +73,11 @@ class SearchSpace:
             raise UserError(f"expected distinct integers >= 1, got {windows!r}", source="--space.seq-len")
         if self.knob is not None:
             _check_range("--space.knob", self.knob, integer=True)
+        tol = self.param_tolerance
+        if tol is not None and not (isinstance(tol, (int, float)) and 0 < tol < 1):
+            raise UserError(
+                f"must be a fraction in (0, 1) or None, got {tol!r}", source="--space.param-tolerance"
+            )
 
     def knob_range(self, knob: Knob) -> tuple[int, int]:
         if self.knob is not None:
@@ -97,4 +112,32 @@ class SearchSpace:
         return params
 
 
-__all__ = ["DEFAULT_REACH", "SearchSpace"]
+def capacity_range(space: SearchSpace, knob: Knob, count: Callable[[int], int]) -> tuple[int, int]:
+    """The values of capacity ``knob`` a study searches when ``space`` gives no --space.knob: half to twice the
+    knob's value, narrowed (``space.param_tolerance`` not None) to the values ``v`` whose parameter count
+    ``count(v)`` (non-decreasing in ``v``) lies within the tolerance of ``count(knob.default)``. A tolerance
+    that leaves one value is a :class:`UserError`: nothing to search."""
+    low, high = max(1, knob.default // 2), max(2, knob.default * 2)
+    tol = space.param_tolerance
+    if space.knob is not None or knob.kind != "capacity" or tol is None:
+        return space.knob_range(knob)
+    ref = count(knob.default)
+    lo, hi = low, knob.default  # the smallest value at or above (1 - tol) * ref
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if count(mid) < (1 - tol) * ref else (lo, mid)
+    first = lo
+    lo, hi = knob.default, high  # the largest value at or below (1 + tol) * ref
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if count(mid) <= (1 + tol) * ref else (lo, mid - 1)
+    if first >= lo:
+        raise UserError(
+            f"within {tol:.0%} of the encoder's {ref:,} parameters, {knob.name} can only be {knob.default}: "
+            "nothing to search; raise --space.param-tolerance, give --space.knob LOW HIGH, or --space.no-tune-knob",
+            source="--space.param-tolerance",
+        )
+    return first, lo
+
+
+__all__ = ["DEFAULT_REACH", "SearchSpace", "capacity_range"]

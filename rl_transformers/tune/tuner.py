@@ -32,7 +32,7 @@ from rl_transformers.algos.ppo_config import PPOConfig, TrainConfig
 from rl_transformers.study.encoders import label, parse_spec, policy_config
 from rl_transformers.study.knobs import Knob, context_knob
 from rl_transformers.study.tuning_checks import check_params
-from rl_transformers.study.tuning_space import SearchSpace
+from rl_transformers.study.tuning_space import SearchSpace, capacity_range
 from rl_transformers.tune.seeds import tuning_seed
 from rl_transformers.tune.study_check import check_trials, storage_error
 from rl_transformers.utils.atomic import atomic_write_json
@@ -327,6 +327,7 @@ def run_tuning(cfg: TuneConfig, log: Any = print) -> Any:
     spec = resolve_encoder(cfg.encoder)
     knob = context_knob(spec)
     cfg.space.check(knob, cfg.ppo.num_steps, cfg.encoder)
+    cfg = with_capacity_range(cfg, spec, knob, log)
     for window in cfg.space.seq_len:  # PPO's own checks (minibatches divide the sequences, ...) up front
         point = {
             "learning_rate": cfg.space.learning_rate[0],
@@ -359,6 +360,38 @@ def run_tuning(cfg: TuneConfig, log: Any = print) -> Any:
             raise storage_error(study_file(cfg), err) from None
     write_best(cfg, study)
     return study
+
+
+def with_capacity_range(cfg: TuneConfig, spec: str, knob: Knob | None, log: Any = print) -> TuneConfig:
+    """``cfg`` with the search range of a tuned capacity knob made explicit (``--space.knob``) by
+    :func:`~rl_transformers.study.tuning_space.capacity_range`: the widths whose policy on ``cfg``'s task keeps
+    its parameter count within ``--space.param-tolerance`` of the encoder's. Other knobs, an explicit range,
+    ``--space.no-tune-knob`` and ``--space.param-tolerance None`` leave ``cfg`` as it is. The range is part of
+    the study's stored settings, so a resumed study searches the same one."""
+    space = cfg.space
+    if knob is None or knob.kind != "capacity" or not space.tune_knob or space.knob is not None:
+        return cfg
+    if space.param_tolerance is None:
+        return cfg
+    import gymnasium as gym
+
+    import envs  # noqa: F401  (registers the rlt/ ids)
+    from rl_transformers.policies.sizing import count_policy_parameters
+
+    env = gym.make(cfg.env_id, **cfg.env_kwargs)
+    obs_space, act_space = env.observation_space, env.action_space
+    env.close()
+
+    def count(value: int) -> int:
+        return count_policy_parameters(policy_config(knob.apply(spec, value)), obs_space, act_space)
+
+    low, high = capacity_range(space, knob, count)
+    log(
+        f"{knob.name} searched in [{low}, {high}]: the widths whose policy has {count(low):,} to {count(high):,} "
+        f"parameters, within {space.param_tolerance:.0%} of the encoder's {count(knob.default):,} "
+        "(--space.param-tolerance)"
+    )
+    return dataclasses.replace(cfg, space=dataclasses.replace(space, knob=(low, high)))
 
 
 def check_knob_range(cfg: TuneConfig, spec: str, knob: Knob | None) -> None:
@@ -425,4 +458,5 @@ __all__ = [
     "run_tuning",
     "train_command",
     "trial_config",
+    "with_capacity_range",
 ]

@@ -217,3 +217,31 @@ def test_the_best_trials_command_trains_the_tuned_configuration(tmp_path) -> Non
     assert parsed.ppo == tuned  # searched values and the study's other PPO settings (anneal off included)
     assert (parsed.env_id, parsed.env_kwargs) == ("rlt/TMaze-v0", {"corridor_length": 2})
     assert (parsed.total_timesteps, parsed.num_envs) == (48, 2)
+
+
+def test_a_tuned_width_keeps_the_policy_within_the_parameter_tolerance(tmp_path) -> None:
+    """Without --space.knob the GRU's hidden size is searched only where the policy's parameter count stays
+    within 10 % of the encoder's (counted here by building each policy); the range is stored with the study."""
+    from rl_transformers.study.encoders import ppo_parameters
+    from rl_transformers.tune.tuner import resolve_encoder, with_capacity_range
+
+    env = "rlt/popgym-RepeatPreviousEasy-v0"
+    cfg = dataclasses.replace(tiny(tmp_path), encoder="gru", env_id=env, env_kwargs={}, space=SearchSpace())
+    spec = resolve_encoder("gru")
+    knob = context_knob(spec)
+    said: list[str] = []
+    resolved = with_capacity_range(cfg, spec, knob, said.append)
+    assert resolved.space.knob is not None
+    low, high = resolved.space.knob
+
+    def count(width: int) -> int:
+        return ppo_parameters(knob.apply(spec, width), env)
+
+    ref = count(knob.default)
+    assert low < knob.default < high
+    assert all(abs(count(v) - ref) <= 0.1 * ref for v in (low, high))
+    assert abs(count(low - 1) - ref) > 0.1 * ref and abs(count(high + 1) - ref) > 0.1 * ref
+    assert f"hidden_size searched in [{low}, {high}]" in said[0]
+    assert resolved.settings()["space"]["knob"] == [low, high]  # stored: a resumed study searches the same
+    wide = dataclasses.replace(cfg, space=SearchSpace(param_tolerance=None))
+    assert with_capacity_range(wide, spec, knob) == wide  # the old half-to-twice range

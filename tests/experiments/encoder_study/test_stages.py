@@ -142,6 +142,9 @@ def test_the_tuning_commands_are_the_tuners_with_the_same_settings_for_every_enc
     s = cp.tuning_settings()
     assert parsed[0] == parsed[1]
     cfg = parsed[0]
+    assert (
+        cfg.space.param_tolerance == cp.TUNING_SPACE.param_tolerance
+    )  # the study's capacity range, not the default
     assert (cfg.env_id, cfg.total_timesteps, cfg.n_trials, cfg.objective) == (
         s["env_id"],
         s["budget"],
