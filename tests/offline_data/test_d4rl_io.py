@@ -138,7 +138,7 @@ def test_empty_file(tmp_path: Path) -> None:
 def test_validation_pass_flattens_flag_columns_and_leaves_its_input_alone() -> None:
     """(N, 1) rewards / flags become 1-D (a copy: the caller's dict keeps its columns); an (N, 1) observation
     column stays 2-D; a mis-shaped `next_observations` and a 0-d array are refused naming ``where``."""
-    data = {
+    data: dict[str, np.ndarray] = {
         "observations": np.zeros((4, 1), np.float32),
         "actions": np.zeros((4, 2), np.float32),
         "rewards": np.arange(4, dtype=np.float32)[:, None],
@@ -153,7 +153,7 @@ def test_validation_pass_flattens_flag_columns_and_leaves_its_input_alone() -> N
     ):
         d4rl_io._checked_arrays({**data, "next_observations": np.zeros((4, 2), np.float32)}, "here")
     with pytest.raises(ValueError, match=r"^here: length mismatch, 'rewards' has shape \(\)"):
-        d4rl_io._checked_arrays({**data, "rewards": np.float32(1.0)}, "here")
+        d4rl_io._checked_arrays({**data, "rewards": np.array(1.0, np.float32)}, "here")
 
 
 def test_reference_scores_prefer_the_file_then_the_d4rl_table() -> None:
