@@ -31,7 +31,6 @@ MAX_FUNCTION_LINES = 80
 LONG_FUNCTIONS = {
     # Outside the 0.2.0 layout pass; each is one computation that reads top to bottom, and splitting it is a
     # change of its own (with its own tests), not a move.
-    "offline_data/minari_write.py::write_minari_dataset": "the Minari file layout, written in one place",
     "rl_transformers/backbone/attention/lowrank.py::MemoryCompressedAttention.core": "one attention kernel",
     "rl_transformers/backbone/attention/_routing_kernels.py::cluster_attention": "one attention kernel",
     "rl_transformers/backbone/attention/_dense.py::residue_classes_attention": "one attention kernel",
