@@ -35,7 +35,6 @@ LONG_FUNCTIONS = {
     "rl_transformers/backbone/attention/_routing_kernels.py::cluster_attention": "one attention kernel",
     "rl_transformers/backbone/attention/_dense.py::residue_classes_attention": "one attention kernel",
     "rl_transformers/backbone/memory/compressive.py::CompressiveMemory.write": "one memory update",
-    "rl_transformers/bench/harness.py::Runner._prepare": "one benchmark case's setup",
     "experiments/encoder_study/stages.py::run_confirm": "one study protocol",
 }
 """Functions longer than :data:`MAX_FUNCTION_LINES` (docstring included), with why they are not split yet."""
