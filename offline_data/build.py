@@ -29,7 +29,7 @@ through `envs.resolve` (registered ids; `allow_env_modules` for modules you trus
 
 Layout: settings in `offline_data.build_config`, actors and episode collection in `offline_data.rollouts`,
 the behaviour-policy training and its checkpoints in `offline_data.behaviour`; this module plans the build
-(preflight, references) and records and writes the datasets. Their public names are importable from here.
+(preflight, references) and records and writes the datasets.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from gymnasium.envs.registration import EnvSpec
 from tqdm.auto import tqdm
 
 from offline_data.behaviour import Training, algo_class, load_policy, train_behaviour_policy
-from offline_data.build_config import KINDS, SEED_OFFSETS, BuildConfig, BuildResult, Kind
+from offline_data.build_config import SEED_OFFSETS, BuildConfig, BuildResult
 from offline_data.episode import Episode, episode_returns
 from offline_data.errors import DatasetExistsError, DatasetNotFoundError
 from offline_data.minari_io import dataset_path
@@ -64,20 +64,7 @@ from rl_transformers.utils.atomic import atomic_file, clean_stale
 from rl_transformers.utils.extras import need
 from rl_transformers.utils.training import set_threads
 
-__all__ = [
-    "KINDS",
-    "SEED_OFFSETS",
-    "Actor",
-    "BuildConfig",
-    "BuildResult",
-    "Kind",
-    "build_datasets",
-    "build_fingerprint",
-    "collect_episodes",
-    "evaluate_returns",
-    "random_actor",
-    "sb3_actor",
-]
+__all__ = ["build_datasets", "build_fingerprint"]
 
 
 def _describe(kind: str, config: BuildConfig, algo: str, training: Training, ref_source: str) -> str:

@@ -52,11 +52,8 @@ INDIRECT_IMPORTS: set[str] = set()
 """Files allowed to import a name from a module that does not define it (none may be added)."""
 
 
-REEXPORTS = {
-    # offline_data/ is re-laid out separately; none may be added.
-    "offline_data.build": "the builder's public names in one place for scripts/make_dataset.py",
-}
-"""Modules whose ``__all__`` still lists names they import."""
+REEXPORTS: dict[str, str] = {}
+"""Modules whose ``__all__`` still lists names they import (none may be added)."""
 
 
 def library_files() -> list[Path]:
