@@ -9,8 +9,9 @@ Stable API (what the offline trainers call):
     info.normalized_score(returns)            # 100·(R − min)/(max − min)
 
 Writers and converters: `write_minari_dataset`, `write_d4rl_hdf5`, `d4rl_to_minari`; references:
-`D4RL_REF_SCORES`, `reference_scores`, `normalized_score`. The dataset builder (`BuildConfig`,
-`build_datasets`) lives in `offline_data.build` and imports Stable-Baselines3 lazily.
+`D4RL_REF_SCORES`, `reference_scores`, `normalized_score`. The dataset builder (`build_datasets` in
+`offline_data.build`, its settings `BuildConfig` in `offline_data.build_config`) imports Stable-Baselines3
+lazily.
 """
 
 from __future__ import annotations
@@ -51,8 +52,12 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     """Import the builder (and Stable-Baselines3) only when it is asked for."""
-    if name in ("BuildConfig", "build_datasets"):
-        from offline_data import build
+    if name == "BuildConfig":
+        from offline_data.build_config import BuildConfig
 
-        return getattr(build, name)
+        return BuildConfig
+    if name == "build_datasets":
+        from offline_data.build import build_datasets
+
+        return build_datasets
     raise AttributeError(f"module 'offline_data' has no attribute {name!r}")

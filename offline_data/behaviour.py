@@ -156,26 +156,7 @@ def train_behaviour_policy(
     model = _new_model(config, algo_cls, train_env)
     state_path = policy_dir / "train_state.pt"
     if state_path.is_file():
-        state = load_train_state(state_path)
-        if state["fingerprint"] != fp:
-            raise DatasetExistsError(
-                f"{state_path} holds a training with other settings; pass --overwrite to start over, or another "
-                "--policy-dir"
-            )
-        info, recorded = restore_train_state(model, state)
-        result.history = [tuple(h) for h in info["history"]]  # type: ignore[misc]
-        if info.get("medium_step") is not None:
-            result.medium_path = policy_dir / "medium.zip"
-            result.medium_step, result.medium_eval_return = info["medium_step"], info["medium_eval_return"]
-            result.replay = load_episodes_file(policy_dir / "replay.pt")
-            train_env.active = False
-        else:
-            train_env.episodes = recorded
-        model.set_random_seed(config.seed + model.num_timesteps)  # new episodes, not the first ones again
-        if config.progress:
-            tqdm.write(
-                f"resuming the behaviour-policy training from step {model.num_timesteps} ({state_path})"
-            )
+        _resume(config, model, state_path, fp, result, train_env)
     resumed_from = int(model.num_timesteps)
     bar = tqdm(
         total=config.total_timesteps,
@@ -205,12 +186,7 @@ def train_behaviour_policy(
                 result.history.append((self.num_timesteps, ret))
                 bar.set_postfix(eval_return=f"{ret:.1f}")
                 if config.needs_medium and result.medium_path is None and level is not None and ret >= level:
-                    result.replay = list(train_env.episodes)
-                    save_episodes_file(policy_dir / "replay.pt", result.replay)
-                    result.medium_path = save_model_zip(self.model, policy_dir / "medium.zip")
-                    result.medium_step, result.medium_eval_return = self.num_timesteps, ret
-                    train_env.active = False
-                    train_env.episodes = []
+                    _save_medium(self.model, self.num_timesteps, ret, result, train_env, policy_dir)
                     checkpoint(self.model)
                     if stop_at_medium:
                         bar.set_description("medium reached; no expert needed, stopping")
@@ -228,12 +204,69 @@ def train_behaviour_policy(
         save_model_zip(model, policy_dir / "last.zip")  # stopped at the medium step: not an expert
     else:
         result.expert_path = save_model_zip(model, policy_dir / "expert.zip")
+    _write_summary(config, algo_cls, policy_dir, result, stop_at_medium, resumed_from, fp)
+    state_path.unlink(missing_ok=True)
+    train_env.close()
+    eval_env.close()
+    return result
+
+
+def _resume(
+    config: BuildConfig, model: Any, state_path: Path, fp: str, result: Training, train_env: EpisodeRecorder
+) -> None:
+    """Restore a killed training from `state_path` into `model`, `result` and `train_env`: the eval history,
+    the medium checkpoint if it was reached (then the recorder stops), else the episodes recorded so far.
+    `DatasetExistsError` when the state holds a training with other settings (another fingerprint)."""
+    state = load_train_state(state_path)
+    if state["fingerprint"] != fp:
+        raise DatasetExistsError(
+            f"{state_path} holds a training with other settings; pass --overwrite to start over, or another "
+            "--policy-dir"
+        )
+    info, recorded = restore_train_state(model, state)
+    result.history = [tuple(h) for h in info["history"]]  # type: ignore[misc]
+    if info.get("medium_step") is not None:
+        result.medium_path = state_path.parent / "medium.zip"
+        result.medium_step, result.medium_eval_return = info["medium_step"], info["medium_eval_return"]
+        result.replay = load_episodes_file(state_path.parent / "replay.pt")
+        train_env.active = False
+    else:
+        train_env.episodes = recorded
+    model.set_random_seed(config.seed + model.num_timesteps)  # new episodes, not the first ones again
+    if config.progress:
+        tqdm.write(f"resuming the behaviour-policy training from step {model.num_timesteps} ({state_path})")
+
+
+def _save_medium(
+    model: Any, step: int, eval_return: float, result: Training, train_env: EpisodeRecorder, policy_dir: Path
+) -> None:
+    """The medium checkpoint: the training episodes so far frozen as the medium-replay data (`replay.pt`),
+    the policy saved as `medium.zip`, and the recorder stopped."""
+    result.replay = list(train_env.episodes)
+    save_episodes_file(policy_dir / "replay.pt", result.replay)
+    result.medium_path = save_model_zip(model, policy_dir / "medium.zip")
+    result.medium_step, result.medium_eval_return = step, eval_return
+    train_env.active = False
+    train_env.episodes = []
+
+
+def _write_summary(
+    config: BuildConfig,
+    algo_cls: Any,
+    policy_dir: Path,
+    result: Training,
+    stop_at_medium: bool,
+    resumed_from: int,
+    fp: str,
+) -> None:
+    """`<policy_dir>/training.json`: the finished training's settings, medium checkpoint and eval history,
+    marked complete with its fingerprint (what `_finished_training` reuses)."""
     summary = {
         "env_id": config.env_id,
         "algo": algo_cls.__name__,
         "seed": config.seed,
         "total_timesteps": config.total_timesteps,
-        "medium_level": level,
+        "medium_level": config.medium_level,
         "medium_step": result.medium_step,
         "medium_eval_return": result.medium_eval_return,
         "stopped_at_medium": stop_at_medium and result.medium_path is not None,
@@ -244,7 +277,3 @@ def train_behaviour_policy(
     }
     with atomic_file(policy_dir / "training.json") as temp:
         temp.write_text(json.dumps(summary, indent=2))
-    state_path.unlink(missing_ok=True)
-    train_env.close()
-    eval_env.close()
-    return result

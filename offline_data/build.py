@@ -29,7 +29,7 @@ through `envs.resolve` (registered ids; `allow_env_modules` for modules you trus
 
 Layout: settings in `offline_data.build_config`, actors and episode collection in `offline_data.rollouts`,
 the behaviour-policy training and its checkpoints in `offline_data.behaviour`; this module plans the build
-(preflight, references) and records and writes the datasets. Their public names are importable from here.
+(preflight, references) and records and writes the datasets.
 """
 
 from __future__ import annotations
@@ -41,10 +41,11 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+from gymnasium.envs.registration import EnvSpec
 from tqdm.auto import tqdm
 
 from offline_data.behaviour import Training, algo_class, load_policy, train_behaviour_policy
-from offline_data.build_config import KINDS, SEED_OFFSETS, BuildConfig, BuildResult, Kind
+from offline_data.build_config import SEED_OFFSETS, BuildConfig, BuildResult
 from offline_data.episode import Episode, episode_returns
 from offline_data.errors import DatasetExistsError, DatasetNotFoundError
 from offline_data.minari_io import dataset_path
@@ -63,20 +64,7 @@ from rl_transformers.utils.atomic import atomic_file, clean_stale
 from rl_transformers.utils.extras import need
 from rl_transformers.utils.training import set_threads
 
-__all__ = [
-    "KINDS",
-    "SEED_OFFSETS",
-    "Actor",
-    "BuildConfig",
-    "BuildResult",
-    "Kind",
-    "build_datasets",
-    "build_fingerprint",
-    "collect_episodes",
-    "evaluate_returns",
-    "random_actor",
-    "sb3_actor",
-]
+__all__ = ["build_datasets", "build_fingerprint"]
 
 
 def _describe(kind: str, config: BuildConfig, algo: str, training: Training, ref_source: str) -> str:
@@ -259,11 +247,10 @@ def build_datasets(config: BuildConfig) -> BuildResult:
     env = make_build_env(config)
     env_spec, action_space = env.spec, env.action_space
     algo_cls = algo_class(config, action_space)
-    kinds = set(config.kinds)
     ref_source, refs = _reference_plan(config)
     need_medium = config.needs_medium
-    need_expert = bool({"expert", "medium-expert"} & kinds) or refs is None
-    train = "medium-replay" in kinds or (need_medium and config.medium_policy is None)
+    need_expert = bool({"expert", "medium-expert"} & set(config.kinds)) or refs is None
+    train = "medium-replay" in config.kinds or (need_medium and config.medium_policy is None)
     train = train or (need_expert and config.expert_policy is None)
     policy_dir = config.policy_path
     build_fp = build_fingerprint(config)
@@ -274,23 +261,7 @@ def build_datasets(config: BuildConfig) -> BuildResult:
 
     training = Training()
     if train:
-        policy_dir.mkdir(parents=True, exist_ok=True)
-        clean_stale(policy_dir)
-        training = train_behaviour_policy(
-            config, algo_cls, policy_dir, stop_at_medium=need_medium and not need_expert
-        )
-        if need_medium and config.medium_policy is None and training.medium_path is None:
-            best = max((r for _, r in training.history), default=float("nan"))
-            raise RuntimeError(
-                f"the eval return never reached medium_return={config.medium_level:.1f} in "
-                f"{config.total_timesteps} steps (best {best:.1f}); lower it or train longer. The final "
-                f"policy is saved at {training.expert_path}."
-            )
-        if "medium-replay" in kinds and not training.replay:
-            raise RuntimeError(
-                f"no training episode finished before the medium checkpoint at step {training.medium_step}; "
-                "raise eval_freq or medium_return"
-            )
+        training = _train(config, algo_cls, policy_dir, need_medium, need_expert)
     if config.medium_policy is not None:  # the loaded zip, not a checkpoint of this run
         training.medium_step = training.medium_eval_return = None
     policies = {
@@ -308,44 +279,14 @@ def build_datasets(config: BuildConfig) -> BuildResult:
     data = _record_datasets(config, env, action_space, models, training.replay)
     env.close()
 
-    algo = algo_cls.__name__
     paths: dict[str, Path] = {}
     for kind in config.kinds:
         if kind in done:
             paths[kind] = dataset_path(config.dataset_id(kind), config.root)
-            continue
-        build_info: dict[str, Any] = {
-            "kind": kind,
-            "seed": config.seed,
-            "algo": f"sb3/{algo}",
-            "fingerprint": build_fp,
-        }
-        if kind in ("medium", "medium-replay", "medium-expert"):
-            build_info.update(
-                medium_step=training.medium_step, medium_eval_return=training.medium_eval_return
+        else:
+            paths[kind] = _write_dataset(
+                config, kind, data[kind], env_spec, refs, ref_source, algo_cls.__name__, training, build_fp
             )
-        extra: dict[str, Any] = {"rlt_build": build_info, "ref_scores_source": ref_source}
-        if ref_source == "measured":
-            extra["num_episodes_average_score"] = config.num_ref_episodes
-        if kind == "medium-expert":
-            extra["combined_datasets"] = [config.dataset_id("medium"), config.dataset_id("expert")]
-        paths[kind] = write_minari_dataset(
-            config.dataset_id(kind),
-            data[kind],
-            env=env_spec,
-            eval_env=env_spec,
-            ref_min_score=float(refs[0]),
-            ref_max_score=float(refs[1]),
-            algorithm_name="random" if kind == "random" else f"sb3/{algo}",
-            author=config.author,
-            author_email=config.author_email,
-            code_permalink=config.code_permalink,
-            description=_describe(kind, config, algo, training, ref_source),
-            extra_metadata=extra,
-            root=config.root,
-            overwrite=config.overwrite,
-            allow_env_modules=config.allow_env_modules,
-        )
     journal.unlink(missing_ok=True)
     if config.progress:
         tqdm.write(f"built {len(paths)} dataset(s) in {time.perf_counter() - started:.1f} s")
@@ -359,4 +300,74 @@ def build_datasets(config: BuildConfig) -> BuildResult:
         policies={role: path for role, path in policies.items() if path is not None},
         medium_step=training.medium_step,
         medium_eval_return=training.medium_eval_return,
+    )
+
+
+def _train(
+    config: BuildConfig, algo_cls: Any, policy_dir: Path, need_medium: bool, need_expert: bool
+) -> Training:
+    """Train (or resume) the behaviour policy in `policy_dir`, stopping at the medium checkpoint when no
+    expert is needed; `RuntimeError` when a needed medium checkpoint or medium-replay episode never came."""
+    policy_dir.mkdir(parents=True, exist_ok=True)
+    clean_stale(policy_dir)
+    training = train_behaviour_policy(
+        config, algo_cls, policy_dir, stop_at_medium=need_medium and not need_expert
+    )
+    if need_medium and config.medium_policy is None and training.medium_path is None:
+        best = max((r for _, r in training.history), default=float("nan"))
+        raise RuntimeError(
+            f"the eval return never reached medium_return={config.medium_level:.1f} in "
+            f"{config.total_timesteps} steps (best {best:.1f}); lower it or train longer. The final "
+            f"policy is saved at {training.expert_path}."
+        )
+    if "medium-replay" in config.kinds and not training.replay:
+        raise RuntimeError(
+            f"no training episode finished before the medium checkpoint at step {training.medium_step}; "
+            "raise eval_freq or medium_return"
+        )
+    return training
+
+
+def _write_dataset(
+    config: BuildConfig,
+    kind: str,
+    episodes: list[Episode],
+    env_spec: EnvSpec | None,
+    refs: tuple[float, float],
+    ref_source: str,
+    algo: str,
+    training: Training,
+    build_fp: str,
+) -> Path:
+    """Dataset `kind` written as a Minari dataset, with its references, description and the build's record
+    (``rlt_build``: kind, seed, algorithm, fingerprint and, for the medium kinds, the medium checkpoint)."""
+    build_info: dict[str, Any] = {
+        "kind": kind,
+        "seed": config.seed,
+        "algo": f"sb3/{algo}",
+        "fingerprint": build_fp,
+    }
+    if kind in ("medium", "medium-replay", "medium-expert"):
+        build_info.update(medium_step=training.medium_step, medium_eval_return=training.medium_eval_return)
+    extra: dict[str, Any] = {"rlt_build": build_info, "ref_scores_source": ref_source}
+    if ref_source == "measured":
+        extra["num_episodes_average_score"] = config.num_ref_episodes
+    if kind == "medium-expert":
+        extra["combined_datasets"] = [config.dataset_id("medium"), config.dataset_id("expert")]
+    return write_minari_dataset(
+        config.dataset_id(kind),
+        episodes,
+        env=env_spec,
+        eval_env=env_spec,
+        ref_min_score=float(refs[0]),
+        ref_max_score=float(refs[1]),
+        algorithm_name="random" if kind == "random" else f"sb3/{algo}",
+        author=config.author,
+        author_email=config.author_email,
+        code_permalink=config.code_permalink,
+        description=_describe(kind, config, algo, training, ref_source),
+        extra_metadata=extra,
+        root=config.root,
+        overwrite=config.overwrite,
+        allow_env_modules=config.allow_env_modules,
     )

@@ -19,6 +19,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.registration import EnvSpec
 
 from offline_data.env_check import file_env_spec
 from offline_data.episode import DatasetInfo, Episode, OfflineDataset
@@ -109,42 +110,87 @@ def read_d4rl_hdf5(
     path = Path(path)
     if not path.is_file():
         raise DatasetNotFoundError(f"D4RL file {str(path)!r} does not exist")
+    where = f"D4RL file {str(path)!r}"
+    data, meta = _read_arrays(path, where)
+    data = _checked_arrays(data, where)
+    episodes = _split_episodes(data, where)
+    spec = _env_spec(meta, env_id, where, allow_env_modules)
+    env_id = spec.id if spec is not None else (env_id or meta.get("env_id"))
+    obs_space, action_space = _spaces(episodes, meta, action_space, where)
+    ref_min, ref_max, ref_source = _ref_scores(meta, env_id, path.name)
+    meta["next_observations"] = (
+        "file"
+        if "next_observations" in data
+        else "shifted; the last step of each episode repeats its observation"
+    )
+    info = DatasetInfo(
+        source=str(path),
+        format="d4rl_hdf5",
+        observation_space=obs_space,
+        action_space=action_space,
+        dataset_id=meta.get("dataset_id"),
+        env_spec=spec,
+        eval_env_spec=spec,
+        ref_min_score=None if ref_min is None else float(ref_min),
+        ref_max_score=None if ref_max is None else float(ref_max),
+        ref_scores_source=ref_source,
+        metadata=meta,
+        allow_env_modules=tuple(allow_env_modules),
+    )
+    return OfflineDataset(episodes, info)
+
+
+def _read_arrays(path: Path, where: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The file's D4RL datasets (those of :data:`D4RL_KEYS` present, plus `next_observations`) and its
+    metadata; `DatasetError` naming the file when a required key is missing."""
     with open_hdf5(path) as file:
         missing = [key for key in _REQUIRED if key not in file]
         if missing:
-            raise DatasetError(
-                f"D4RL file {str(path)!r} lacks required key(s) {missing}; found {sorted(file.keys())}"
-            )
+            raise DatasetError(f"{where} lacks required key(s) {missing}; found {sorted(file.keys())}")
         data = {key: np.asarray(file[key][()]) for key in (*D4RL_KEYS, "next_observations") if key in file}
-        meta = _read_metadata(file)
+        return data, _read_metadata(file)
+
+
+def _checked_arrays(data: dict[str, np.ndarray], where: str) -> dict[str, np.ndarray]:
+    """The validation pass over every dataset: not empty, one row per transition, `rewards` / `terminals` /
+    `timeouts` 1-D (an (N, 1) column is flattened), finite floats, 0/1 flags, `next_observations` shaped
+    like `observations`. Returns the arrays (flattened where needed); `DatasetError` naming `where` and the
+    key otherwise."""
+    data = dict(data)
     n = len(data["observations"])
     if n == 0:
-        raise DatasetError(f"D4RL file {str(path)!r} is empty: 'observations' has 0 rows")
+        raise DatasetError(f"{where} is empty: 'observations' has 0 rows")
     for key, arr in data.items():
         if arr.ndim == 0 or len(arr) != n:
             raise DatasetError(
-                f"D4RL file {str(path)!r}: length mismatch, {key!r} has shape {arr.shape} but "
-                f"'observations' has {n} rows"
+                f"{where}: length mismatch, {key!r} has shape {arr.shape} but 'observations' has {n} rows"
             )
         if key in ("rewards", "terminals", "timeouts"):
             if arr.ndim == 2 and arr.shape[1] == 1:
                 data[key] = arr = arr[:, 0]
             if arr.ndim != 1:
-                raise DatasetError(f"D4RL file {str(path)!r}: {key!r} must be 1-D, got shape {arr.shape}")
+                raise DatasetError(f"{where}: {key!r} must be 1-D, got shape {arr.shape}")
         if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
             index: tuple[int, ...] | int = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
             raise DatasetError(
-                f"D4RL file {str(path)!r}: {key!r} holds a non-finite value {arr[index].item()!r} at index {index}"
+                f"{where}: {key!r} holds a non-finite value {arr[index].item()!r} at index {index}"
             )
         if key in ("terminals", "timeouts") and arr.dtype != np.bool_ and not np.isin(arr, (0, 1)).all():
             bad = arr[~np.isin(arr, (0, 1))][0].item()
-            raise DatasetError(f"D4RL file {str(path)!r}: {key!r} must hold 0/1 or booleans, found {bad!r}")
+            raise DatasetError(f"{where}: {key!r} must hold 0/1 or booleans, found {bad!r}")
     if "next_observations" in data and data["next_observations"].shape != data["observations"].shape:
         raise DatasetError(
-            f"D4RL file {str(path)!r}: 'next_observations' has shape {data['next_observations'].shape}, "
+            f"{where}: 'next_observations' has shape {data['next_observations'].shape}, "
             f"'observations' has {data['observations'].shape}"
         )
+    return data
 
+
+def _split_episodes(data: dict[str, np.ndarray], where: str) -> list[Episode]:
+    """Checked flat arrays cut into episodes after every step with `terminals | timeouts`; a trailing run
+    ending with neither is kept, truncated at its last step. Without `next_observations` each episode's
+    observations shifted by one, the last repeated."""
+    n = len(data["observations"])
     terminals = data["terminals"].astype(bool)
     timeouts = data["timeouts"].astype(bool) if "timeouts" in data else np.zeros(n, dtype=bool)
     ends = np.flatnonzero(terminals | timeouts) + 1
@@ -173,22 +219,35 @@ def read_d4rl_hdf5(
                 )
             )
         except ValueError as err:
-            raise DatasetError(
-                f"D4RL file {str(path)!r} episode {index} (rows {start}:{stop}): {err}"
-            ) from None
+            raise DatasetError(f"{where} episode {index} (rows {start}:{stop}): {err}") from None
         start = stop
+    return episodes
 
-    where = f"D4RL file {str(path)!r}"
+
+def _env_spec(
+    meta: dict[str, Any], env_id: str | None, where: str, allow_env_modules: Sequence[str]
+) -> EnvSpec | None:
+    """The env of the file: the caller's `env_id` (``--env-id``; an unknown id is an error, with close
+    matches) else the metadata's `env_spec`, else its `env_id`; the file's spec is kept when it names the
+    caller's env (its time limit and kwargs). None when nothing names one."""
     file_spec = file_env_spec(meta.get("env_spec"), f"{where} (metadata env_spec)", allow_env_modules)
     file_id_spec = file_env_spec(meta.get("env_id"), f"{where} (metadata env_id)", allow_env_modules)
     spec = file_spec or file_id_spec
-    if env_id is not None:  # given by the caller (--env-id): an unknown id is an error, with close matches
+    if env_id is not None:
         from envs.resolve import resolve_env
 
         spec = resolve_env(env_id, source="--env-id", allow_modules=allow_env_modules)
         if file_spec is not None and file_spec.id == spec.id:
             spec = file_spec  # same env: keep the file's time limit / kwargs
-    env_id = spec.id if spec is not None else (env_id or meta.get("env_id"))
+    return spec
+
+
+def _spaces(
+    episodes: list[Episode], meta: dict[str, Any], action_space: gym.spaces.Space | None, where: str
+) -> tuple[gym.spaces.Space, gym.spaces.Space]:
+    """Observation and action spaces: the caller's action space, else a serialized one in the metadata, else
+    the one inferred from the data (`infer_spaces`); the same for observations (no caller's). The action
+    space is checked by `check_action_space`."""
     obs_space: gym.spaces.Space
     obs_space, inferred_act = infer_spaces(episodes)
     if action_space is None and isinstance(meta.get("action_space"), str):
@@ -196,38 +255,22 @@ def read_d4rl_hdf5(
     if isinstance(meta.get("observation_space"), str):
         obs_space = _stored_space(meta["observation_space"], f"{where} (metadata observation_space)")
     action_space = action_space or inferred_act
-    check_action_space(action_space, f"D4RL file {str(path)!r}")
+    check_action_space(action_space, where)
+    return obs_space, action_space
 
-    ref_min, ref_max, ref_source = meta.get("ref_min_score"), meta.get("ref_max_score"), None
+
+def _ref_scores(meta: dict[str, Any], env_id: str | None, file_name: str) -> tuple[Any, Any, str | None]:
+    """Reference (min, max) scores and where they came from: both from the metadata (``"dataset"``), else
+    the D4RL table of the family the env id or file name names (``"d4rl_table"``), else ``(None, None,
+    None)``."""
+    ref_min, ref_max = meta.get("ref_min_score"), meta.get("ref_max_score")
     if ref_min is not None and ref_max is not None:
-        ref_source = "dataset"
-    else:
-        family = next((f for f in (env_family(n) for n in (env_id or "", path.name)) if f), None)
-        if family is not None:
-            ref_min, ref_max = D4RL_REF_SCORES[family]
-            ref_source = "d4rl_table"
-        else:
-            ref_min = ref_max = None
-    meta["next_observations"] = (
-        "file"
-        if "next_observations" in data
-        else "shifted; the last step of each episode repeats its observation"
-    )
-    info = DatasetInfo(
-        source=str(path),
-        format="d4rl_hdf5",
-        observation_space=obs_space,
-        action_space=action_space,
-        dataset_id=meta.get("dataset_id"),
-        env_spec=spec,
-        eval_env_spec=spec,
-        ref_min_score=None if ref_min is None else float(ref_min),
-        ref_max_score=None if ref_max is None else float(ref_max),
-        ref_scores_source=ref_source,
-        metadata=meta,
-        allow_env_modules=tuple(allow_env_modules),
-    )
-    return OfflineDataset(episodes, info)
+        return ref_min, ref_max, "dataset"
+    family = next((f for f in (env_family(name) for name in (env_id or "", file_name)) if f), None)
+    if family is None:
+        return None, None, None
+    ref_min, ref_max = D4RL_REF_SCORES[family]
+    return ref_min, ref_max, "d4rl_table"
 
 
 def write_d4rl_hdf5(

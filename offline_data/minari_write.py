@@ -187,21 +187,23 @@ def write_minari_dataset(
         )
     env_spec = _as_spec(env, allow_env_modules)
     eval_spec = _as_spec(eval_env, allow_env_modules) or env_spec
-    if env_spec is not None and env_makeable(env_spec):
-        with contextlib.closing(gym.make(env_spec)) as made:
-            observation_space = observation_space or made.observation_space
-            action_space = action_space or made.action_space
-        minari_env, minari_eval = env_spec, eval_spec
-    else:  # store the specs ourselves below: Minari would try (and fail) to gym.make them
-        minari_env, minari_eval = None, None
-    if observation_space is None or action_space is None:
-        inferred_obs, inferred_act = infer_spaces(episodes)
-        observation_space = observation_space or inferred_obs
-        action_space = action_space or inferred_act
+    makeable = env_spec is not None and env_makeable(env_spec)
+    observation_space, action_space = _dataset_spaces(
+        env_spec if makeable else None, episodes, observation_space, action_space
+    )
     check_action_space(action_space, f"Minari dataset {dataset_id!r}")
-
+    # unmakeable specs are stored by _complete_metadata: Minari would try (and fail) to gym.make them
+    minari_env, minari_eval = (env_spec, eval_spec) if makeable else (None, None)
+    fields = {
+        "algorithm_name": algorithm_name,
+        "author": author,
+        "author_email": author_email,
+        "code_permalink": code_permalink,
+        "ref_min_score": ref_min_score,
+        "ref_max_score": ref_max_score,
+        "description": description,
+    }
     need("minari", "writing a Minari dataset")
-    import minari
 
     check_writable(dataset_id, root, overwrite)
     path = dataset_path(dataset_id, root)
@@ -213,41 +215,86 @@ def write_minari_dataset(
         check_free_space(temp_root, episodes, dataset_id)
         with minari_root(temp_root):
             building = dataset_path(dataset_id)
-            with warnings.catch_warnings():
-                # the None-valued optional fields are deliberate; Minari warns for each
-                warnings.filterwarnings("ignore", message=r".*is set to None", category=UserWarning)
-                warnings.filterwarnings("ignore", message=r"env_spec is None", category=UserWarning)
-                dataset = minari.create_dataset_from_buffers(
-                    dataset_id,
-                    [_to_buffer(ep, observation_space, action_space) for ep in episodes],
-                    env=minari_env,
-                    eval_env=minari_eval,
-                    observation_space=observation_space,
-                    action_space=action_space,
-                    algorithm_name=algorithm_name,
-                    author=author,
-                    author_email=author_email,
-                    code_permalink=code_permalink,
-                    ref_min_score=ref_min_score,
-                    ref_max_score=ref_max_score,
-                    description=description,
-                    jpeg_encoding=False,
-                )
-            stored = dataset.storage.metadata
-            wanted: dict[str, Any] = dict(extra_metadata or {})
-            if ref_min_score is not None and ref_max_score is not None:
-                wanted["ref_min_score"] = float(ref_min_score)
-                wanted["ref_max_score"] = float(ref_max_score)
-            if env_spec is not None and "env_spec" not in stored:
-                wanted["env_spec"] = env_spec.to_json()
-            if eval_spec is not None and "eval_env_spec" not in stored:
-                wanted["eval_env_spec"] = eval_spec.to_json()
-            dataset.storage.update_metadata(wanted)
-            stored = dataset.storage.metadata
-            for key in ("ref_min_score", "ref_max_score"):
-                if key in wanted and stored.get(key) != wanted[key]:
-                    raise RuntimeError(f"{key} did not land in {dataset_id!r} metadata: {stored.get(key)!r}")
+            dataset = _create(
+                dataset_id, episodes, minari_env, minari_eval, observation_space, action_space, fields
+            )
+            _complete_metadata(
+                dataset, dataset_id, extra_metadata, (ref_min_score, ref_max_score), env_spec, eval_spec
+            )
         replace_dir(building, path)
     finally:
         shutil.rmtree(temp_root, ignore_errors=True)
     return path
+
+
+def _dataset_spaces(
+    makeable_spec: EnvSpec | None,
+    episodes: Sequence[Episode],
+    observation_space: gym.spaces.Space | None,
+    action_space: gym.spaces.Space | None,
+) -> tuple[gym.spaces.Space, gym.spaces.Space]:
+    """The spaces to store: the given ones, else the env's (when its spec builds here), else `infer_spaces`."""
+    if makeable_spec is not None:
+        with contextlib.closing(gym.make(makeable_spec)) as made:
+            observation_space = observation_space or made.observation_space
+            action_space = action_space or made.action_space
+    if observation_space is None or action_space is None:
+        inferred_obs, inferred_act = infer_spaces(episodes)
+        observation_space = observation_space or inferred_obs
+        action_space = action_space or inferred_act
+    return observation_space, action_space
+
+
+def _create(
+    dataset_id: str,
+    episodes: Sequence[Episode],
+    env: EnvSpec | None,
+    eval_env: EnvSpec | None,
+    observation_space: gym.spaces.Space,
+    action_space: gym.spaces.Space,
+    fields: dict[str, Any],
+) -> Any:
+    """`minari.create_dataset_from_buffers` of one `EpisodeBuffer` per episode under the current Minari root,
+    without its warnings about the optional `fields` (author, references...) deliberately left None."""
+    need("minari", "writing a Minari dataset")
+    import minari
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*is set to None", category=UserWarning)
+        warnings.filterwarnings("ignore", message=r"env_spec is None", category=UserWarning)
+        return minari.create_dataset_from_buffers(
+            dataset_id,
+            [_to_buffer(ep, observation_space, action_space) for ep in episodes],
+            env=env,
+            eval_env=eval_env,
+            observation_space=observation_space,
+            action_space=action_space,
+            jpeg_encoding=False,
+            **fields,
+        )
+
+
+def _complete_metadata(
+    dataset: Any,
+    dataset_id: str,
+    extra_metadata: dict[str, Any] | None,
+    refs: tuple[float | None, float | None],
+    env_spec: EnvSpec | None,
+    eval_spec: EnvSpec | None,
+) -> None:
+    """Write into the dataset's metadata.json what Minari did not: `extra_metadata`, the reference scores
+    `refs` (min, max; Minari drops them without an env) and the env specs it could not make; then check that
+    the references landed (`RuntimeError` naming the key otherwise)."""
+    stored = dataset.storage.metadata
+    wanted: dict[str, Any] = dict(extra_metadata or {})
+    if refs[0] is not None and refs[1] is not None:
+        wanted["ref_min_score"], wanted["ref_max_score"] = float(refs[0]), float(refs[1])
+    if env_spec is not None and "env_spec" not in stored:
+        wanted["env_spec"] = env_spec.to_json()
+    if eval_spec is not None and "eval_env_spec" not in stored:
+        wanted["eval_env_spec"] = eval_spec.to_json()
+    dataset.storage.update_metadata(wanted)
+    stored = dataset.storage.metadata
+    for key in ("ref_min_score", "ref_max_score"):
+        if key in wanted and stored.get(key) != wanted[key]:
+            raise RuntimeError(f"{key} did not land in {dataset_id!r} metadata: {stored.get(key)!r}")

@@ -31,15 +31,10 @@ MAX_FUNCTION_LINES = 80
 LONG_FUNCTIONS = {
     # Outside the 0.2.0 layout pass; each is one computation that reads top to bottom, and splitting it is a
     # change of its own (with its own tests), not a move.
-    "offline_data/d4rl_io.py::read_d4rl_hdf5": "one validation pass over every D4RL key, each a clear error",
-    "offline_data/build.py::build_datasets": "the dataset build recipe, step by step",
-    "offline_data/behaviour.py::train_behaviour_policy": "the behaviour-policy training loop",
-    "offline_data/minari_write.py::write_minari_dataset": "the Minari file layout, written in one place",
     "rl_transformers/backbone/attention/lowrank.py::MemoryCompressedAttention.core": "one attention kernel",
     "rl_transformers/backbone/attention/_routing_kernels.py::cluster_attention": "one attention kernel",
     "rl_transformers/backbone/attention/_dense.py::residue_classes_attention": "one attention kernel",
     "rl_transformers/backbone/memory/compressive.py::CompressiveMemory.write": "one memory update",
-    "rl_transformers/bench/harness.py::Runner._prepare": "one benchmark case's setup",
     "experiments/encoder_study/stages.py::run_confirm": "one study protocol",
 }
 """Functions longer than :data:`MAX_FUNCTION_LINES` (docstring included), with why they are not split yet."""
@@ -57,11 +52,8 @@ INDIRECT_IMPORTS: set[str] = set()
 """Files allowed to import a name from a module that does not define it (none may be added)."""
 
 
-REEXPORTS = {
-    # offline_data/ is re-laid out separately; none may be added.
-    "offline_data.build": "the builder's public names in one place for scripts/make_dataset.py",
-}
-"""Modules whose ``__all__`` still lists names they import."""
+REEXPORTS: dict[str, str] = {}
+"""Modules whose ``__all__`` still lists names they import (none may be added)."""
 
 
 def library_files() -> list[Path]:

@@ -135,58 +135,21 @@ class Runner:
         if mode == "step" and not causal:
             return skip(row, "non-causal only: no streaming step")
         series = self._series(impl, position, target, mode, causal, shape)
-        budget = self.rc.memory_budget
         mem_est = self.mem_model.predict(series, shape)
         row["mem_estimate_bytes"] = mem_est
-        if mem_est is not None and mem_est > budget:
-            return skip(
-                row, f"skipped (memory): estimated {mem_est / MIB:.0f} MiB > budget {budget / MIB:.0f} MiB"
-            )
         limit = self.cfg.max_call_s * (BASELINE_TIME_FACTOR if impl.kind == "sdpa" else 1.0)
-        time_est = self.time_model.predict(series, shape)
-        if time_est is not None and time_est > limit:
-            return skip(row, f"skipped (time): estimated {time_est:.1f} s per call > {limit:g} s")
-        if mode == "step" and not cheap_step_state(impl, target):  # state built by forwards over the past
-            build_est = self._forward_time(impl, position, target, causal, shape)
-            if build_est is not None and build_est > limit:
-                return skip(row, f"skipped (time): building the state needs ~{build_est:.1f} s of forward")
+        reason = self._estimated_skip(impl, position, target, mode, shape, causal, series, mem_est, limit)
+        if reason is not None:
+            return skip(row, reason)
         if self.cfg.measure_memory and self.rc.device.type == "cpu":
-            # First, in a fresh process: peak memory, and a guard against sizes too big or too slow to time here.
             job = MemoryJob(
                 impl, target, mode, shape, causal, position, self.cfg.n_layers, self.rc.dtype_name,
-                self.cfg.seed, self.rc.threads, budget,
+                self.cfg.seed, self.rc.threads, self.rc.memory_budget,
             )  # fmt: skip
-            result = measure_cpu(job, timeout=3 * limit + 60)
-            if "error" in result:
-                kind, detail = result["error"], result.get("detail", "")
-                if kind in ("memory", "time", "unsupported"):
-                    return skip(
-                        row,
-                        f"skipped ({kind}): {detail}" if kind != "unsupported" else f"unsupported: {detail}",
-                    )
-                row["status"], row["reason"] = "error", detail
+            if not self._measure_in_subprocess(job, row, series, limit):
                 return None
-            row["peak_mem_bytes"], row["mem_method"] = result["peak_bytes"], result["method"]
-            self.mem_model.add(series, shape, result["peak_bytes"])
-            if result["call_s"] > limit:
-                self.time_model.add(series, shape, result["call_s"])
-                return skip(row, f"skipped (time): one call took {result['call_s']:.1f} s > {limit:g} s")
-        try:
-            gate = self.gatekeeper.gate(impl, position, target, mode, shape, causal, mem_est)
-        except GateError as err:
-            if err.kind == "memory":
-                _free_device(self.rc.device)
-            if err.kind == "error":
-                row["status"], row["reason"] = "error", err.detail
-                return None
-            return skip(row, err.detail)
-        for key in ("num_err", "num_tol", "ref_err", "ref_tol", "probe", "checked_at"):
-            row[key] = getattr(gate, key)
-        if gate.status == "failed":
-            row["status"], row["reason"] = "failed", gate.reason
+        if not self._passes_gate(impl, row, position, target, mode, shape, causal, mem_est):
             return None
-        if gate.reason:
-            row["note"] = (row["note"] + "; " if row["note"] else "") + gate.reason
         try:
             op = self._build(impl, target, mode, shape, causal, position)
         except torch.OutOfMemoryError as err:
@@ -205,6 +168,89 @@ class Runner:
             self.mem_model.add(series, shape, result["peak_bytes"])
         row["status"] = "ok" if impl.exact else "approx"
         return op
+
+    def _estimated_skip(
+        self,
+        impl: Impl,
+        position: str,
+        target: str,
+        mode: str,
+        shape: Shape,
+        causal: bool,
+        series: tuple,
+        mem_est: float | None,
+        limit: float,
+    ) -> str | None:
+        """Why the size is skipped before running anything, or None: its extrapolated peak memory exceeds the
+        budget, its extrapolated call time exceeds ``limit``, or (a step whose state is built by forwards
+        over the past) building that state would."""
+        budget = self.rc.memory_budget
+        if mem_est is not None and mem_est > budget:
+            return f"skipped (memory): estimated {mem_est / MIB:.0f} MiB > budget {budget / MIB:.0f} MiB"
+        time_est = self.time_model.predict(series, shape)
+        if time_est is not None and time_est > limit:
+            return f"skipped (time): estimated {time_est:.1f} s per call > {limit:g} s"
+        if mode == "step" and not cheap_step_state(impl, target):
+            build_est = self._forward_time(impl, position, target, causal, shape)
+            if build_est is not None and build_est > limit:
+                return f"skipped (time): building the state needs ~{build_est:.1f} s of forward"
+        return None
+
+    def _measure_in_subprocess(
+        self, job: MemoryJob, row: dict[str, Any], series: tuple, limit: float
+    ) -> bool:
+        """CPU peak memory of ``job`` in a fresh process, which doubles as a guard against sizes too big or too
+        slow to time here: records the peak in ``row`` and the models; False when the row is skipped
+        (memory, time, unsupported) or an error, True when it goes on to the gate."""
+        result = measure_cpu(job, timeout=3 * limit + 60)
+        if "error" in result:
+            kind, detail = result["error"], result.get("detail", "")
+            if kind in ("memory", "time", "unsupported"):
+                skip(
+                    row, f"skipped ({kind}): {detail}" if kind != "unsupported" else f"unsupported: {detail}"
+                )
+            else:
+                row["status"], row["reason"] = "error", detail
+            return False
+        row["peak_mem_bytes"], row["mem_method"] = result["peak_bytes"], result["method"]
+        self.mem_model.add(series, job.shape, result["peak_bytes"])
+        if result["call_s"] > limit:
+            self.time_model.add(series, job.shape, result["call_s"])
+            skip(row, f"skipped (time): one call took {result['call_s']:.1f} s > {limit:g} s")
+            return False
+        return True
+
+    def _passes_gate(
+        self,
+        impl: Impl,
+        row: dict[str, Any],
+        position: str,
+        target: str,
+        mode: str,
+        shape: Shape,
+        causal: bool,
+        mem_est: float | None,
+    ) -> bool:
+        """The correctness gate (``gate.py``) for this row: its errors and tolerances recorded in ``row``; False
+        when the row fails, is skipped (the gate ran out of memory or time) or is an error."""
+        try:
+            gate = self.gatekeeper.gate(impl, position, target, mode, shape, causal, mem_est)
+        except GateError as err:
+            if err.kind == "memory":
+                _free_device(self.rc.device)
+            if err.kind == "error":
+                row["status"], row["reason"] = "error", err.detail
+            else:
+                skip(row, err.detail)
+            return False
+        for key in ("num_err", "num_tol", "ref_err", "ref_tol", "probe", "checked_at"):
+            row[key] = getattr(gate, key)
+        if gate.status == "failed":
+            row["status"], row["reason"] = "failed", gate.reason
+            return False
+        if gate.reason:
+            row["note"] = (row["note"] + "; " if row["note"] else "") + gate.reason
+        return True
 
     def _forward_time(
         self, impl: Impl, position: str, target: str, causal: bool, shape: Shape

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from offline_data import D4RL_REF_SCORES, load_episodes
-from offline_data.build import SEED_OFFSETS, BuildConfig, build_datasets
+from offline_data.build import build_datasets
+from offline_data.build_config import SEED_OFFSETS, BuildConfig
 
 REPO = Path(__file__).resolve().parents[2]
 

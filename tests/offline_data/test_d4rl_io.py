@@ -10,7 +10,14 @@ import h5py
 import numpy as np
 import pytest
 
-from offline_data import D4RL_REF_SCORES, d4rl_to_minari, load_episodes, read_d4rl_hdf5, write_d4rl_hdf5
+from offline_data import (
+    D4RL_REF_SCORES,
+    d4rl_io,
+    d4rl_to_minari,
+    load_episodes,
+    read_d4rl_hdf5,
+    write_d4rl_hdf5,
+)
 from rl_transformers.utils.errors import UserError
 from tests.offline_data.helpers import record_raw
 
@@ -126,6 +133,37 @@ def test_empty_file(tmp_path: Path) -> None:
         read_d4rl_hdf5(path)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_episodes(tmp_path / "missing.hdf5")
+
+
+def test_validation_pass_flattens_flag_columns_and_leaves_its_input_alone() -> None:
+    """(N, 1) rewards / flags become 1-D (a copy: the caller's dict keeps its columns); an (N, 1) observation
+    column stays 2-D; a mis-shaped `next_observations` and a 0-d array are refused naming ``where``."""
+    data: dict[str, np.ndarray] = {
+        "observations": np.zeros((4, 1), np.float32),
+        "actions": np.zeros((4, 2), np.float32),
+        "rewards": np.arange(4, dtype=np.float32)[:, None],
+        "terminals": np.array([[0], [0], [0], [1]], np.uint8),
+    }
+    checked = d4rl_io._checked_arrays(data, "here")
+    assert checked["rewards"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert checked["terminals"].tolist() == [0, 0, 0, 1]
+    assert checked["observations"].shape == (4, 1) and data["rewards"].shape == (4, 1)
+    with pytest.raises(
+        ValueError, match=r"^here: 'next_observations' has shape \(4, 2\), 'observations' has"
+    ):
+        d4rl_io._checked_arrays({**data, "next_observations": np.zeros((4, 2), np.float32)}, "here")
+    with pytest.raises(ValueError, match=r"^here: length mismatch, 'rewards' has shape \(\)"):
+        d4rl_io._checked_arrays({**data, "rewards": np.array(1.0, np.float32)}, "here")
+
+
+def test_reference_scores_prefer_the_file_then_the_d4rl_table() -> None:
+    hopper = tuple(D4RL_REF_SCORES["hopper"])
+    both = {"ref_min_score": -3, "ref_max_score": 7}
+    assert d4rl_io._ref_scores(both, "Hopper-v4", "hopper.hdf5") == (-3, 7, "dataset")
+    # one bound alone is not a reference: the table, found from the env id, else the file name
+    assert d4rl_io._ref_scores({"ref_min_score": -3}, "Hopper-v4", "x.hdf5") == (*hopper, "d4rl_table")
+    assert d4rl_io._ref_scores({}, None, "hopper-medium-v2.hdf5") == (*hopper, "d4rl_table")
+    assert d4rl_io._ref_scores({}, "Pendulum-v1", "pendulum.hdf5") == (None, None, None)
 
 
 def test_writer_round_trip_and_metadata(tmp_path: Path) -> None:

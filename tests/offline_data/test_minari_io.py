@@ -10,7 +10,7 @@ import minari
 import numpy as np
 import pytest
 
-from offline_data import Episode, load_episodes, read_minari, write_minari_dataset
+from offline_data import Episode, load_episodes, minari_write, read_minari, write_minari_dataset
 from rl_transformers.utils.errors import UserError
 from tests.offline_data.helpers import record_raw
 
@@ -137,6 +137,19 @@ def test_references_kept_without_env_and_for_unmakeable_env(minari_root: Path, p
     assert meta["ref_min_score"] == -20.272305 and meta["ref_max_score"] == 3234.3
     assert json.loads(meta["env_spec"])["id"] == "Hopper-v5"
     assert json.loads(meta["eval_env_spec"])["id"] == "Hopper-v5"
+
+
+def test_stored_spaces_are_the_given_ones_else_the_envs_else_inferred(pendulum_raw) -> None:
+    """Each space on its own: a given one wins, else the makeable env's (true bounds), else the data's."""
+    episodes = [raw.to_episode() for raw in pendulum_raw]
+    spec = gym.spec("Pendulum-v1")
+    given_obs = gym.spaces.Box(-5.0, 5.0, (3,), np.float32)
+    obs, act = minari_write._dataset_spaces(spec, episodes, given_obs, None)
+    assert obs == given_obs and act == gym.spaces.Box(-2.0, 2.0, (1,), np.float32)  # Pendulum's torque
+    obs, act = minari_write._dataset_spaces(None, episodes, None, None)
+    assert obs == gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    actions = np.concatenate([ep.actions for ep in episodes])  # the data's range (outside [-1, 1])
+    assert act == gym.spaces.Box(actions.min(axis=0), actions.max(axis=0), dtype=np.float32)
 
 
 def test_overwrite_protection(minari_root: Path, pendulum_raw) -> None:

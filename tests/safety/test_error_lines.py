@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from offline_data import write_minari_dataset
-from offline_data.build import BuildConfig, build_datasets
+from offline_data.build import build_datasets
+from offline_data.build_config import BuildConfig
 from offline_data.errors import DatasetError
 from offline_data.sb3_state import load_policy_weights
 from rl_transformers.agents import load as load_agent
