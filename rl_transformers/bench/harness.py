@@ -16,7 +16,7 @@ For each (position, target, mode, shape) group, in order of increasing L:
    ``failed`` and not timed; the backward mode shares the forward gate.
 4. **Timing**: warm-up, round-robin repeats over the group's implementations, median and IQR (``timing.py``);
    on GPU the CUDA memory statistics are read around one call first.
-5. Derived: tokens/s = B·T / t (T = L, or 1 for a step); dense-equivalent TFLOP/s (formula in :func:`flops`);
+5. Derived: tokens/s = B·T / t (T = L, or 1 for a step); dense-equivalent TFLOP/s (formula in :func:`~rl_transformers.bench.rows.flops`);
    ratio to SDPA (same target, mode, size and masking, same run); crossover lengths (``report.py``).
 
 Entries that support only non-causal attention run non-causal (``causal`` False in their rows, with a note) and
@@ -40,7 +40,7 @@ from rl_transformers.bench.gate import GateError, Gatekeeper
 from rl_transformers.bench.kernels import census
 from rl_transformers.bench.memory import Extrapolator, MemoryJob, measure_cpu, measure_gpu
 from rl_transformers.bench.ops import Impl, Op, build_op, cheap_step_state, compile_op, registry_impls
-from rl_transformers.bench.rows import base_row, flops, skip  # noqa: F401 - flops re-exported
+from rl_transformers.bench.rows import base_row, skip
 from rl_transformers.bench.timing import RepeatPolicy, clock_for, time_interleaved
 from rl_transformers.runs.provenance import machine_info
 

@@ -7,9 +7,9 @@ import types
 import pytest
 
 from rl_transformers.bench.config import BenchConfig, Shape
-from rl_transformers.bench.harness import flops
 from rl_transformers.bench.memory import Extrapolator
 from rl_transformers.bench.report import crossovers
+from rl_transformers.bench.rows import flops
 from rl_transformers.bench.timing import CpuClock, CudaClock, RepeatPolicy, quantile, time_interleaved
 
 
