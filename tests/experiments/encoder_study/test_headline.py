@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.encoder_study import headline
+from experiments.encoder_study import headline, report
 from experiments.encoder_study import plan as cp
-from experiments.encoder_study import report
 from rl_transformers.study.encoders import Encoder
 from rl_transformers.utils.errors import UserError
 

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from experiments.encoder_study import plan as cp
-from experiments.encoder_study import report
-from experiments.encoder_study import stages
+from experiments.encoder_study import report, stages
 from rl_transformers.study.flags import configure
 from rl_transformers.study.tuning_space import SearchSpace
 from tests.experiments.encoder_study.test_stages import GRU, MLP, best
@@ -72,9 +71,9 @@ def test_a_rung_is_settled_once_complete_cells_separate_it_or_all_its_runs_finis
     at_chance = [record(hard, "a", cp.UNTUNED, s, -0.5) for s in seeds]
     assert report.settled_rungs(at_chance + chance, per_rung) == frozenset()
     assert (
-        report.separation(
-            at_chance + chance + [record(hard, "b", cp.UNTUNED, s, 1.0) for s in seeds[1:]]
-        )[hard]
+        report.separation(at_chance + chance + [record(hard, "b", cp.UNTUNED, s, 1.0) for s in seeds[1:]])[
+            hard
+        ]
         is None
     )
     assert report.separation(
@@ -85,10 +84,7 @@ def test_a_rung_is_settled_once_complete_cells_separate_it_or_all_its_runs_finis
         at_chance + [record(hard, "b", cp.UNTUNED, s, -0.5) for s in seeds], per_rung
     ) == {hard}
     # incomplete cells alone settle nothing, however far they are from the bands
-    assert (
-        report.settled_rungs([record(hard, "a", cp.UNTUNED, 0, 1.0), *chance], per_rung)
-        == frozenset()
-    )
+    assert report.settled_rungs([record(hard, "a", cp.UNTUNED, 0, 1.0), *chance], per_rung) == frozenset()
 
 
 def test_the_documents_auc_is_the_closed_form_on_the_rungs_scale() -> None:
@@ -164,9 +160,7 @@ def test_a_tuning_study_whose_best_trial_stayed_at_chance_is_marked_no_signal() 
     assert "no signal" in rows["`mlp`"] and "no signal" not in rows["`gru`"]
     note = [line for line in lines if line.startswith("**No signal**")]
     assert len(note) == 1 and "`mlp`" in note[0] and "`gru`" not in note[0]
-    assert not report.no_tuning_signal(low + 0.06, low) and report.no_tuning_signal(
-        low - 0.04, low
-    )
+    assert not report.no_tuning_signal(low + 0.06, low) and report.no_tuning_signal(low - 0.04, low)
     assert not report.no_tuning_signal(None, low)  # no score: nothing to judge
     lines = report.tuning_lines([GRU], {"gru": tuned["gru"]})
     assert not any(line.startswith("**No signal**") for line in lines)

@@ -38,9 +38,7 @@ def test_the_probe_section_gives_the_longest_recall_per_bound(tmp_path: Path) ->
     ]
     rows.append({"encoder": "b", "bound": "default", "knob": None, "by_k": {"1": {"status": "done",
                  "updates_to_success": [None]}}})  # fmt: skip
-    (tmp_path / sections.PROBE).write_text(
-        json.dumps({"rows": rows, "ks": [1, 4, 16], "seeds": [0, 1]})
-    )
+    (tmp_path / sections.PROBE).write_text(json.dumps({"rows": rows, "ks": [1, 4, 16], "seeds": [0, 1]}))
     lines = sections.probe_lines(tmp_path)
     assert "| `a` | mem_len | 4 (fails at 16) | 16 |" in lines
     assert "| `b` | – | – (fails at 1) | – (no reach knob) |" in lines

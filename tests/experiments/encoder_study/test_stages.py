@@ -11,10 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.encoder_study import headline
+from experiments.encoder_study import headline, report, stages
 from experiments.encoder_study import plan as cp
-from experiments.encoder_study import report
-from experiments.encoder_study import stages
 from rl_transformers.algos.ppo_config import PPOConfig
 from rl_transformers.study.encoders import Encoder, parse_spec
 from rl_transformers.study.flags import changed, configure
