@@ -91,7 +91,7 @@ machine."""
 
 def caveat(records: Sequence[dict[str, Any]]) -> str:
     """The page's "read this first": what the table measures (one untuned recipe at one budget) and the one
-    setting that flips it on RepeatPreviousEasy (measurements cited from the request for the study's second edition, with the command to repeat)."""
+    setting that flips it on RepeatPreviousEasy (measurements cited from the request for the study's confirmation stage, with the command to repeat)."""
     task = next(t for t in suite.ONLINE if t.name == "RepeatPreviousEasy")
     budget, every = task.budget["full"], task.eval_every["full"]
     scores = {n: sorted(r["score"] for r in records if r["task"] == task.name and r["encoder_name"] == n)
@@ -108,9 +108,9 @@ row inherits GTrXL's `xl_relative` positions, XL memory of 32 and {PPOConfig().s
 setting flips the RepeatPreviousEasy row: with this study's protocol ({budget:,} steps, {EVAL_EPISODES} greedy
 episodes every {every:,}), `--backbone.position rope` alone takes GTrXL from chance (its MMER is {here("gtrxl")})
 to 1.00 on seeds 0, 1 and 2 (first 1.00 at 98k-131k steps), and `--backbone.memory-options '{{"mem_len": 8}}'`
-to 1.00 / 1.00 / 0.53, where GRU scores {here("gru")}. Those runs were measured by the author of the request for a second edition and
-are not re-run for this page; the second edition (tuned encoders, a memory-length ladder) is under way in
-[encoders.md](encoders.md). Why
+to 1.00 / 1.00 / 0.53, where GRU scores {here("gru")}. Those runs were measured by the author of the
+request for a confirmation stage and are not re-run for this page; the confirmation stage (tuned encoders, a
+memory-length ladder) is in [encoders.md](encoders.md). Why
 `xl_relative` stalls (no bug: the value loss, sharing the core, trains its position term into a pattern that
 hides the key the action needs; with `--critic separate` every seed leaves chance): [xl_relative.md](xl_relative.md)."""
     return _wrap(text) + f"\n\n```bash\n{command}\n```"

@@ -89,7 +89,7 @@ def decision(
 
 
 NOT_APPLIED = (", not applied: the README's tasks, re-run with it, fell below the default "
-               "(encoder_study_v2.md).")  # fmt: skip
+               "(encoder_study.md).")  # fmt: skip
 """Said while the library default is not the qualifying candidate: the rule changes a default only after the
 README's T-Maze and CartPoleNoVel results are re-run with it, and that check (2026-11-28) found ``rope`` far below
 ``xl_relative`` on CartPoleNoVel."""

@@ -60,7 +60,7 @@ def headline(page: str) -> list[str]:
     summary = "complete" if status == "Complete" else status.removeprefix("PARTIAL: ").split(";")[0]
     lines = [
         BEGIN,
-        f"**Encoder study, second edition** ([{files.PAGE}](docs/results/{files.PAGE}), {summary}): "
+        f"**Encoder study** ([{files.PAGE}](docs/results/{files.PAGE}), {summary}): "
         f"{len(cp.ENCODERS)} encoders, each untuned and tuned with the same budget, on memory-length ladders, "
         f"{len(cp.SEEDS)} seeds, beside {len(cp.CANDIDATES)} candidate defaults run untuned "
         f"({', '.join(f'`{e.name}`' for e in cp.CANDIDATES)}). Per memory length, P(encoder > GRU of the same variant) with `rliable`'s 95 % "

@@ -1,11 +1,11 @@
-"""The encoder study's second edition, confirmation stage: tasks, encoders, tuning
+"""The encoder study's confirmation stage: tasks, encoders, tuning
 settings, tuned parameters and jobs. Running it: :mod:`~experiments.encoder_study.stages`; documents:
-:mod:`~experiments.encoder_study.report`; design and commands: docs/encoder_study_v2.md.
+:mod:`~experiments.encoder_study.report`; design and commands: docs/encoder_study.md.
 
 - **Tasks** (:data:`RUNGS`): a memory-length ladder - POPGym RepeatPrevious Easy / Medium / Hard (the symbol
   k = 4 / 32 / 64 steps back, episodes of 51 / 103 / 155 steps; Morad et al. 2023, arXiv 2303.01859) and the
   passive T-Maze with corridors 10 / 30 / 100 / 400 (the cue of t = 0 used at t = L; Ni et al. 2023, arXiv
-  2307.03864; 30 added on 2026-11-27, docs/encoder_study_v2.md) - plus a control (PositionOnlyCartPoleEasy) and a noisy task (NoisyPositionOnlyCartPoleEasy).
+  2307.03864; 30 added on 2026-11-27, docs/encoder_study.md) - plus a control (PositionOnlyCartPoleEasy) and a noisy task (NoisyPositionOnlyCartPoleEasy).
   Each rung states its family, the score of the uniformly random policy and the maximum (normalized AUC and the
   "did not separate" rule), a budget (a stated cap, whole PPO updates of 2,048 env steps) and 16 evaluations.
 - **Encoders** (:data:`ENCODERS`): the study's parameter-matched PPO rows (:func:`~rl_transformers.study.
@@ -78,7 +78,7 @@ class Rung:
     env_id: str
     family: str
     updates: int
-    """Budget in PPO updates of 2,048 env steps (a cap: see docs/encoder_study_v2.md)."""
+    """Budget in PPO updates of 2,048 env steps (a cap: see docs/encoder_study.md)."""
     low: float
     """Expected return of the uniformly random policy (normalized score 0)."""
     high: float = 1.0
@@ -116,7 +116,7 @@ RANDOM_REPEAT = -0.5
 """RepeatPrevious: each scored step gives +-1 / (T - k), right with probability 1/4: E = (1/4 - 3/4) = -0.5."""
 RANDOM_CARTPOLE = 0.113
 """PositionOnlyCartPole (noisy or not): reward 1/200 per step; a random policy lasts 22.7 steps (measured over
-200 episodes, standard error 0.004; tests/study/test_confirm.py checks it)."""
+200 episodes, standard error 0.004; tests/experiments/encoder_study/test_report.py checks it)."""
 
 
 TMAZE_MEMORYLESS = 0.5
@@ -339,7 +339,7 @@ def covering_spec(spec: str, memory: int) -> str:
     ``store_size``, ...) raised to ``memory + 1`` when it is below the rung's ``memory``; unchanged otherwise, and
     for capacity knobs (``hidden_size``, ``n_features``) and encoders without a knob.
 
-    The tuned variant's rule (changed 2026-11-27, docs/encoder_study_v2.md): the knob is tuned on
+    The tuned variant's rule (changed 2026-11-27, docs/encoder_study.md): the knob is tuned on
     RepeatPreviousEasy (k = 4), where a short context wins, and a reach of 4 cannot see a cue 100 steps back on
     T-Maze 100. Raised this way, a tuned encoder fails a long rung only if it cannot *learn* the dependency, not
     because its context cannot hold it: the literature's recipes set the context to the task's dependency, and

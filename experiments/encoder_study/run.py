@@ -1,6 +1,6 @@
-"""The encoder study's second edition, confirmation stage: 11 encoders, untuned and tuned, on a memory-length
+"""The encoder study's confirmation stage: 11 encoders, untuned and tuned, on a memory-length
 ladder (RepeatPrevious Easy / Medium / Hard, T-Maze 10 / 100 / 400) plus a control and a noisy task, 3 seeds
-(method: experiments/encoder_study/plan.py; design: docs/encoder_study_v2.md).
+(method: experiments/encoder_study/plan.py; design: docs/encoder_study.md).
 
     python -m experiments.encoder_study.run --dry-run                            # run count and core-hours of both stages
     python -m experiments.encoder_study.run --stage tune --workers 2             # tune every encoder (8 trials each, resumable)

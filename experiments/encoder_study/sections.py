@@ -1,5 +1,5 @@
 """The other two parts of the study's main page, read from their committed documents as data: the
-screening stage (the first edition's aggregate, :data:`~rl_transformers.study.files.SCREENING_AGGREGATE`) and the
+screening stage (its aggregate, :data:`~rl_transformers.study.files.SCREENING_AGGREGATE`) and the
 memory probe (``memory_probe.json``, :mod:`~experiments.memory_probe.grid`). Nothing here runs or re-computes:
 a missing or malformed file gives a line saying so, never an exception, so the page always rebuilds.
 """
@@ -52,12 +52,12 @@ def screening_lines(docs: Path) -> list[str]:
     tasks = online.get("tasks") or []
     return [
         *lines,
-        f"The first edition ([{files.SCREENING_PAGE}]({files.SCREENING_PAGE})): {len(rows)} PPO encoders with "
+        f"The screening stage ([{files.SCREENING_PAGE}]({files.SCREENING_PAGE})): {len(rows)} PPO encoders with "
         f"PPO's defaults, no tuning, the learning rate annealed to zero over a 197k-step budget, on "
         f"{len(tasks)} tasks ({', '.join(tasks)}), 3 seeds. Highest IQM [95 % CI]: {top}. Against `{ref}` "
         f"(probability of improvement, CI wholly below / above 0.5): {len(below)} worse, {len(above)} better, "
         f"{len(rows) - 1 - len(below) - len(above)} not separated. It chose the confirmation rows and showed "
-        "why a second edition was needed: one untuned recipe decided the ranking.",
+        "why a confirmation stage was needed: one untuned recipe decided the ranking.",
     ]  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""The encoder study's second edition: one command that tunes, runs, resumes and reports the confirmation stage
+"""The encoder study's confirmation stage: one command that tunes, runs, resumes and reports it
 (what runs: :mod:`~experiments.encoder_study.plan`).
 
 - ``--stage tune``: one Optuna study per encoder (``scripts/tune.py``, TPE + median pruner, SQLite, tuning seeds
@@ -53,13 +53,13 @@ REPO_DOCS = Path("docs/results")
 """The documents the README's headline follows (``--readme``; both relative to the working directory, so a
 checkout whose package is installed from another one still rewrites its own); other ``--docs`` leave it alone."""
 
-FLAGS = StudyFlags(out=Path("runs/encoder_study_v2"), timeout_s=14400.0)
+FLAGS = StudyFlags(out=Path("runs/encoder_study"), timeout_s=14400.0)
 """The study's default flags (one run at once, documents in docs/results)."""
 
 
 @dataclass(frozen=True)
 class ConfirmConfig:
-    """The confirmation stage of the encoder study's second edition."""
+    """The confirmation stage of the encoder study."""
 
     stage: Literal["tune", "run"] = "run"
     """tune: the tuning studies (same trials and task for every encoder); run: the jobs of both variants."""
@@ -97,9 +97,9 @@ class ConfirmConfig:
 
 # -- tuning ---------------------------------------------------------------------------------------------------
 def tune_command(encoder: Encoder, out: Path) -> list[str]:
-    """The exact ``scripts/tune.py`` command of an encoder's tuning study (settings: :func:`confirm_plan.
-    tuning_settings`, and :data:`confirm_plan.TUNING_SPACE`'s capacity range; every other flag at the tuner's
-    default)."""
+    """The exact ``scripts/tune.py`` command of an encoder's tuning study (settings: :func:`~experiments.
+    encoder_study.plan.tuning_settings`, and :data:`~experiments.encoder_study.plan.TUNING_SPACE`'s capacity
+    range; every other flag at the tuner's default)."""
     s = cp.tuning_settings()
     args = ["python", "scripts/tune.py", "--encoder", encoder.spec, "--env-id", s["env_id"]]
     if s["env_kwargs"]:
@@ -202,18 +202,18 @@ def collect_tuning(cfg: ConfirmConfig, encoders: list[Encoder], log=print) -> No
 
 # -- cost -----------------------------------------------------------------------------------------------------
 def rates(
-    out: Path, committed_v1: Path
+    out: Path, screening_records: Path
 ) -> tuple[dict[tuple[str, str], float], dict[str, float], dict[str, float]]:
     """Measured env steps/s: {(task, encoder): median} of this stage's finished runs; {encoder: median} of the
-    first edition's committed records; {task: speed factor} (the median over the first edition's runs of a task
-    of rate / its encoder's median; a rung the first edition lacks takes its family's first rung)."""
+    screening stage's committed records; {task: speed factor} (the median over the screening stage's runs of a
+    task of rate / its encoder's median; a rung the screening stage lacks takes its family's first rung)."""
     mine: dict[tuple[str, str], list[float]] = defaultdict(list)
     for p in Path(out).rglob("result.json"):
         r = records.read_json(p)
         if isinstance(r, dict) and isinstance(x := r.get("steps_per_s"), int | float) and x > 0:
             mine[(str(r.get("task")), str(r.get("encoder_name")))].append(float(x))
-    v1 = records.read_committed(committed_v1) if committed_v1.exists() else []
-    runs = [(r["task"], r["encoder_name"], float(r["steps_per_s"])) for r in v1
+    screened = records.read_committed(screening_records) if screening_records.exists() else []
+    runs = [(r["task"], r["encoder_name"], float(r["steps_per_s"])) for r in screened
             if r.get("algo") == "ppo" and isinstance(r.get("steps_per_s"), int | float) and r["steps_per_s"] > 0]  # fmt: skip
     by_encoder: dict[str, list[float]] = defaultdict(list)
     for _, name, x in runs:
@@ -233,7 +233,7 @@ def rates(
 def rate_of(task: str, name: str, measured: tuple[dict, dict, dict]) -> tuple[float, str]:
     """(steps/s, source) of one (task, encoder): a finished run of it, else of it on the nearest shorter rung of
     the task's ladder (a step costs about the same on every rung: the same observation, the same cache bound),
-    else the first edition's encoder rate x the task factor, else :data:`ASSUMED_STEPS_PER_S`."""
+    else the screening stage's encoder rate x the task factor, else :data:`ASSUMED_STEPS_PER_S`."""
     mine, enc, factor = measured
     if (task, name) in mine:
         return mine[(task, name)], "measured"
@@ -247,7 +247,7 @@ def rate_of(task: str, name: str, measured: tuple[dict, dict, dict]) -> tuple[fl
         rate, source = rate_of(task, base, measured)
         return rate * times, source
     if name in enc:
-        return enc[name] * factor.get(task, 1.0), "first edition"
+        return enc[name] * factor.get(task, 1.0), "screening"
     return ASSUMED_STEPS_PER_S, "assumed"
 
 
@@ -301,7 +301,7 @@ def dry_run_report(
                     f"-{saved:.2f} core-hours)")  # fmt: skip
     log(f"in all {total:.1f} core-hours: {total / max(1, cfg.flags.workers):.1f} h on {cfg.flags.workers} worker(s); rates of "
         "the runs and trials: " + ", ".join(f"{s} {n}" for s, n in sorted(sources.items()))
-        + f" (measured: finished runs here, of the same rung or the nearest shorter one; first edition: {cfg.docs}/{files.SCREENING_RECORDS} per encoder x task factor; "
+        + f" (measured: finished runs here, of the same rung or the nearest shorter one; screening: {cfg.docs}/{files.SCREENING_RECORDS} per encoder x task factor; "
         f"assumed: {ASSUMED_STEPS_PER_S:g} steps/s)")  # fmt: skip
     return total
 
@@ -310,8 +310,8 @@ def dry_run_report(
 def run_confirm(
     cfg: ConfirmConfig, log=print, rows: list[Encoder] | None = None, candidates: list[Encoder] | None = None
 ) -> dict[str, Any]:
-    """Both stages (``rows``: the encoder rows, default :func:`~confirm_plan.encoder_rows`; ``candidates``: the
-    untuned-only candidate defaults, default :data:`~confirm_plan.CANDIDATES` with the default rows, none with
+    """Both stages (``rows``: the encoder rows, default :func:`~experiments.encoder_study.plan.encoder_rows`; ``candidates``: the
+    untuned-only candidate defaults, default :data:`~experiments.encoder_study.plan.CANDIDATES` with the default rows, none with
     given rows)."""
     from experiments.encoder_study.report import (
         protocol_runs_per_rung,
@@ -329,7 +329,7 @@ def run_confirm(
     extra = sorted(set(cfg.seeds) - set(cp.SEEDS))
     if extra:  # the documents cover the protocol's seeds only; others would run and never be reported
         raise UserError(
-            f"seeds {extra} are not test seeds of the second edition {list(cp.SEEDS)}", source="--seeds"
+            f"seeds {extra} are not test seeds of the confirmation stage {list(cp.SEEDS)}", source="--seeds"
         )
     table = rows if rows is not None else cp.encoder_rows()
     settings = candidates if candidates is not None else ([] if rows is not None else list(cp.CANDIDATES))

@@ -12,8 +12,8 @@ commits the records name (not the machine rebuilding the page), code,
 per-task and aggregate tables, plots under ``plots/``: performance profile, IQM with CIs, learning curves per
 task, score vs steps/s).
 
-This is the study's first edition, the **screening** stage (every encoder untuned at one small budget). The
-second edition's confirmation stage writes ``encoders.{md,json}`` (:mod:`~experiments.encoder_study.report`).
+This is the study's **screening** stage (every encoder untuned at one small budget). Its **confirmation**
+stage writes ``encoders.{md,json}`` (:mod:`~experiments.encoder_study.report`).
 """
 
 from __future__ import annotations

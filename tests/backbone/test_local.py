@@ -325,7 +325,7 @@ def test_block_local_2d_on_a_stream_never_links_a_row_start_to_its_predecessor()
     """The defaults on a 1D stream (the study's use), through any depth: the first column of a raster row never
     depends on the step before it (the previous row's last column is outside every memory rectangle that
     precedes it), and no step depends on a step of an earlier image. The memory probe's 0.90 at k = 1 is this:
-    1/W of the steps cannot see their predecessor (docs/encoder_study_v2.md)."""
+    1/W of the steps cannot see their predecessor (docs/encoder_study.md)."""
     bb = inv.tiny_backbone(attention="block_local_2d", n_layers=3)
     height, width = bb.cfg.options("attention").image_shape
     with torch.no_grad():

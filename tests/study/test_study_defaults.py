@@ -1,9 +1,9 @@
 """A tripwire for the studies' committed records: a job's key hashes the encoder's spec *string* and the
 trainer's overrides only, and specs are relative to the library's defaults (``""`` is the GTrXL default,
-``memory=knn`` keeps its attention and positions, ``position=rope`` is the second edition's candidate). A
+``memory=knn`` keeps its attention and positions, ``position=rope`` is the confirmation stage's candidate). A
 changed default (of a policy, a variant's options, PPO's or the DT's recipe) would silently give committed
 records another meaning, and make ``gtrxl_rope`` the same model as ``gtrxl``. So every spec of the committed
-records (screening, second edition, offline memory table) must still resolve to what it was measured with.
+records (screening, confirmation, offline memory table) must still resolve to what it was measured with.
 
 The PPO base's positions are pinned (``study.encoders.PPO_BASE_POSITION``), so GTrXL's library default may
 change ("defaults that follow the evidence") without firing this. Changing any other default

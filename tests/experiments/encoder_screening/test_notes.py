@@ -52,4 +52,4 @@ def test_the_caveat_gives_the_command_of_the_study_protocol_and_the_recorded_sco
                f"--eval-every {task.eval_every['full']} --backbone.position rope --seed 0")  # fmt: skip
     assert command in text and "--total-timesteps 196608 --eval-every 16384" in command
     assert "its MMER is -0.50 to -0.48 here" in text and "GRU scores not run here" in text
-    assert "one untuned recipe at 197k steps" in text and "the request for a second edition" in text
+    assert "one untuned recipe at 197k steps" in text and "the request for a confirmation stage" in text

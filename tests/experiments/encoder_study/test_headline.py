@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.encoder_study import headline as headline
+from experiments.encoder_study import headline, report
 from experiments.encoder_study import plan as cp
-from experiments.encoder_study import report as confirm_report
 from rl_transformers.study.encoders import Encoder
 from rl_transformers.utils.errors import UserError
 
@@ -25,15 +24,15 @@ def page(candidates: tuple[Encoder, ...] = ()) -> str:
     """A page from hand-built records: on TMaze30 "x" turns correctly (1.0) on every seed, GRU never (0.0)."""
     found = [record("TMaze30", n, s, 1.0 if n == "x" else 0.0) for n in ("gru", "x") for s in cp.SEEDS]
     rows = [GRU, Encoder("x", "attention=full", "attention")]
-    aggs = confirm_report.family_aggregates(found, reps=20)
-    return confirm_report.markdown(found, rows, {}, "cmd", aggs, candidates=candidates)
+    aggs = report.family_aggregates(found, reps=20)
+    return report.markdown(found, rows, {}, "cmd", aggs, candidates=candidates)
 
 
 def test_the_headline_copies_the_status_and_the_verdict_lines_of_the_page() -> None:
     text = page()
     lines = headline.headline(text)
     assert lines[0] == headline.BEGIN and lines[-1] == headline.END
-    runs = confirm_report.protocol_runs_per_rung(2, 0) * len(cp.RUNGS)
+    runs = report.protocol_runs_per_rung(2, 0) * len(cp.RUNGS)
     assert f"6 of {runs} runs finished" in lines[1] and "PARTIAL" not in lines[1]
     verdict = [line for line in lines if line.startswith("- ")]
     assert [v.split(":")[0] for v in verdict] == [

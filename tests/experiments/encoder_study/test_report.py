@@ -1,4 +1,4 @@
-"""The second edition's documents and decisions on hand-built records: the "did not separate" rule,
+"""The confirmation stage's documents and decisions on hand-built records: the "did not separate" rule,
 the normalized AUC, the random scores, the plateau and no-signal lines, the committed records against today's
 plan, the candidate defaults and the ladder's stop rule."""
 
@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from experiments.encoder_study import plan as cp
-from experiments.encoder_study import report as confirm_report
-from experiments.encoder_study import stages as confirm
+from experiments.encoder_study import report, stages
 from rl_transformers.study.flags import configure
 from rl_transformers.study.tuning_space import SearchSpace
 from tests.experiments.encoder_study.test_stages import GRU, MLP, best
@@ -26,7 +25,7 @@ def record(task: str, name: str, variant: str, seed: int, final: float, curve: l
 
 
 def test_tasks_where_every_encoder_is_at_random_or_at_the_max_do_not_separate(monkeypatch) -> None:
-    monkeypatch.setattr(confirm_report, "REPS", 50)
+    monkeypatch.setattr(report, "REPS", 50)
     found = []
     for seed in (0, 1):
         found += [
@@ -37,22 +36,22 @@ def test_tasks_where_every_encoder_is_at_random_or_at_the_max_do_not_separate(mo
         ]
         found += [record("RepeatPreviousEasy", "a", cp.UNTUNED, seed, 1.0),
                   record("RepeatPreviousEasy", "b", cp.UNTUNED, seed, -0.5)]  # fmt: skip
-    split = confirm_report.separation(found)
+    split = report.separation(found)
     assert "of the maximum 1" in str(split["PositionOnlyCartPoleEasy"])
     assert "of the random score -0.5" in str(split["RepeatPreviousMedium"])
     assert split["RepeatPreviousEasy"] is None and split["TMaze10"] is None  # separates / no record yet
-    aggs = confirm_report.family_aggregates(found)
+    aggs = report.family_aggregates(found)
     assert aggs["RepeatPrevious"]["tasks"] == ["RepeatPreviousEasy"] and aggs["control"]["tasks"] == []
     assert aggs["RepeatPrevious"]["final"][f"a ({cp.UNTUNED})"][0] == 1.0
     assert aggs["RepeatPrevious"]["final"][f"b ({cp.UNTUNED})"][0] == 0.0
     # one cell moving away from the maximum makes the control separate
     found.append(record("PositionOnlyCartPoleEasy", "c", cp.UNTUNED, 0, 0.5))
-    assert confirm_report.separation(found)["PositionOnlyCartPoleEasy"] is None
+    assert report.separation(found)["PositionOnlyCartPoleEasy"] is None
     # T-Maze: a memoryless policy scores 0.5 (on schedule, a coin-flip turn); nobody above it remembered nothing
     maze = [record("TMaze100", n, cp.UNTUNED, 0, v) for n, v in (("a", 0.5), ("b", 0.0), ("c", 0.54))]
-    assert "best memoryless score 0.5" in str(confirm_report.separation(maze)["TMaze100"])
+    assert "best memoryless score 0.5" in str(report.separation(maze)["TMaze100"])
     maze.append(record("TMaze100", "d", cp.UNTUNED, 0, 0.9))
-    assert confirm_report.separation(maze)["TMaze100"] is None
+    assert report.separation(maze)["TMaze100"] is None
     assert cp.rung("RepeatPreviousHard").memoryless is None  # no better than random without memory
 
 
@@ -64,31 +63,28 @@ def test_a_rung_is_settled_once_complete_cells_separate_it_or_all_its_runs_finis
     seeds = cp.SEEDS
     one_complete = [record(hard, "a", cp.UNTUNED, s, v) for s, v in zip(seeds, (0.0, 0.3, -0.5))]
     chance = [record(hard, "b", cp.UNTUNED, 0, -0.5)]
-    assert confirm_report.settled_rungs(one_complete + chance, per_rung) == {hard}
+    assert report.settled_rungs(one_complete + chance, per_rung) == {hard}
     for rest in (-0.5, 1.0):  # however cell b's missing seeds score, the rung separated
         filled = chance + [record(hard, "b", cp.UNTUNED, s, rest) for s in seeds[1:]]
-        assert confirm_report.separation(one_complete + filled)[hard] is None
+        assert report.separation(one_complete + filled)[hard] is None
     # a complete cell inside the random band settles nothing: cell b could still separate the rung or not
     at_chance = [record(hard, "a", cp.UNTUNED, s, -0.5) for s in seeds]
-    assert confirm_report.settled_rungs(at_chance + chance, per_rung) == frozenset()
+    assert report.settled_rungs(at_chance + chance, per_rung) == frozenset()
     assert (
-        confirm_report.separation(
-            at_chance + chance + [record(hard, "b", cp.UNTUNED, s, 1.0) for s in seeds[1:]]
-        )[hard]
+        report.separation(at_chance + chance + [record(hard, "b", cp.UNTUNED, s, 1.0) for s in seeds[1:]])[
+            hard
+        ]
         is None
     )
-    assert confirm_report.separation(
+    assert report.separation(
         at_chance + chance + [record(hard, "b", cp.UNTUNED, s, -0.5) for s in seeds[1:]]
     )[hard]
     # every run in: settled whichever way it went
-    assert confirm_report.settled_rungs(
+    assert report.settled_rungs(
         at_chance + [record(hard, "b", cp.UNTUNED, s, -0.5) for s in seeds], per_rung
     ) == {hard}
     # incomplete cells alone settle nothing, however far they are from the bands
-    assert (
-        confirm_report.settled_rungs([record(hard, "a", cp.UNTUNED, 0, 1.0), *chance], per_rung)
-        == frozenset()
-    )
+    assert report.settled_rungs([record(hard, "a", cp.UNTUNED, 0, 1.0), *chance], per_rung) == frozenset()
 
 
 def test_the_documents_auc_is_the_closed_form_on_the_rungs_scale() -> None:
@@ -96,10 +92,10 @@ def test_the_documents_auc_is_the_closed_form_on_the_rungs_scale() -> None:
     max 1) at the max from half the budget on gives 0.5 * 1 / 2 + 0.5 * 1 = 0.75; T-Maze 10 halfway between
     random and max from a quarter of the budget on gives 0.25 * 0.5 / 2 + 0.75 * 0.5 = 0.4375."""
     easy = cp.rung("RepeatPreviousEasy")
-    assert confirm_report.auc(record(easy.name, "a", cp.UNTUNED, 0, 1.0, [[easy.budget // 2, 1.0]])) == 0.75
+    assert report.auc(record(easy.name, "a", cp.UNTUNED, 0, 1.0, [[easy.budget // 2, 1.0]])) == 0.75
     maze = cp.rung("TMaze10")
     half = (maze.low + maze.high) / 2
-    got = confirm_report.auc(record(maze.name, "a", cp.UNTUNED, 0, half, [[maze.budget // 4, half]]))
+    got = report.auc(record(maze.name, "a", cp.UNTUNED, 0, half, [[maze.budget // 4, half]]))
     assert got == pytest.approx(0.4375)
 
 
@@ -138,9 +134,9 @@ def test_the_plateau_line_names_gru_and_the_best_tuned_encoder() -> None:
     ]
     found += [record(r.name, "x", cp.TUNED, 0, 0.6, [[3 * b // 4, 0.2], [b - 2048, 0.3], [b, 0.6]]),
               record(r.name, "y", cp.TUNED, 0, 0.1, [[3 * b // 4, 0.0], [b, 0.1]])]  # fmt: skip
-    text = confirm_report.plateau_text(r, confirm_report.cells(found))
+    text = report.plateau_text(r, report.cells(found))
     assert "`gru` untuned +0.02;" in text and "`x` tuned +0.40 (still rising)" in text and "`y`" not in text
-    assert confirm_report.last_quarter_gain(record(r.name, "z", cp.TUNED, 0, 0.1, [[b, 0.1]])) is None
+    assert report.last_quarter_gain(record(r.name, "z", cp.TUNED, 0, 0.1, [[b, 0.1]])) is None
 
 
 def test_a_tuning_study_whose_best_trial_stayed_at_chance_is_marked_no_signal() -> None:
@@ -159,16 +155,14 @@ def test_a_tuning_study_whose_best_trial_stayed_at_chance_is_marked_no_signal() 
             "mlp.json",
         ),
     }
-    lines = confirm_report.tuning_lines([GRU, MLP], tuned)
+    lines = report.tuning_lines([GRU, MLP], tuned)
     rows = {line.split("|")[1].strip(): line for line in lines if line.startswith("| `")}
     assert "no signal" in rows["`mlp`"] and "no signal" not in rows["`gru`"]
     note = [line for line in lines if line.startswith("**No signal**")]
     assert len(note) == 1 and "`mlp`" in note[0] and "`gru`" not in note[0]
-    assert not confirm_report.no_tuning_signal(low + 0.06, low) and confirm_report.no_tuning_signal(
-        low - 0.04, low
-    )
-    assert not confirm_report.no_tuning_signal(None, low)  # no score: nothing to judge
-    lines = confirm_report.tuning_lines([GRU], {"gru": tuned["gru"]})
+    assert not report.no_tuning_signal(low + 0.06, low) and report.no_tuning_signal(low - 0.04, low)
+    assert not report.no_tuning_signal(None, low)  # no score: nothing to judge
+    lines = report.tuning_lines([GRU], {"gru": tuned["gru"]})
     assert not any(line.startswith("**No signal**") for line in lines)
 
 
@@ -207,7 +201,7 @@ def test_candidate_defaults_run_untuned_only_and_are_reported_as_such(tmp_path: 
         [("gru", cp.UNTUNED), ("gru", cp.TUNED)] + [(n, cp.UNTUNED) for n in names]
     )
     found = [record("TMaze10", n, cp.UNTUNED, 0, 1.0) for n in ("gru", *names)]
-    page = confirm_report.markdown(found, [GRU], tuned, "cmd", confirm_report.family_aggregates(found, reps=50),
+    page = report.markdown(found, [GRU], tuned, "cmd", report.family_aggregates(found, reps=50),
                                    candidates=cp.CANDIDATES)  # fmt: skip
     row = next(line for line in page.splitlines() if line.startswith("| `gtrxl_rope` | 1.00 (1/3) |"))
     assert row.count("untuned only") == 2  # final and AUC, tuned columns
@@ -221,44 +215,44 @@ def test_the_ladder_stops_after_a_rung_that_did_not_separate_with_all_its_runs()
     them finished every planned run without separating; an unfinished rung stops nothing."""
     planned = {r.name: 2 for r in cp.RUNGS}
     walk = [record("TMaze100", n, cp.UNTUNED, 0, 0.0) for n in ("a", "b")]  # on schedule, never turns
-    assert confirm_report.stopped_rungs(walk[:1], planned) == {}  # 1 of 2 runs: not yet
-    stopped = confirm_report.stopped_rungs(walk, planned)
+    assert report.stopped_rungs(walk[:1], planned) == {}  # 1 of 2 runs: not yet
+    stopped = report.stopped_rungs(walk, planned)
     assert list(stopped) == ["TMaze400"] and "TMaze100 (memory 100) did not separate" in stopped["TMaze400"]
     chance = [record("RepeatPreviousMedium", n, cp.UNTUNED, 0, -0.5) for n in ("a", "b")]
-    assert list(confirm_report.stopped_rungs(chance, planned)) == ["RepeatPreviousHard"]
+    assert list(report.stopped_rungs(chance, planned)) == ["RepeatPreviousHard"]
     learnt = [*walk[:1], record("TMaze100", "b", cp.UNTUNED, 0, 1.0)]
-    assert confirm_report.stopped_rungs(learnt, planned) == {}
+    assert report.stopped_rungs(learnt, planned) == {}
     walk = [
         record("TMaze100", "gru", v, seed, 0.0) for v in cp.VARIANTS for seed in cp.SEEDS
     ]  # all 6 planned
-    page = confirm_report.markdown(walk, [GRU], {}, "cmd", confirm_report.family_aggregates(walk, reps=20))
+    page = report.markdown(walk, [GRU], {}, "cmd", report.family_aggregates(walk, reps=20))
     assert "### TMaze400 — **stopped** (TMaze100 (memory 100) did not separate with all its runs)" in page
     assert "memory 400: stopped (a shorter memory did not separate)" in page
 
 
 def test_the_dry_run_says_what_the_stop_rule_would_save(tmp_path: Path) -> None:
-    cfg = configure(confirm.ConfirmConfig, out=tmp_path / "runs", docs=tmp_path / "docs", dry_run=True)
+    cfg = configure(stages.ConfirmConfig, out=tmp_path / "runs", docs=tmp_path / "docs", dry_run=True)
     tuned = {"gru": cp.tuned_config(GRU, best(GRU), "gru.json")}
     rungs = (cp.rung("RepeatPreviousMedium"), cp.rung("RepeatPreviousHard"))
     todo = cp.plan(rungs, [GRU], (0,), tuned, tmp_path / "runs")
     hard = [j for j in todo if j.spec["task"] == "RepeatPreviousHard"]
     lines: list[str] = []
-    confirm.dry_run_report(cfg, [GRU], tuned, todo, lines.append, frozenset({"RepeatPreviousEasy"}))
+    stages.dry_run_report(cfg, [GRU], tuned, todo, lines.append, frozenset({"RepeatPreviousEasy"}))
     saving = [line for line in lines if "stop rule" in line]
-    want = sum(j.spec["budget"] / confirm.ASSUMED_STEPS_PER_S + confirm.START_S for j in hard) / 3600
+    want = sum(j.spec["budget"] / stages.ASSUMED_STEPS_PER_S + stages.START_S for j in hard) / 3600
     assert saving == [f"  (if RepeatPreviousMedium does not separate, the stop rule skips the longer rungs: "
                       f"-{want:.2f} core-hours)"]  # fmt: skip
     lines.clear()
     known = frozenset({"RepeatPreviousEasy", "RepeatPreviousMedium"})
-    confirm.dry_run_report(cfg, [GRU], tuned, todo, lines.append, known)
+    stages.dry_run_report(cfg, [GRU], tuned, todo, lines.append, known)
     assert not [line for line in lines if "stop rule" in line]  # it separates already: nothing to skip
 
 
 def test_a_rung_without_runs_takes_the_rate_of_the_nearest_shorter_rung_it_ran() -> None:
     mine = {("RepeatPreviousEasy", "gru"): 3000.0, ("RepeatPreviousMedium", "gru"): 2000.0}
     measured = (mine, {"gru": 5000.0}, {"RepeatPreviousHard": 0.5, "TMaze400": 0.25})
-    assert confirm.rate_of("RepeatPreviousMedium", "gru", measured) == (2000.0, "measured")
-    assert confirm.rate_of("RepeatPreviousHard", "gru", measured) == (2000.0, "measured on a shorter rung")
-    # no finished rung of that ladder (T-Maze), or of that encoder: the first edition's rate x the task factor
-    assert confirm.rate_of("TMaze400", "gru", measured) == (1250.0, "first edition")
-    assert confirm.rate_of("RepeatPreviousHard", "lstm", measured) == (confirm.ASSUMED_STEPS_PER_S, "assumed")
+    assert stages.rate_of("RepeatPreviousMedium", "gru", measured) == (2000.0, "measured")
+    assert stages.rate_of("RepeatPreviousHard", "gru", measured) == (2000.0, "measured on a shorter rung")
+    # no finished rung of that ladder (T-Maze), or of that encoder: the screening stage's rate x the task factor
+    assert stages.rate_of("TMaze400", "gru", measured) == (1250.0, "screening")
+    assert stages.rate_of("RepeatPreviousHard", "lstm", measured) == (stages.ASSUMED_STEPS_PER_S, "assumed")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from experiments.encoder_study import sections as confirm_stages
+from experiments.encoder_study import sections
 from rl_transformers.study import files
 
 
@@ -20,7 +20,7 @@ def test_the_screening_section_ranks_by_iqm_and_counts_the_sides_of_gru(tmp_path
         "gru": {"iqm": 0.5, "ci_low": 0.4, "ci_high": 0.6},
         "x": enc(0.7, 0, 0, 0.6, 0.9), "y": enc(0.1, 0, 0, 0.0, 0.2), "z": enc(0.3, 0, 0, 0.3, 0.7)}}  # fmt: skip
     (tmp_path / files.SCREENING_AGGREGATE).write_text(json.dumps({"online": online, "offline": {}}))
-    text = "\n".join(confirm_stages.screening_lines(tmp_path))
+    text = "\n".join(sections.screening_lines(tmp_path))
     assert "`x` 0.70 [0.60, 0.80]; `gru` 0.50 [0.40, 0.60]; `z` 0.30" in text
     assert "1 worse, 1 better, 1 not separated" in text and "on 2 tasks (A, B)" in text
 
@@ -38,15 +38,13 @@ def test_the_probe_section_gives_the_longest_recall_per_bound(tmp_path: Path) ->
     ]
     rows.append({"encoder": "b", "bound": "default", "knob": None, "by_k": {"1": {"status": "done",
                  "updates_to_success": [None]}}})  # fmt: skip
-    (tmp_path / confirm_stages.PROBE).write_text(
-        json.dumps({"rows": rows, "ks": [1, 4, 16], "seeds": [0, 1]})
-    )
-    lines = confirm_stages.probe_lines(tmp_path)
+    (tmp_path / sections.PROBE).write_text(json.dumps({"rows": rows, "ks": [1, 4, 16], "seeds": [0, 1]}))
+    lines = sections.probe_lines(tmp_path)
     assert "| `a` | mem_len | 4 (fails at 16) | 16 |" in lines
     assert "| `b` | – | – (fails at 1) | – (no reach knob) |" in lines
 
 
 def test_missing_documents_give_a_line(tmp_path: Path) -> None:
-    assert "Not available" in confirm_stages.screening_lines(tmp_path)[-1]
-    (tmp_path / confirm_stages.PROBE).write_text("[1, 2]")
-    assert "Not available" in confirm_stages.probe_lines(tmp_path)[-1]
+    assert "Not available" in sections.screening_lines(tmp_path)[-1]
+    (tmp_path / sections.PROBE).write_text("[1, 2]")
+    assert "Not available" in sections.probe_lines(tmp_path)[-1]

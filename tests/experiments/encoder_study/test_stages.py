@@ -1,4 +1,4 @@
-"""The encoder study's second edition, confirmation stage: its plan, tuned parameters read as data, the
+"""The encoder study's confirmation stage: its plan, tuned parameters read as data, the
 tuning commands, and a tiny stage run end to end through the study's worker (real PPO runs on a corridor-2
 T-Maze) with resume, restore and the README headline. Its documents' rules: test_report.py."""
 
@@ -11,10 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.encoder_study import headline as headline
+from experiments.encoder_study import headline, report, stages
 from experiments.encoder_study import plan as cp
-from experiments.encoder_study import report as confirm_report
-from experiments.encoder_study import stages as confirm
 from rl_transformers.algos.ppo_config import PPOConfig
 from rl_transformers.study.encoders import Encoder, parse_spec
 from rl_transformers.study.flags import changed, configure
@@ -134,7 +132,7 @@ def test_the_tuning_commands_are_the_tuners_with_the_same_settings_for_every_enc
 
     parsed = []
     for e in (GTRXL, GRU):
-        args = confirm.tune_command(e, tmp_path)
+        args = stages.tune_command(e, tmp_path)
         assert args[:2] == ["python", "scripts/tune.py"]
         cfg = tyro.cli(TuneConfig, args=args[2:], registry=cli_registry())
         assert cfg.encoder == e.spec and cfg.name == cp.study_name(e) and cfg.out == tmp_path
@@ -173,7 +171,7 @@ def tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(cp, "JOB_EXTRAS", {"num_envs": 2, "eval_episodes": 2})
     monkeypatch.setattr(cp, "PPO_RECIPE", {**cp.PPO_RECIPE, "num_steps": 8, "seq_len": 8, "num_minibatches": 1,
                                            "update_epochs": 1})  # fmt: skip
-    monkeypatch.setattr(confirm_report, "REPS", 50)
+    monkeypatch.setattr(report, "REPS", 50)
     return tmp_path
 
 
@@ -185,10 +183,10 @@ def test_a_tiny_stage_runs_resumes_and_rebuilds_from_its_records(
     writes nothing; a second run has nothing left; a fresh checkout (no run directories, no local tuning)
     restores the committed records and rebuilds the same documents byte for byte."""
     docs, out = tiny / "docs", tiny / "runs"
-    cfg = configure(confirm.ConfirmConfig, encoders=("gru",), seeds=(0,), out=out, docs=docs)
+    cfg = configure(stages.ConfirmConfig, encoders=("gru",), seeds=(0,), out=out, docs=docs)
     write_best(cfg.tune_out, GRU, best(GRU))
     lines: list[str] = []
-    dry = confirm.run_confirm(changed(cfg, dry_run=True), lines.append, rows=[GRU, MLP])
+    dry = stages.run_confirm(changed(cfg, dry_run=True), lines.append, rows=[GRU, MLP])
     assert dry["todo"] == 2 and not docs.exists()
     assert {p.name for p in out.rglob("*")} == {
         "tune",
@@ -197,13 +195,13 @@ def test_a_tiny_stage_runs_resumes_and_rebuilds_from_its_records(
     }  # only the hand-made one
     assert any("in all" in line and "core-hours" in line for line in lines)
     with pytest.raises(UserError, match=r"seeds \[7\] are not test seeds"):
-        confirm.run_confirm(changed(cfg, seeds=(0, 7)), lines.append, rows=[GRU, MLP])
+        stages.run_confirm(changed(cfg, seeds=(0, 7)), lines.append, rows=[GRU, MLP])
     with pytest.raises(UserError, match=r"limits the run stage only") as err:
-        confirm.run_confirm(changed(cfg, stage="tune", stop_starting_after_h=1.0), lines.append)
+        stages.run_confirm(changed(cfg, stage="tune", stop_starting_after_h=1.0), lines.append)
     assert err.value.source == "--stop-starting-after-h"
     with pytest.raises(UserError, match=r"positive number of hours, got 0"):
-        confirm.run_confirm(changed(cfg, stop_starting_after_h=0.0), lines.append, rows=[GRU, MLP])
-    assert confirm.run_confirm(cfg, lines.append, rows=[GRU, MLP])["records"] == 2
+        stages.run_confirm(changed(cfg, stop_starting_after_h=0.0), lines.append, rows=[GRU, MLP])
+    assert stages.run_confirm(cfg, lines.append, rows=[GRU, MLP])["records"] == 2
     published = json.loads((docs / "encoders.json").read_text())
     assert sorted(r["preset"] for r in published) == [cp.TUNED, cp.UNTUNED]
     for r in published:
@@ -224,16 +222,16 @@ def test_a_tiny_stage_runs_resumes_and_rebuilds_from_its_records(
     )
     saved = json.loads(cfg.tuning_file.read_text())
     assert saved["encoders"]["gru"]["params"]["hidden_size"] == 12 and "mlp" not in saved["encoders"]
-    assert confirm.run_confirm(cfg, lines.append, rows=[GRU, MLP])["records"] == 2  # resume: nothing to run
+    assert stages.run_confirm(cfg, lines.append, rows=[GRU, MLP])["records"] == 2  # resume: nothing to run
     assert "0 to run" in next(line for line in reversed(lines) if line.startswith("confirmation"))
 
     shutil.rmtree(out)  # a fresh checkout: the committed documents and tuning file, no runs, no local tuning
     readme = tiny / "README.md"
     readme.write_text(f"# x\n\n{headline.BEGIN}\nold\n{headline.END}\n\nafter\n")
-    confirm.run_confirm(changed(cfg, report_only=True, readme=readme), lines.append, rows=[GRU, MLP])
+    stages.run_confirm(changed(cfg, report_only=True, readme=readme), lines.append, rows=[GRU, MLP])
     assert "\nold\n" in readme.read_text() and "left alone: its headline follows" in lines[-1]  # other docs
-    monkeypatch.setattr(confirm, "REPO_DOCS", docs)
-    confirm.run_confirm(changed(cfg, report_only=True, readme=readme), lines.append, rows=[GRU, MLP])
+    monkeypatch.setattr(stages, "REPO_DOCS", docs)
+    stages.run_confirm(changed(cfg, report_only=True, readme=readme), lines.append, rows=[GRU, MLP])
     assert any("restored 2 finished runs" in line for line in lines)
     assert (docs / "encoders.md").read_text() == markdown
     block = readme.read_text()  # the README's headline follows the rebuilt page
@@ -246,14 +244,14 @@ def test_a_tiny_stage_runs_resumes_and_rebuilds_from_its_records(
     stale = out / cp.UNTUNED / "ppo" / "TMaze2" / "gru" / "s0"
     (stale / "result.json").rename(stale / "result.stale.json")  # moved aside: no longer a finished run
     with pytest.raises(UserError, match="1 of the 2 committed ones would be lost"):
-        confirm.run_confirm(changed(cfg, report_only=True), lines.append, rows=[GRU, MLP])
+        stages.run_confirm(changed(cfg, report_only=True), lines.append, rows=[GRU, MLP])
     assert (docs / "encoders.md").read_text() == markdown  # nothing written
 
 
 def test_the_tune_stage_runs_the_missing_studies_and_commits_their_results(tiny: Path) -> None:
     """A fake tuner (the command's study writes best.json) stands in for Optuna: only untuned encoders are tuned,
     each with its own exact command, and their results join the committed tuning file."""
-    cfg = configure(confirm.ConfirmConfig, stage="tune", out=tiny / "runs", docs=tiny / "docs")
+    cfg = configure(stages.ConfirmConfig, stage="tune", out=tiny / "runs", docs=tiny / "docs")
     write_best(cfg.tune_out, GRU, best(GRU))
     ran: list[list[str]] = []
 
@@ -268,8 +266,8 @@ def test_the_tune_stage_runs_the_missing_studies_and_commits_their_results(tiny:
 
     tuned = cp.tuning_results([GRU, MLP], cfg.tuning_file, cfg.tune_out)
     lines: list[str] = []
-    confirm.tune_stage(cfg, [GRU, MLP], tuned, lines.append, runner=fake)
-    assert ran == [confirm.tune_command(MLP, cfg.tune_out)]
+    stages.tune_stage(cfg, [GRU, MLP], tuned, lines.append, runner=fake)
+    assert ran == [stages.tune_command(MLP, cfg.tune_out)]
     saved = json.loads(cfg.tuning_file.read_text())
     assert (
         sorted(saved["encoders"]) == ["gru", "mlp"]
@@ -280,10 +278,10 @@ def test_the_tune_stage_runs_the_missing_studies_and_commits_their_results(tiny:
 def test_an_interrupted_tuning_study_is_reported_as_resumable_not_failed() -> None:
     import signal
 
-    assert confirm.tune_outcome(0) == "tuned"
+    assert stages.tune_outcome(0) == "tuned"
     for code in (130, -signal.SIGINT, -signal.SIGTERM):  # tune.py's Ctrl-C exit; killed by a signal
-        assert confirm.tune_outcome(code).startswith("interrupted") and "resume" in confirm.tune_outcome(code)
-    assert confirm.tune_outcome(1) == "FAILED (1)" and confirm.tune_outcome(2) == "FAILED (2)"
+        assert stages.tune_outcome(code).startswith("interrupted") and "resume" in stages.tune_outcome(code)
+    assert stages.tune_outcome(1) == "FAILED (1)" and stages.tune_outcome(2) == "FAILED (2)"
 
 
 def test_changed_tuning_settings_move_committed_results_aside(
@@ -291,18 +289,18 @@ def test_changed_tuning_settings_move_committed_results_aside(
 ) -> None:
     """A result tuned under other settings (here: another pruner warm-up) is never read as this one's: the
     committed file keeps it under 'previous', starts the new settings empty, and the tuner is told the warm-up."""
-    cfg = configure(confirm.ConfirmConfig, stage="tune", out=tiny / "runs", docs=tiny / "docs")
+    cfg = configure(stages.ConfirmConfig, stage="tune", out=tiny / "runs", docs=tiny / "docs")
     write_best(cfg.tune_out, GRU, best(GRU))
-    confirm.collect_tuning(cfg, [GRU])
+    stages.collect_tuning(cfg, [GRU])
     old = json.loads(cfg.tuning_file.read_text())
     assert sorted(old["encoders"]) == ["gru"] and "previous" not in old
-    args = confirm.tune_command(GRU, cfg.tune_out)
+    args = stages.tune_command(GRU, cfg.tune_out)
     assert args[args.index("--pruner-warmup-steps") + 1] == str(cp.TUNING_PRUNER_WARMUP)
 
     monkeypatch.setattr(cp, "TUNING_PRUNER_WARMUP", cp.TUNING_PRUNER_WARMUP // 2)
     assert isinstance(cp.tuning_results([GRU], cfg.tuning_file, cfg.tune_out)["gru"], str)  # other settings
     lines: list[str] = []
-    confirm.collect_tuning(cfg, [GRU], lines.append)
+    stages.collect_tuning(cfg, [GRU], lines.append)
     new = json.loads(cfg.tuning_file.read_text())
     assert new["encoders"] == {} and new["settings"]["pruner_warmup_steps"] == cp.TUNING_PRUNER_WARMUP
     assert new["previous"] == [{"settings": old["settings"], "encoders": old["encoders"]}]
