@@ -1,4 +1,4 @@
-"""Build the offline memory datasets (issue 28) as Minari datasets: one per memory length of one task.
+"""Build the offline memory datasets as Minari datasets: one per memory length of one task.
 
 For each length the episodes come from `offline_data.memory_tasks.generate_episodes` (ε-oracle plus a
 share of random episodes) and are written with `write_minari_dataset`, so the build is atomic: the

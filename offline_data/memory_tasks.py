@@ -1,4 +1,4 @@
-"""Offline memory tasks: scripted oracles and the episode generator of the memory datasets (issue 28).
+"""Offline memory tasks: scripted oracles and the episode generator of the memory datasets.
 
 Two tasks whose data a policy can only imitate with memory, as in RATE's offline T-Maze (Cherepanov et al.
 2023, arXiv 2306.09459):

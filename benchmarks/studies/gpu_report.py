@@ -19,7 +19,7 @@ from rl_transformers.utils.tables import markdown_row, markdown_table
 ATTENTION_COLUMNS = ("variant",)
 """First column of every attention table; one further column per length L."""
 LIMIT_LENGTH = 16384
-"""Length of the physical-limit comparison (the issue's 16K)."""
+"""Length of the physical-limit comparison (16K tokens)."""
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:

@@ -57,7 +57,7 @@ rope), block_local_2d, compressive, knn, GRU, LSTM and the MLP floor."""
 REFERENCE = "gru"
 CANDIDATES = (
     Encoder("gtrxl_rope", "position=rope", "default candidate",
-            "GTrXL with rope positions instead of xl_relative: the issue's one-flag fix on RepeatPreviousEasy"),
+            "GTrXL with rope positions instead of xl_relative: the one-flag fix found on RepeatPreviousEasy (docs/results/xl_relative.md)"),
     Encoder("gtrxl_critic", "critic=separate", "default candidate",
             "GTrXL with a separate critic core (docs/results/xl_relative.md section 7); twice the core's parameters"),
 )  # fmt: skip

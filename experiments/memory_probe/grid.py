@@ -35,7 +35,7 @@ from rl_transformers.utils.errors import UserError
 
 Bound = Literal["default", "cover"]
 KS = (1, 4, 16, 64, 256, 1024)
-"""The lookup distances of the issue's grid."""
+"""The lookup distances of the probe's grid."""
 REQUIRED = {"accuracy", "updates_to_success", "updates_per_s", "k", "seed", "spec", "settings"}
 """Fields every cell result has."""
 

@@ -75,7 +75,7 @@ class State:
         if mask is None:
             return self
         # Masked arithmetic, no host sync or data-dependent branch (``mask.any()`` / ``nonzero``): the same
-        # work with or without resets, so a compiled step has one graph and no break (issue 26).
+        # work with or without resets, so a compiled step has one graph and no break.
         changes = {f.name: _reset(getattr(self, f.name), mask) for f in dataclasses.fields(self)}
         return dataclasses.replace(self, **changes)
 

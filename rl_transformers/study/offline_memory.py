@@ -40,7 +40,7 @@ PRESET = "offline_memory"
 LENGTHS = (10, 25, 50)
 """Corridor lengths L of the table (datasets of :data:`DATASET_COMMAND`). Corridor 200 left the table on the
 corridor-50 evidence (docs/offline_memory.md, "Why the table stops at corridor 50"): about 43 core-hours at
-2,000 updates, over the issue's 20, for a column the update budget, not the attention, would decide."""
+2,000 updates, over the table's planned 20, for a column the update budget, not the attention, would decide."""
 SEGMENTS = 3
 """N of the memory rows: K_s = ⌈(L + 1) / N⌉ steps per segment."""
 SEEDS = (0, 1, 2)

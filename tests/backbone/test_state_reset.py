@@ -49,7 +49,7 @@ def test_reset_equals_zero_rows_for_every_dtype_and_layout() -> None:
     state.reset(torch.ones(5, dtype=torch.bool))
     assert torch.equal(h, h_before)  # out of place: the caller's state is untouched
     unchanged = state.reset(torch.zeros(5, dtype=torch.bool))  # no reset: equal values (masked arithmetic, no
-    for a, b in zip(leaves(unchanged), leaves(state)):  # data-dependent shortcut, issue 26)
+    for a, b in zip(leaves(unchanged), leaves(state)):  # data-dependent shortcut)
         assert torch.equal(a, b)
 
 

@@ -1,4 +1,4 @@
-"""Datasets checked against their env (issue 11, point 5): spaces from the env, float-coded actions, refusals."""
+"""Datasets checked against their env: spaces from the env, float-coded actions, refusals."""
 
 from __future__ import annotations
 

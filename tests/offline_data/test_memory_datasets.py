@@ -1,4 +1,4 @@
-"""Offline memory datasets (issue 28): oracle data solves the task, Minari alignment, references, the ε / random
+"""Offline memory datasets: oracle data solves the task, Minari alignment, references, the ε / random
 mix, atomic builds under a kill, and no silent overwrite. Checks go through ``minari.load_dataset`` (the real
 client) and through a replay of every stored episode in a fresh env; expectations are closed forms of the tasks
 (see ``offline_data.memory_tasks``), not numbers read off the builder."""

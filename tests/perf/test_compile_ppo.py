@@ -1,4 +1,4 @@
-"""``--compile`` end to end (issue 26): a PPO run with the compiled acting step (and, with
+"""``--compile`` end to end: a PPO run with the compiled acting step (and, with
 ``--compile-training``, the compiled minibatch forward + backward) logs the same first updates as an eager run
 with the same seed.
 

@@ -34,7 +34,7 @@ def tiny(root: Path, updates: int = 2, **kw) -> TrainConfig:
 
 
 class Evil:
-    """Unpickling this runs ``touch <marker>`` (the attack of issue 11)."""
+    """Unpickling this runs ``touch <marker>`` (a checkpoint that runs code when unpickled)."""
 
     def __init__(self, marker: Path) -> None:
         self.marker = marker

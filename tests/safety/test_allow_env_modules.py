@@ -1,5 +1,5 @@
 """``--allow-env-modules``: every trainer, ``scripts/evaluate.py`` and ``rl_transformers.load`` refuse an env whose
-module is outside the allow-list, and accept it once the module is named with the flag (issues 11 / 12).
+module is outside the allow-list, and accept it once the module is named with the flag.
 
 Each test writes a fresh module into ``tmp_path`` (on ``sys.path``) that touches a marker file when imported and
 registers a small env. Refusals must name the flag and leave the marker absent (the module was never imported);

@@ -1,6 +1,6 @@
 """Hostile and broken checkpoints, built here, through every public loading path: nothing they hold ever runs.
 
-The payload is a pickle whose ``__reduce__`` calls ``os.system("touch <marker>")`` (the attack of issue 11).
+The payload is a pickle whose ``__reduce__`` calls ``os.system("touch <marker>")`` (a checkpoint that runs code when unpickled).
 Each test asserts the marker file was NOT created and that the error or warning names the file.
 """
 

@@ -1,4 +1,4 @@
-"""SIGKILL a dataset build at several moments: nothing corrupt is visible, and the same command resumes (issue 11, 3).
+"""SIGKILL a dataset build at several moments: nothing corrupt is visible, and the same command resumes.
 
 Each test starts ``scripts/make_dataset.py`` (CartPole, PPO, a few hundred steps) in a subprocess, kills it
 with SIGKILL when a file system event shows it is at the moment under test (a training checkpoint was

@@ -1,4 +1,4 @@
-"""What an env spec from a file may ask for beyond its env (issue 25.3): wrappers by callable from a named list,
+"""What an env spec from a file may ask for beyond its env: wrappers by callable from a named list,
 no keyword that names a path, bounded sizes (envs/file_rules.py through envs/resolve.py)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every case of issue 25.4 gives an ``error:`` line (or is handled), never a traceback: a pickle in an SB3 zip, a
+"""Every hostile or broken input case gives an ``error:`` line (or is handled), never a traceback: a pickle in an SB3 zip, a
 missing --medium-policy, a full disk while checkpointing or writing a dataset, a damaged progress.jsonl or
 index.json (the resume goes on), bad DT model_kwargs, huge sizes from flags or saved configs, NaN weights."""
 

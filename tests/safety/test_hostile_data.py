@@ -1,4 +1,4 @@
-"""Hostile datasets and env ids built in the test: nothing a file names may run code (issue 11, point 2).
+"""Hostile datasets and env ids built in the test: nothing a file names may run code.
 
 Each case stores an env spec whose entry point is ``os:system`` with ``command`` = touch a marker file (or a
 ``module:`` id whose module writes the marker when imported), loads it through a public path and asserts

@@ -1,4 +1,4 @@
-"""Keys and run directories (issue 25.2): a bad signing key stops a run at start with the fix; writes never leave
+"""Keys and run directories: a bad signing key stops a run at start with the fix; writes never leave
 the run directory through a symbolic link; one process per run (a live holder is named, a dead one's lock is
 taken over)."""
 
