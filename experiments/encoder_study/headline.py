@@ -3,7 +3,7 @@ from the study's main page, ``docs/results/encoders.md``.
 
 The headline is a block of the README between two marker comments (:data:`BEGIN`, :data:`END`). It holds the
 page's status (complete, or how many runs are finished), the verdict's summary lines (one per task family and
-variant) and the candidate-default decision (:mod:`~experiments.encoder_study.candidates`), all copied from the page: the README cannot say more
+variant), the candidate-default decision and the rows of unequal size (:mod:`~experiments.encoder_study.candidates`), all copied from the page: the README cannot say more
 than the page, and a rebuild of the page (``python -m experiments.encoder_study.run --report-only``) rewrites it.
 ``tests/test_docs.py`` checks that the committed README's block is the one the committed page gives.
 """
@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 from experiments.encoder_study import plan as cp
+from experiments.encoder_study.sizes import UNEQUAL
 from rl_transformers.study import files
 from rl_transformers.utils.atomic import atomic_write_text
 from rl_transformers.utils.errors import UserError
@@ -73,6 +74,11 @@ def headline(page: str) -> list[str]:
     decided = page_decision(page)
     if decided is not None:
         lines.append(f"- Candidate defaults: {decided}")
+    unequal = re.search(rf"^{re.escape(UNEQUAL)}: (.*?) lie outside ([^ ]+) ", page, re.MULTILINE)
+    if unequal is not None:
+        lines.append(
+            f"- Not parameter-matched (outside {unequal.group(2)}; the page's Parameters): {unequal.group(1)}"
+        )
     return [*lines, END]
 
 

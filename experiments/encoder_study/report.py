@@ -27,6 +27,7 @@ import numpy as np
 from experiments.encoder_study import candidates as cc
 from experiments.encoder_study import plan as cp
 from experiments.encoder_study.sections import probe_lines, screening_lines
+from experiments.encoder_study.sizes import parameter_lines
 from experiments.encoder_study.verdict import verdict_lines
 from rl_transformers.study import files
 from rl_transformers.study.aggregate import iqm_intervals, normalized_auc
@@ -335,7 +336,8 @@ def markdown(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned: d
         "with the same budget and untuned, on a memory-length ladder) and the **memory probe** (what each "
         "encoder can remember under a supervised loss, below). The verdict comes first.",
         "",
-        f"Protocol: {len(table)} encoders (the study's parameter-matched rows) x {len(cp.RUNGS)} tasks x 2 variants "
+        f"Protocol: {len(table)} encoders (the study's parameter-matched rows; sizes of the tuned rows: see "
+        "Parameters) x {len(cp.RUNGS)} tasks x 2 variants "
         f"(`{cp.UNTUNED}`: defaults; `{cp.TUNED}`: the tuning study's best parameters, a reach knob below a rung's "
         f"memory k raised to k + 1) x seeds {list(cp.SEEDS)}. "
         f"Every run and every tuning trial anneals the learning rate over the same {cp.ANNEAL_HORIZON:,} env steps, "
@@ -349,6 +351,8 @@ def markdown(found: Sequence[dict[str, Any]], table: Sequence[Encoder], tuned: d
         "",
         *tuning_lines(table, tuned),
         *candidate_lines(candidates),
+        "",
+        *parameter_lines(found, table, candidates),
         "",
         *task_lines(found, rows, tuned, stopped),
         "",
