@@ -21,6 +21,7 @@ far is written to ``<out>/<study>/best.json`` with the command that trains it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import shlex
 from dataclasses import dataclass, field
@@ -382,6 +383,7 @@ def with_capacity_range(cfg: TuneConfig, spec: str, knob: Knob | None, log: Any 
     obs_space, act_space = env.observation_space, env.action_space
     env.close()
 
+    @functools.cache  # the search and the log line ask for some widths twice
     def count(value: int) -> int:
         return count_policy_parameters(policy_config(knob.apply(spec, value)), obs_space, act_space)
 
