@@ -47,6 +47,8 @@ class CompareConfig:
     """Extra train_gtrxl.py flags for every library arm (e.g. --extra=--ppo.update-epochs=10)."""
     solved: float = 475.0
     """Return at which a seed counts as solved (CartPole's reward threshold)."""
+    digits: int = 0
+    """Decimals of the per-seed returns in the table (the IQM gets one more): 2 for POPGym's [-1, 1] scores."""
     reference: str = "peer"
     """Arm the others are tested against (exact permutation test, Holm-corrected)."""
     preamble: Path | None = None
@@ -65,13 +67,13 @@ def main(cfg: CompareConfig) -> None:
             raise SystemExit(2)
         run_arms(cfg.env_id, cfg.arms, cfg.seeds, cfg.total_timesteps, cfg.episodes, cfg.out, cfg.extra)
     summaries = summarise(load_records(cfg.out))
-    print("\n".join(table(summaries, cfg.solved, cfg.reference)))
+    print("\n".join(table(summaries, cfg.solved, cfg.reference, digits=cfg.digits)))
     if cfg.page is not None:
         preamble = cfg.preamble.read_text(encoding="utf-8") if cfg.preamble is not None else "# Results\n"
-        atomic_write_text(cfg.page, render(cfg.out, cfg.solved, cfg.reference, preamble))
+        atomic_write_text(cfg.page, render(cfg.out, cfg.solved, cfg.reference, preamble, cfg.digits))
     if cfg.readme is not None:
         text = cfg.readme.read_text(encoding="utf-8")
-        compact = table(summaries, cfg.solved, cfg.reference, compact=True)
+        compact = table(summaries, cfg.solved, cfg.reference, compact=True, digits=cfg.digits)
         atomic_write_text(cfg.readme, replace_block(text, "learning", "\n".join(compact)))
 
 

@@ -103,10 +103,15 @@ def summarise(arms: dict[str, list[dict[str, Any]]]) -> dict[str, ArmSummary]:
 
 
 def table(
-    summaries: dict[str, ArmSummary], solved: float, reference: str | None, compact: bool = False
+    summaries: dict[str, ArmSummary],
+    solved: float,
+    reference: str | None,
+    compact: bool = False,
+    digits: int = 0,
 ) -> list[str]:
     """Markdown rows: one per arm, plus the permutation test against ``reference`` where it has records;
-    ``compact`` (the README's copy) leaves out parameters, the per-seed values, speed and code."""
+    ``compact`` (the README's copy) leaves out parameters, the per-seed values, speed and code. Returns have
+    ``digits`` decimals (the IQM and its interval one more): 0 for CartPole's 0-500, 2 for POPGym's [-1, 1]."""
     tests = {}
     if reference in summaries:
         ref = summaries[reference].means
@@ -118,19 +123,19 @@ def table(
     rows = []
     for arm, s in summaries.items():
         cells = [arm] + ([] if compact else [str(s.parameters if s.parameters is not None else "?")])
-        cells += [str(len(s.seeds))] + ([] if compact else [" / ".join(f"{m:.0f}" for m in s.means)])
+        cells += [str(len(s.seeds))] + ([] if compact else [" / ".join(f"{m:.{digits}f}" for m in s.means)])
         cells += [f"{sum(m >= solved for m in s.means)} of {len(s.means)}"]
-        cells += [f"{s.iqm[0]:.1f} [{s.iqm[1]:.1f}, {s.iqm[2]:.1f}]"]
+        cells += ["{0:.{3}f} [{1:.{3}f}, {2:.{3}f}]".format(*s.iqm, digits + 1)]
         cells += [f"{tests[arm]:.3g}" if arm in tests else "–"] if tests else []
         cells += [] if compact else [f"{s.steps_per_cpu_s:.0f}", ", ".join(s.commits)]
         rows.append(cells)
     return markdown_table(cols, rows)
 
 
-def render(records: Path, solved: float, reference: str | None, preamble: str) -> str:
+def render(records: Path, solved: float, reference: str | None, preamble: str, digits: int = 0) -> str:
     """The page: ``preamble`` (the experiment's own text: task, command, machine) and the table."""
     summaries = summarise(load_records(records))
-    return preamble.rstrip() + "\n\n" + "\n".join(table(summaries, solved, reference)) + "\n"
+    return preamble.rstrip() + "\n\n" + "\n".join(table(summaries, solved, reference, digits=digits)) + "\n"
 
 
 def replace_block(text: str, name: str, block: str) -> str:

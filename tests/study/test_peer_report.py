@@ -141,3 +141,14 @@ def test_exact_permutation_p_at_twenty_seeds_each() -> None:
     """Complete separation of 20 against 20: only the observed split and its mirror are as extreme."""
     assert exact_permutation_p([500.0] * 20, [200.0] * 20) == pytest.approx(2 / math.comb(40, 20))
     assert exact_permutation_p([500.0] * 18 + [210.0, 470.0], [500.0] * 17 + [251.0, 205.0, 498.0]) > 0.5
+
+
+def test_digits_for_scores_on_minus_one_to_one(tmp_path: Path) -> None:
+    """POPGym's scores lie in [-1, 1]: with digits=2 the per-seed values keep two decimals and the IQM three,
+    and the solved count reads the threshold 0.9 on the unrounded means."""
+    _records(tmp_path, "gtrxl", [0.954, 0.8996, -0.5])
+    rows = table(summarise(load_records(tmp_path)), 0.9, None, digits=2)
+    row = next(r for r in rows if r.startswith("| gtrxl |"))
+    assert "| 0.95 / 0.90 / -0.50 | 1 of 3 |" in row
+    iqm = summarise(load_records(tmp_path))["gtrxl"].iqm
+    assert f"| {iqm[0]:.3f} [{iqm[1]:.3f}, {iqm[2]:.3f}] |" in row
