@@ -48,6 +48,13 @@ def test_exact_permutation_p_equals_scipy() -> None:
     assert exact_permutation_p([1.0, 2.0], [1.0, 2.0]) == 1.0
     # complete separation of 3 against 3: 2 of the 20 splits are as extreme
     assert exact_permutation_p([9.0, 8.0, 7.0], [1.0, 2.0, 3.0]) == pytest.approx(0.1)
+    # POPGym's scores: means of float episode returns, 1 + 7e-16 where the episode was perfect, many decimals
+    # elsewhere; the observed split itself always counts, whatever the rounding of the sums
+    a = [1.0000000000000007] * 6
+    b = [0.5958333333333333, 0.635, 0.6675, 0.6741666666666667, 0.8891666666666671]
+    for x, y in ((a, b), (b, a)):  # the table's order is (arm, reference)
+        assert exact_permutation_p(x, y) == pytest.approx(1 / math.comb(11, 5))  # only the observed split
+        assert exact_permutation_p(x, y) == pytest.approx(_every_split_p(x, y))
 
 
 def test_holm_by_hand() -> None:
