@@ -1,0 +1,89 @@
+"""Write docs/results/memory_tasks.md from the committed run records of ``records/<task>/<arm>/s<seed>.json``.
+
+One table per task (POPGym's RepeatPrevious at memory 4 and 32, T-Maze with AMAGO's recoverable penalty at
+corridor 100): per arm every seed's final greedy score, the seeds solved (score >= :data:`SOLVED`), the
+interquartile mean with its 95 % stratified-bootstrap CI and the
+exact permutation test of every recurrent arm against the transformer, Holm-corrected
+(:mod:`rl_transformers.study.peer_report`). Nothing but the records and ``preamble.md`` goes in, so a clone at
+any path rebuilds the page byte for byte (tests/experiments/test_memory_tasks.py).
+
+    python -m experiments.memory_tasks.report
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rl_transformers.study.peer_report import load_records, replace_block, summarise, table
+from rl_transformers.utils.atomic import atomic_write_text
+
+HERE = Path(__file__).resolve().parent
+PAGE = HERE.parents[1] / "docs" / "results" / "memory_tasks.md"
+SOLVED = 0.9
+"""The final greedy mean return at which a seed counts as solved (each task's maximum is 1; random scores
+-0.5 on RepeatPrevious, -0.75 on T-Maze; a policy that ignores the T-Maze cue scores 0)."""
+REFERENCE = "gtrxl"
+SEEDS = 10
+"""Seeds per arm for a claim; a table with fewer says so under it."""
+TASKS = {
+    "repeat_previous_easy": "RepeatPreviousEasy (memory 4), 500,000 env steps",
+    "repeat_previous_medium": "RepeatPreviousMedium (memory 32), 1,000,000 env steps",
+    "tmaze_alt_100": "TMazeAltLong (T-Maze corridor 100, recoverable penalty), 500,000 env steps",
+}
+"""Records folder -> section title (its first word names the task in the README's line)."""
+README_BLOCK = "memory-tasks"
+
+
+def render(records: Path, preamble: str) -> str:
+    parts = [preamble.rstrip()]
+    for folder, title in TASKS.items():
+        if not any((records / folder).glob("*/s*.json")):
+            continue
+        summaries = summarise(load_records(records / folder))
+        parts += [f"## {title}", "\n".join(table(summaries, SOLVED, REFERENCE, digits=2))]
+        short = [f"`{arm}` {len(s.seeds)}" for arm, s in summaries.items() if len(s.seeds) < SEEDS]
+        if short:
+            parts.append(
+                f"**Partial**: seeds finished of {SEEDS}: {', '.join(short)}. No claim rests on this table until"
+                " every arm has them all (the runs resume from the committed records)."
+            )
+    return "\n\n".join(parts) + "\n"
+
+
+def readme_line(records: Path) -> str:
+    """The README's summary: per task, each arm's seeds solved (and finished, where fewer than all)."""
+    tasks = []
+    for folder, title in TASKS.items():
+        if not any((records / folder).glob("*/s*.json")):
+            continue
+        arms = [
+            f"`{arm}` {sum(m >= SOLVED for m in s.means)}"
+            + (f" of {len(s.seeds)}" if len(s.seeds) < SEEDS else "")
+            for arm, s in summarise(load_records(records / folder)).items()
+        ]
+        tasks.append(f"{title.split(' ')[0]}: {', '.join(arms)}")
+    return (
+        f"**Memory tasks** ([memory_tasks.md](docs/results/memory_tasks.md), generated): seeds of {SEEDS} solved"
+        f" (≥ {SOLVED}); GTrXL with its task's recipe, LSTM / GRU parameter-matched, untuned. "
+        + "; ".join(tasks)
+        + "."
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--records", type=Path, default=HERE / "records")
+    parser.add_argument("--page", type=Path, default=PAGE)
+    parser.add_argument("--readme", type=Path, default=HERE.parents[1] / "README.md")
+    args = parser.parse_args(argv)
+    atomic_write_text(args.page, render(args.records, (HERE / "preamble.md").read_text(encoding="utf-8")))
+    text = args.readme.read_text(encoding="utf-8")
+    atomic_write_text(args.readme, replace_block(text, README_BLOCK, readme_line(args.records)))
+    print(f"wrote {args.page} and {args.readme}'s {README_BLOCK} block")
+
+
+if __name__ == "__main__":
+    main()

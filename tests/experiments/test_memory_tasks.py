@@ -1,0 +1,66 @@
+"""docs/results/memory_tasks.md is rebuilt byte for byte from the committed records of experiments/memory_tasks/,
+at another path too, and the records are what the page claims: ten seeds per arm, the transformer on its task's
+shipped recipe, the recurrent arms parameter-matched to it, every run from a committed tree."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from experiments.memory_tasks import report
+
+pytest.importorskip("rliable")
+
+RECORDS = report.HERE / "records"
+
+
+def records(task: str) -> list[dict]:
+    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted((RECORDS / task).glob("*/s*.json"))]
+
+
+def preamble() -> str:
+    return (report.HERE / "preamble.md").read_text(encoding="utf-8")
+
+
+def test_page_is_rebuilt_from_the_records_at_another_path(tmp_path: Path) -> None:
+    assert report.render(RECORDS, preamble()) == report.PAGE.read_text(encoding="utf-8")
+    shutil.copytree(RECORDS, tmp_path / "records")
+    assert report.render(tmp_path / "records", preamble()) == report.PAGE.read_text(encoding="utf-8")
+
+
+def test_a_changed_score_changes_the_page(tmp_path: Path) -> None:
+    shutil.copytree(RECORDS, tmp_path / "records")
+    path = sorted((tmp_path / "records").glob("*/gtrxl/s*.json"))[0]
+    record = json.loads(path.read_text(encoding="utf-8"))
+    record["returns"] = [-0.5 for _ in record["returns"]]
+    path.write_text(json.dumps(record), encoding="utf-8")
+    assert report.render(tmp_path / "records", preamble()) != report.PAGE.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("task", sorted(report.TASKS))
+def test_records_are_what_the_page_claims(task: str) -> None:
+    runs = records(task)
+    if not runs:
+        pytest.skip(f"no records for {task} yet")
+    by_arm: dict[str, list[dict]] = {}
+    for run in runs:
+        by_arm.setdefault(run["arm"], []).append(run)
+        assert not run["git_sha"].endswith("-dirty"), f"{task} {run['arm']} s{run['seed']}: uncommitted code"
+        assert len(run["returns"]) == 50, "the final policy's 50 greedy episodes"
+    gtrxl = by_arm["gtrxl"]
+    assert all(run["config"]["recipe"].endswith(f"{run['env_id']}/transformer") for run in gtrxl)
+    page = report.render(RECORDS, preamble())
+    for arm, runs_ in by_arm.items():
+        if len({run["seed"] for run in runs_}) < report.SEEDS:  # a claim needs 10 seeds: the page says so
+            assert f"`{arm}` {len(runs_)}" in page.split(report.TASKS[task], 1)[1].split("\n## ", 1)[0]
+        assert {run["total_timesteps"] for run in runs_} == {gtrxl[0]["total_timesteps"]}, "equal budgets"
+        ratio = runs_[0]["parameters"] / gtrxl[0]["parameters"]
+        assert 0.9 <= ratio <= 1.1, f"{task} {arm}: {ratio:.2f}x the transformer's parameters"
+
+
+def test_readme_line_is_rebuilt_from_the_records() -> None:
+    readme = (report.HERE.parents[1] / "README.md").read_text(encoding="utf-8")
+    assert report.replace_block(readme, report.README_BLOCK, report.readme_line(RECORDS)) == readme
