@@ -61,6 +61,7 @@ ARMS: dict[str, list[str]] = {
     "gtrxl": [],
     "lstm": ["--policy", "lstm"],
     "gru": ["--policy", "gru"],
+    "gru_seq128": ["--policy", "gru", "--ppo.num-steps", "128", "--ppo.seq-len", "128"],
     "gtrxl_zoo": [
         *ZOO_CARTPOLE_NOVEL,
         *[
@@ -81,7 +82,9 @@ observations and rewards, each observation joining the statistics as it arrives,
 clipping, SB3's value loss without the ½, hence vf_coef 1.0 for the zoo's 0.5); ``lstm_zoo_obs_per_rollout``:
 the same with the observation statistics merged once per rollout; ``lstm_zoo_raw``: the zoo's numbers on the library's LSTM policy without those
 conventions; ``gtrxl``: the library's defaults (and the task's recipe where one applies); ``lstm`` / ``gru``:
-the library's recurrent baselines with the same defaults, sized to the GTrXL's parameter count (within 10 %); ``gtrxl_zoo``: the default GTrXL
+the library's recurrent baselines with the same defaults, sized to the GTrXL's parameter count (within 10 %);
+``gru_seq128``: that GRU trained on windows of 128 steps (rollouts of 128), so back-propagation through time
+reaches a cue up to 128 steps back (the default windows of 16 cannot teach a recurrent state to keep it longer); ``gtrxl_zoo``: the default GTrXL
 under the zoo's recipe and conventions; ``gtrxl_norm``: the library's PPO defaults with 8 envs and
 VecNormalize-style observation and reward scaling."""
 

@@ -87,3 +87,13 @@ def test_recurrent_arms_are_parameter_matched_to_the_transformer(tmp_path: Path)
     assert params["gtrxl"] > 100_000
     for arm in ("lstm", "gru"):
         assert abs(params[arm] - params["gtrxl"]) <= 0.1 * params["gtrxl"], params
+
+
+def test_gru_seq128_trains_on_windows_of_128(tmp_path: Path) -> None:
+    """The whole-window GRU arm: its run's saved config has rollouts and training windows of 128 steps."""
+    from rl_transformers.study.peer_compare import run_arms
+
+    run_arms("rlt/TMazeShort-v0", ("gru_seq128",), (0,), 4096, 2, tmp_path)
+    record = json.loads((tmp_path / "gru_seq128" / "s0.json").read_text())
+    assert (record["config"]["ppo"]["num_steps"], record["config"]["ppo"]["seq_len"]) == (128, 128)
+    assert record["config"]["policy"]["kind"] == "gru" and record["total_timesteps"] == 4096
