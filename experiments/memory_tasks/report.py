@@ -13,9 +13,10 @@ any path rebuilds the page byte for byte (tests/experiments/test_memory_tasks.py
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
 from pathlib import Path
 
-from rl_transformers.study.peer_report import load_records, replace_block, summarise, table
+from rl_transformers.study.peer_report import ArmSummary, load_records, replace_block, summarise, table
 from rl_transformers.utils.atomic import atomic_write_text
 
 HERE = Path(__file__).resolve().parent
@@ -35,12 +36,16 @@ TASKS = {
 README_BLOCK = "memory-tasks"
 
 
+def task_summaries(records: Path) -> Iterator[tuple[str, dict[str, ArmSummary]]]:
+    """(section title, per-arm summaries) of each task of :data:`TASKS` that has records, in their order."""
+    for folder, title in TASKS.items():
+        if any((records / folder).glob("*/s*.json")):
+            yield title, summarise(load_records(records / folder))
+
+
 def render(records: Path, preamble: str) -> str:
     parts = [preamble.rstrip()]
-    for folder, title in TASKS.items():
-        if not any((records / folder).glob("*/s*.json")):
-            continue
-        summaries = summarise(load_records(records / folder))
+    for title, summaries in task_summaries(records):
         parts += [f"## {title}", "\n".join(table(summaries, SOLVED, REFERENCE, digits=2))]
         short = [f"`{arm}` {len(s.seeds)}" for arm, s in summaries.items() if len(s.seeds) < SEEDS]
         if short:
@@ -54,13 +59,11 @@ def render(records: Path, preamble: str) -> str:
 def readme_line(records: Path) -> str:
     """The README's summary: per task, each arm's seeds solved (and finished, where fewer than all)."""
     tasks = []
-    for folder, title in TASKS.items():
-        if not any((records / folder).glob("*/s*.json")):
-            continue
+    for title, summaries in task_summaries(records):
         arms = [
             f"`{arm}` {sum(m >= SOLVED for m in s.means)}"
             + (f" of {len(s.seeds)}" if len(s.seeds) < SEEDS else "")
-            for arm, s in summarise(load_records(records / folder)).items()
+            for arm, s in summaries.items()
         ]
         tasks.append(f"{title.split(' ')[0]}: {', '.join(arms)}")
     return (
