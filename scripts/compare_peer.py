@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 import tyro
 
@@ -43,8 +44,9 @@ class CompareConfig:
     """Records directory (resumable)."""
     report_only: bool = False
     """Only print the table of the records in --out."""
-    extra: tuple[str, ...] = field(default_factory=tuple)
-    """Extra train_gtrxl.py flags for every library arm (e.g. --extra=--ppo.update-epochs=10)."""
+    extra: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = field(default_factory=tuple)
+    """Extra train_gtrxl.py flag for every library arm, one per --extra, repeatable (e.g. --extra=--norm-obs
+    --extra=--ppo.update-epochs=10)."""
     solved: float = 475.0
     """Return at which a seed counts as solved (CartPole's reward threshold)."""
     digits: int = 0

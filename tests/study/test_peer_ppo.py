@@ -97,3 +97,15 @@ def test_gru_seq128_trains_on_windows_of_128(tmp_path: Path) -> None:
     record = json.loads((tmp_path / "gru_seq128" / "s0.json").read_text())
     assert (record["config"]["ppo"]["num_steps"], record["config"]["ppo"]["seq_len"]) == (128, 128)
     assert record["config"]["policy"]["kind"] == "gru" and record["total_timesteps"] == 4096
+
+
+def test_compare_command_takes_several_extra_flags() -> None:
+    import tyro
+
+    from tests.script_module import load_script
+
+    compare = load_script("compare_peer")
+    args = ["--arms", "gtrxl", "--extra=--norm-obs", "--extra=--ppo.num-steps=128"]
+    cfg = tyro.cli(compare.CompareConfig, args=args)
+    assert cfg.extra == ("--norm-obs", "--ppo.num-steps=128")
+    assert tyro.cli(compare.CompareConfig, args=[]).extra == ()
