@@ -71,7 +71,12 @@ NOTES = """
   −1/L once, at the step that made it. The horizon and the optimal policy are the same; a random policy
   scores −0.75 + 4^−(L+1), a lagging agent pays only for its own wrong moves, and the per-step signal teaches
   "walk east" without the compounding cost. Both variants stay: Ni et al.'s for comparison with their numbers,
-  AMAGO's to measure memory length.
+  AMAGO's to measure memory length. The recoverable variant keeps one trap for on-policy learners: the agent
+  is at the junction on time only after east on every corridor step, so it first meets the junction when
+  "east" is already learnt, and the junction's observation differs from the corridor's in one feature. A policy
+  that carries east over to the junction never turns there and scores exactly 0, below the memoryless 0.5; a
+  larger entropy bonus does not help, and scaled observations (`--norm-obs`, which make the rare junction and
+  cue features stand out) do on most seeds ([memory_tasks.md](results/memory_tasks.md)).
 - **CartPole NoVel / NoPos**: CartPole-v1 observing only `[x, theta]` or only `[x_dot, theta_dot]`, with the
   500-step limit. NoVel needs the last one or two observations (finite differences). NoPos needs the integral
   of the velocity history.
