@@ -68,7 +68,7 @@ def readme_line(records: Path) -> str:
         tasks.append(f"{title.split(' ')[0]}: {', '.join(arms)}")
     return (
         f"**Memory tasks** ([memory_tasks.md](docs/results/memory_tasks.md), generated): seeds of {SEEDS} solved"
-        f" (≥ {SOLVED}); GTrXL with its task's recipe, LSTM / GRU parameter-matched, untuned. "
+        f" (≥ {SOLVED}), task recipes applied; LSTM / GRU parameter-matched, untuned. "
         + "; ".join(tasks)
         + "."
     )
