@@ -443,3 +443,22 @@ def test_the_installed_package_stays_lean() -> None:
     benchmarks/)."""
     total = sum(_code_lines(p.read_text(encoding="utf-8")) for p in (ROOT / "rl_transformers").rglob("*.py"))
     assert 5_000 < total <= 25_000, total
+
+
+def test_every_package_directory_is_a_tracked_package() -> None:
+    """Each folder of the library holding modules has an ``__init__.py`` that git keeps: setuptools' package
+    finder (``pip install .``, a wheel) skips a folder without one, so a clean checkout would install the library
+    without it (``rl_transformers/runs/__init__.py`` was once caught by the ``runs/`` ignore rule)."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    folders = {
+        p.parent for name in PACKAGES for p in (ROOT / name).rglob("*.py") if "__pycache__" not in p.parts
+    }
+    inits = [folder / "__init__.py" for folder in sorted(folders)]
+    missing = [str(p.relative_to(ROOT)) for p in inits if not p.exists()]
+    assert not missing, f"folders of modules without __init__.py: {missing}"
+    listed = subprocess.run(
+        ["git", "check-ignore", "--no-index", *map(str, inits)], cwd=ROOT, capture_output=True, text=True
+    ).stdout.split()
+    ignored = [str(Path(p).resolve().relative_to(ROOT)) for p in listed]
+    assert not ignored, f"package __init__.py files that git ignores (a clean checkout lacks them): {ignored}"
