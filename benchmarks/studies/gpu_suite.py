@@ -77,6 +77,9 @@ class GpuSuiteConfig:
     """FlexAttention form of the mask-defined attentions (``backbone/attention/_flex.py``): "auto" (on a capable
     GPU from 512 queries), or "never" (today's dense / blocked / fused forms, e.g. the baseline of a comparison).
     Each new (attention, length, mode) compiles its kernel first (not timed, but it spends the budget)."""
+    attentions: tuple[str, ...] = ()
+    """Attention registry names of the attention stages (empty: every registered one); SDPA and its forced
+    backends always run beside them. E.g. the FlexAttention entries alone, when a loan is short."""
     attention_targets: tuple[str, ...] = ("kernel", "layer")
     """Targets of the bf16 attention stage (``layer`` alone re-runs the layer rows of an earlier run)."""
     git_commit: str | None = None
@@ -103,6 +106,11 @@ class GpuSuiteConfig:
             )
         if self.merge_from and self.render_from is None:
             raise ValueError("--merge-from needs --render-from (the run whose rows it replaces)")
+        from rl_transformers.backbone import available
+
+        unknown = [a for a in self.attentions if a not in available()["attention"]]
+        if unknown:
+            raise ValueError(f"unknown attention(s) {unknown}; valid: {available()['attention']}")
         if self.budget_s <= 0:
             raise ValueError(f"budget_s must be > 0, got {self.budget_s}")
 
@@ -222,6 +230,7 @@ class Suite:
         _flex.FLEX_PATH = self.cfg.flex
         tiny = self.cfg.dry_run
         bench = BenchConfig(
+            attentions=self.cfg.attentions,
             targets=targets,
             modes=("forward", "backward"),
             lengths=(32,) if tiny else lengths,

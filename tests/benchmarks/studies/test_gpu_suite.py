@@ -186,6 +186,28 @@ def test_run_sh_dry_run_records_command_commit_and_device(tmp_path: Path) -> Non
     assert results["stages"]["ceilings"]["data"]["matmul_tflops"] > 0
 
 
+def test_attentions_narrow_the_attention_stage_to_the_named_entries(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            *[sys.executable, "benchmarks/bench_gpu.py", "--dry-run", "--out", str(tmp_path)],
+            *["--stages", "attention", "--attentions", "local", "full", "--attention-targets", "kernel"],
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "results.json").read_text())["stages"]["attention"]["data"]["rows"]
+    assert {r["variant"] for r in rows} == {"local", "full", "sdpa", "peer:sdpa-flash", "peer:sdpa-efficient"}
+
+
+def test_config_refuses_unknown_attention() -> None:
+    with pytest.raises(ValueError, match=r"unknown attention\(s\) \['locl'\]; valid: .*'local'"):
+        GpuSuiteConfig(attentions=("locl",))
+
+
 @pytest.mark.parametrize("machine", ["gpu-h100", "gpu-h200"])
 def test_the_committed_gpu_pages_rebuild_byte_for_byte(machine: str) -> None:
     """benchmarks/results/<machine>/results.md is what render_markdown writes from the results.json beside it."""
