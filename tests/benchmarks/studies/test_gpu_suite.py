@@ -16,11 +16,10 @@ from rl_transformers.backbone import available
 ROOT = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture(scope="module")
-def dry_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("gpu-dry")
+def bench_gpu_dry_run(out: Path, *flags: str) -> Path:
+    """``benchmarks/bench_gpu.py --dry-run --out OUT FLAGS`` in a clean environment; returns OUT."""
     proc = subprocess.run(
-        [sys.executable, "benchmarks/bench_gpu.py", "--dry-run", "--out", str(out)],
+        [sys.executable, "benchmarks/bench_gpu.py", "--dry-run", "--out", str(out), *flags],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -29,6 +28,11 @@ def dry_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return bench_gpu_dry_run(tmp_path_factory.mktemp("gpu-dry"))
 
 
 def test_dry_run_writes_every_stage(dry_run: Path) -> None:
@@ -187,19 +191,9 @@ def test_run_sh_dry_run_records_command_commit_and_device(tmp_path: Path) -> Non
 
 
 def test_attentions_narrow_the_attention_stage_to_the_named_entries(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [
-            *[sys.executable, "benchmarks/bench_gpu.py", "--dry-run", "--out", str(tmp_path)],
-            *["--stages", "attention", "--attentions", "local", "full", "--attention-targets", "kernel"],
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = json.loads((tmp_path / "results.json").read_text())["stages"]["attention"]["data"]["rows"]
+    flags = ["--stages", "attention", "--attentions", "local", "full", "--attention-targets", "kernel"]
+    out = bench_gpu_dry_run(tmp_path, *flags)
+    rows = json.loads((out / "results.json").read_text())["stages"]["attention"]["data"]["rows"]
     assert {r["variant"] for r in rows} == {"local", "full", "sdpa", "peer:sdpa-flash", "peer:sdpa-efficient"}
 
 
