@@ -1,0 +1,75 @@
+"""Where a T-Maze corridor-100 run's policy stands at the junction, from its step checkpoints.
+
+For each ``checkpoints/step_<n>.pt`` of each run directory (``scripts/train_gtrxl.py --env-id
+rlt/TMazeAltLong-v0 --save-every N``), the probability of "east" on the last corridor step and at the junction,
+on a scripted episode that walks east all the way (the cue on either side, averaged; the run's own observation
+normaliser). A seed that learns to turn shows the junction's probability falling away from the corridor's; a
+trapped one shows it following the corridor's to 1.
+
+    python -m experiments.memory_tasks.junction_probe RUN_DIR [RUN_DIR ...] --out FILE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import torch
+
+from rl_transformers.agents.load import load
+from rl_transformers.agents.ppo_agent import PPOAgent
+from rl_transformers.utils.atomic import atomic_write_text
+
+CORRIDOR = 100
+"""Corridor length of rlt/TMazeAltLong-v0: the junction is the observation of step 100 (steps from 0)."""
+
+
+def scripted_episode() -> torch.Tensor:
+    """(2, CORRIDOR + 1, 2) observations ``[cue, at_junction]`` of an episode that walks east to the junction,
+    cue +1 in row 0 and -1 in row 1."""
+    obs = torch.zeros(2, CORRIDOR + 1, 2)
+    obs[0, 0, 0], obs[1, 0, 0] = 1.0, -1.0
+    obs[:, -1, 1] = 1.0
+    return obs
+
+
+def east_probabilities(checkpoint: Path) -> tuple[int, float, float]:
+    """(env step, p(east) on the last corridor step, p(east) at the junction) of one checkpoint."""
+    agent = load(checkpoint)
+    if not isinstance(agent, PPOAgent) or agent.step is None:
+        raise SystemExit(f"error: {checkpoint} is not a PPO step checkpoint")
+    policy, obs = agent.policy, scripted_episode()
+    starts = torch.zeros(obs.shape[:2], dtype=torch.bool)
+    starts[:, 0] = True
+    with torch.no_grad():
+        out = policy.features(obs, policy.initial_state(2), starts)
+        east = policy.actor(policy.head_inputs(out.y)[0]).logits.exp()[..., 0].mean(0)
+    return agent.step, float(east[-2]), float(east[-1])
+
+
+def probe(run: Path) -> list[list[float]]:
+    """[step, p_corridor, p_junction] per step checkpoint of ``run``, in step order."""
+    found = run.glob("checkpoints/step_*.pt")
+    ordered = sorted(found, key=lambda p: int(re.findall(r"\d+", p.name)[0]))
+    return [[step, round(c, 4), round(j, 4)] for step, c, j in map(east_probabilities, ordered)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("runs", nargs="+", type=Path, help="run directories with step checkpoints")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="JSON file: run name -> [step, p_c, p_j] rows"
+    )
+    args = parser.parse_args(argv)
+    rows = {run.name: probe(run) for run in args.runs}
+    atomic_write_text(args.out, json.dumps(rows, indent=1) + "\n")
+    for name, cells in rows.items():
+        print(name, " | ".join(f"{s // 1000}k {c:.3f}/{j:.3f}" for s, c, j in cells[::2]))
+
+
+if __name__ == "__main__":
+    main()
