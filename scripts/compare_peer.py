@@ -37,7 +37,8 @@ class CompareConfig:
     seeds: tuple[int, ...] = (0, 1, 2)
     """Training seeds (the same for every arm)."""
     total_timesteps: int = 100_000
-    """Env steps per run."""
+    """Env steps per run, the same for every arm; it overrides a task recipe's budget, so give the recipe's own
+    (rl_transformers/algos/ppo_recipes.yml) to run a recipe as shipped."""
     episodes: int = 50
     """Greedy evaluation episodes of the final policy."""
     out: Path = Path("runs/peer")

@@ -207,7 +207,7 @@ def run_arms(
             path = out / arm / f"s{seed}.json"
             if path.exists():
                 continue
-            print(f"{arm} seed {seed} ...", flush=True)
+            print(f"{arm} seed {seed}, {steps:,} env steps ...", flush=True)
             if arm == "peer":
                 record = run_peer_arm(env_id, seed, steps, episodes)
             else:
@@ -215,4 +215,4 @@ def run_arms(
                     record = run_library_arm(arm, env_id, seed, steps, episodes, extra, Path(tmp))
             record |= provenance()
             atomic_write_json(path, record)
-            print(f"  mean {np.mean(record['returns']):.1f}", flush=True)
+            print(f"  mean {np.mean(record['returns']):.4g}", flush=True)
