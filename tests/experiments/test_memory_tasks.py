@@ -57,6 +57,7 @@ def test_records_are_what_the_page_claims(task: str) -> None:
         if len({run["seed"] for run in runs_}) < report.SEEDS:  # a claim needs 10 seeds: the page says so
             assert f"`{arm}` {len(runs_)}" in page.split(report.TASKS[task], 1)[1].split("\n## ", 1)[0]
         assert {run["total_timesteps"] for run in runs_} == {gtrxl[0]["total_timesteps"]}, "equal budgets"
+        assert {run["config"]["num_envs"] for run in runs_} == {gtrxl[0]["config"]["num_envs"]}, "equal envs"
         ratio = runs_[0]["parameters"] / gtrxl[0]["parameters"]
         assert 0.9 <= ratio <= 1.1, f"{task} {arm}: {ratio:.2f}x the transformer's parameters"
 
