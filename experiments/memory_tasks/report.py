@@ -30,7 +30,7 @@ SEEDS = 10
 TASKS = {
     "repeat_previous_easy": "RepeatPreviousEasy (memory 4), 500,000 env steps",
     "repeat_previous_medium": "RepeatPreviousMedium (memory 32), 1,000,000 env steps",
-    "tmaze_alt_100": "TMazeAltLong (T-Maze corridor 100, recoverable penalty), 1,000,000 env steps",
+    "tmaze_alt_100": "TMazeAltLong (T-Maze corridor 100, recoverable penalty), 2,000,000 env steps",
 }
 """Records folder -> section title (its first word names the task in the README's line)."""
 README_BLOCK = "memory-tasks"
