@@ -28,19 +28,24 @@ REFERENCE = "gtrxl"
 SEEDS = 10
 """Seeds per arm for a claim; a table with fewer says so under it."""
 TASKS = {
-    "repeat_previous_easy": "RepeatPreviousEasy (memory 4), 500,000 env steps",
-    "repeat_previous_medium": "RepeatPreviousMedium (memory 32), 1,000,000 env steps",
-    "tmaze_alt_100": "TMazeAltLong (T-Maze corridor 100, recoverable penalty), 2,000,000 env steps",
+    "repeat_previous_easy": "RepeatPreviousEasy (memory 4)",
+    "repeat_previous_medium": "RepeatPreviousMedium (memory 32)",
+    "tmaze_alt_100": "TMazeAltLong (T-Maze corridor 100, recoverable penalty)",
 }
-"""Records folder -> section title (its first word names the task in the README's line)."""
+"""Records folder -> section title, to which the records' budget is added (its first word names the task in the
+README's line)."""
 README_BLOCK = "memory-tasks"
 
 
 def task_summaries(records: Path) -> Iterator[tuple[str, dict[str, ArmSummary]]]:
-    """(section title, per-arm summaries) of each task of :data:`TASKS` that has records, in their order."""
+    """(section title with the runs' budget, per-arm summaries) of each task of :data:`TASKS` that has records,
+    in their order."""
     for folder, title in TASKS.items():
         if any((records / folder).glob("*/s*.json")):
-            yield title, summarise(load_records(records / folder))
+            runs = load_records(records / folder)
+            budgets = sorted({run["config"]["total_timesteps"] for arm in runs.values() for run in arm})
+            steps = " / ".join(f"{b:,}" for b in budgets)
+            yield f"{title}, {steps} env steps", summarise(runs)
 
 
 def render(records: Path, preamble: str) -> str:
