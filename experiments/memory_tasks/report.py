@@ -1,6 +1,6 @@
 """Write docs/results/memory_tasks.md from the committed run records of ``records/<task>/<arm>/s<seed>.json``.
 
-One table per task (POPGym's RepeatPrevious at memory 4 and 32, T-Maze with AMAGO's recoverable penalty at
+One table per task (POPGym's RepeatPrevious at memory 4, 32 and 64, T-Maze with AMAGO's recoverable penalty at
 corridor 100): per arm every seed's final greedy score, the seeds solved (score >= :data:`SOLVED`), the
 interquartile mean with its 95 % stratified-bootstrap CI and the
 exact permutation test of every recurrent arm against the transformer, Holm-corrected
@@ -30,6 +30,7 @@ SEEDS = 10
 TASKS = {
     "repeat_previous_easy": "RepeatPreviousEasy (memory 4)",
     "repeat_previous_medium": "RepeatPreviousMedium (memory 32)",
+    "repeat_previous_hard": "RepeatPreviousHard (memory 64)",
     "tmaze_alt_100": "TMazeAltLong (T-Maze corridor 100, recoverable penalty)",
 }
 """Records folder -> section title, to which the records' budget is added (its first word names the task in the
@@ -66,7 +67,7 @@ def readme_line(records: Path) -> str:
     tasks = []
     for title, summaries in task_summaries(records):
         arms = [
-            f"`{arm}` {sum(m >= SOLVED for m in s.means)}"
+            f"{arm} {sum(m >= SOLVED for m in s.means)}"
             + (f" of {len(s.seeds)}" if len(s.seeds) < SEEDS else "")
             for arm, s in summaries.items()
         ]
