@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 
 import torch
 
 from rl_transformers.agents.load import load
 from rl_transformers.agents.ppo_agent import PPOAgent
+from rl_transformers.runs.checkpoint_load import step_files
 from rl_transformers.utils.atomic import atomic_write_text
 
 CORRIDOR = 100
@@ -51,8 +51,7 @@ def east_probabilities(checkpoint: Path) -> tuple[int, float, float]:
 
 def probe(run: Path) -> list[list[float]]:
     """[step, p_corridor, p_junction] per step checkpoint of ``run``, in step order."""
-    found = run.glob("checkpoints/step_*.pt")
-    ordered = sorted(found, key=lambda p: int(re.findall(r"\d+", p.name)[0]))
+    ordered = [path for _, path in sorted(step_files(run / "checkpoints").items())]
     return [[step, round(c, 4), round(j, 4)] for step, c, j in map(east_probabilities, ordered)]
 
 
