@@ -50,8 +50,9 @@ class CompareConfig:
     --extra=--ppo.update-epochs=10)."""
     solved: float = 475.0
     """Return at which a seed counts as solved (CartPole's reward threshold)."""
-    digits: int = 0
-    """Decimals of the per-seed returns in the table (the IQM gets one more): 2 for POPGym's [-1, 1] scores."""
+    digits: int | None = None
+    """Decimals of the per-seed returns in the table (the IQM gets one more); default 0 where a seed's mean
+    return reaches 10 in size (CartPole), else 2 (POPGym's and T-Maze's scores in [-1, 1])."""
     reference: str = "peer"
     """Arm the others are tested against (exact permutation test, Holm-corrected)."""
     preamble: Path | None = None

@@ -107,16 +107,24 @@ def summarise(arms: dict[str, list[dict[str, Any]]]) -> dict[str, ArmSummary]:
     return out
 
 
+def return_digits(summaries: dict[str, ArmSummary]) -> int:
+    """Decimals that show the returns: 0 where some seed's mean reaches 10 in size (CartPole's 0-500), else 2
+    (POPGym's and T-Maze's scores in [-1, 1], which whole numbers would round to -0 / 1)."""
+    means = [abs(m) for s in summaries.values() for m in s.means]
+    return 0 if means and max(means) >= 10 else 2
+
+
 def table(
     summaries: dict[str, ArmSummary],
     solved: float,
     reference: str | None,
     compact: bool = False,
-    digits: int = 0,
+    digits: int | None = None,
 ) -> list[str]:
     """Markdown rows: one per arm, plus the permutation test against ``reference`` where it has records;
     ``compact`` (the README's copy) leaves out parameters, the per-seed values, speed and code. Returns have
-    ``digits`` decimals (the IQM and its interval one more): 0 for CartPole's 0-500, 2 for POPGym's [-1, 1]."""
+    ``digits`` decimals (the IQM and its interval one more), by default :func:`return_digits`'s."""
+    digits = return_digits(summaries) if digits is None else digits
     tests = {}
     if reference in summaries:
         ref = summaries[reference].means
@@ -137,7 +145,9 @@ def table(
     return markdown_table(cols, rows)
 
 
-def render(records: Path, solved: float, reference: str | None, preamble: str, digits: int = 0) -> str:
+def render(
+    records: Path, solved: float, reference: str | None, preamble: str, digits: int | None = None
+) -> str:
     """The page: ``preamble`` (the experiment's own text: task, command, machine) and the table."""
     summaries = summarise(load_records(records))
     return preamble.rstrip() + "\n\n" + "\n".join(table(summaries, solved, reference, digits=digits)) + "\n"

@@ -18,6 +18,7 @@ from rl_transformers.study.peer_report import (
     load_records,
     render,
     replace_block,
+    return_digits,
     summarise,
     table,
 )
@@ -159,3 +160,16 @@ def test_digits_for_scores_on_minus_one_to_one(tmp_path: Path) -> None:
     assert "| 0.95 / 0.90 / -0.50 | 1 of 3 |" in row
     iqm = summarise(load_records(tmp_path))["gtrxl"].iqm
     assert f"| {iqm[0]:.3f} [{iqm[1]:.3f}, {iqm[2]:.3f}] |" in row
+
+
+def test_default_digits_follow_the_scale_of_the_returns(tmp_path: Path) -> None:
+    """Without ``digits`` the table shows POPGym's [-1, 1] scores with two decimals (whole numbers would print
+    them as 1 / -0) and CartPole's returns as whole numbers."""
+    _records(tmp_path / "popgym", "gtrxl", [0.954, -0.5])
+    popgym = summarise(load_records(tmp_path / "popgym"))
+    assert return_digits(popgym) == 2
+    assert "| 0.95 / -0.50 |" in next(r for r in table(popgym, 0.9, None) if r.startswith("| gtrxl |"))
+    _records(tmp_path / "cartpole", "lstm", [500.0, 228.4, 0.5])
+    cartpole = summarise(load_records(tmp_path / "cartpole"))
+    assert return_digits(cartpole) == 0
+    assert "| 500 / 228 / 0 |" in next(r for r in table(cartpole, 475, None) if r.startswith("| lstm |"))
