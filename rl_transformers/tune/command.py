@@ -9,7 +9,8 @@ SQLite study (method: rl_transformers/tune/tuner.py).
 Searches the learning rate, the entropy coefficient, the training window (--ppo.seq-len) and the encoder's
 context knob (mem_len / max_cache / window ...; hidden size for GRU / LSTM). Trials train on tuning seeds,
 disjoint from the test seeds (rl_transformers/tune/seeds.py). Writes <out>/<study>.db and <out>/<study>/
-(trial runs; best.json with the best parameters and the command that trains them).
+(trial runs; trials.json with every trial; best.json with the best parameters and the command that trains
+them).
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ API (``rl_transformers.train_ppo``) on its own tuning seed (:func:`~rl_transform
 disjoint from the test seeds), evaluate greedily every ``eval_every`` env steps and after the last update (the
 trainer's ``evaluate``: ``eval_episodes`` fresh episodes), report each evaluation to the pruner, and score the
 trial by the last evaluation (``objective="final"``) or the mean of all of them (``"mean"``: the normalised
-area under the evaluation curve). Each trial's run directory is ``<out>/<study>/trial_<n>/``; the best trial so
-far is written to ``<out>/<study>/best.json`` with the command that trains it.
+area under the evaluation curve). Each trial's run directory is ``<out>/<study>/trial_<n>/``; every trial
+(parameters, seed, value, evaluation curve) is written to ``<out>/<study>/trials.json`` and the best one so far
+to ``<out>/<study>/best.json`` with the command that trains it.
 """
 
 from __future__ import annotations
@@ -359,6 +360,7 @@ def run_tuning(cfg: TuneConfig, log: Any = print) -> Any:
             )
         except SQLAlchemyError as err:
             raise storage_error(study_file(cfg), err) from None
+    write_trials(cfg, study)
     write_best(cfg, study)
     return study
 
@@ -408,11 +410,18 @@ def check_knob_range(cfg: TuneConfig, spec: str, knob: Knob | None) -> None:
 
 
 def best_trial(study: Any) -> Any | None:
-    """The complete trial of highest value (every trial was checked when the study was opened), or None."""
+    """The complete trial of highest value (every trial was checked when the study was opened), or None.
+    Trials of equal value (several at a task's maximum, common with ``objective="final"``) are told apart by
+    the mean of their evaluations, so the one that got there sooner wins; then by the lower trial number."""
     from optuna.trial import TrialState
 
     complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
-    return max(complete, key=lambda t: t.value) if complete else None
+    return max(complete, key=lambda t: (t.value, _curve_mean(t), -t.number)) if complete else None
+
+
+def _curve_mean(trial: Any) -> float:
+    values = list(trial.intermediate_values.values())
+    return sum(values) / len(values) if values else float("-inf")
 
 
 def rebuilt(cfg: TuneConfig, trial: Any) -> tuple[str, str]:
@@ -423,6 +432,26 @@ def rebuilt(cfg: TuneConfig, trial: Any) -> tuple[str, str]:
     if knob is not None and knob.name in trial.params:
         spec = knob.apply(spec, trial.params[knob.name])
     return spec, train_command(cfg, spec, trial.params)
+
+
+def write_trials(cfg: TuneConfig, study: Any) -> Path:
+    """``<out>/<study>/trials.json``: every trial (as rl-zoo's trial report): its number, state, value, seed,
+    parameters and evaluation curve, beside the study's settings, so a study can be read (and committed)
+    without Optuna or its SQLite file."""
+    path = Path(cfg.out) / cfg.name / "trials.json"
+    trials = [
+        {
+            "trial": t.number,
+            "state": t.state.name.lower(),
+            "value": t.value,
+            "seed": t.user_attrs.get("seed"),
+            "params": t.params,
+            "curve": [[step, value] for step, value in sorted(t.intermediate_values.items())],
+        }
+        for t in study.trials
+    ]
+    atomic_write_json(path, {"study": cfg.name, "settings": cfg.settings(), "trials": trials})
+    return path
 
 
 def write_best(cfg: TuneConfig, study: Any) -> Path | None:
@@ -461,4 +490,5 @@ __all__ = [
     "train_command",
     "trial_config",
     "with_capacity_range",
+    "write_trials",
 ]

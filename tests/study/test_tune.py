@@ -23,7 +23,7 @@ from rl_transformers.tune.seeds import (
     check_disjoint,
     tuning_seed,
 )
-from rl_transformers.tune.tuner import TuneConfig, open_study, run_tuning, train_command
+from rl_transformers.tune.tuner import TuneConfig, best_trial, open_study, run_tuning, train_command
 from rl_transformers.utils.errors import UserError
 
 GRU = "policy=gru;hidden_size=8"
@@ -65,6 +65,15 @@ def test_a_two_trial_study_runs_and_resumes_from_its_sqlite_file(tmp_path) -> No
     top = next(t for t in study.trials if t.number == best["trial"])
     assert best["curve"] == [[s, v] for s, v in sorted(top.intermediate_values.items())]  # the whole trial
 
+    listed = json.loads((tmp_path / cfg.name / "trials.json").read_text())
+    assert listed["settings"]["total_timesteps"] == cfg.total_timesteps
+    assert [(t["trial"], t["params"], t["value"]) for t in listed["trials"]] == [
+        (n, p, v) for n, _, p, v in first
+    ]
+    assert all(
+        t["state"] == "complete" and [s for s, _ in t["curve"]] == [16, 32, 48] for t in listed["trials"]
+    )
+
     reopened = run_tuning(dataclasses.replace(cfg, n_trials=3), log=lambda _: None)
     assert len(reopened.trials) == 3  # one trial added, the two stored ones kept as they were
     assert [(t.number, t.state, t.params, t.value) for t in reopened.trials[:2]] == first
@@ -72,6 +81,7 @@ def test_a_two_trial_study_runs_and_resumes_from_its_sqlite_file(tmp_path) -> No
     assert reopened.trials[2].params not in [p for _, _, p, _ in first]  # not a replay of trial 0
     again = run_tuning(dataclasses.replace(cfg, n_trials=3), log=lambda _: None)
     assert len(again.trials) == 3  # nothing missing: nothing run
+    assert len(json.loads((tmp_path / cfg.name / "trials.json").read_text())["trials"]) == 3
 
     for trial in reopened.trials:  # trials never use test seeds, in the study or in the saved run config
         seed = trial.user_attrs["seed"]
@@ -245,3 +255,19 @@ def test_a_tuned_width_keeps_the_policy_within_the_parameter_tolerance(tmp_path)
     assert resolved.settings()["space"]["knob"] == [low, high]  # stored: a resumed study searches the same
     wide = dataclasses.replace(cfg, space=SearchSpace(param_tolerance=None))
     assert with_capacity_range(wide, spec, knob) == wide  # the old half-to-twice range
+
+
+def test_trials_tied_at_the_best_value_go_to_the_one_that_got_there_sooner() -> None:
+    import optuna
+    from optuna.distributions import FloatDistribution
+
+    study = optuna.create_study(direction="maximize")
+    dist = {"x": FloatDistribution(0, 1)}
+    for curve in ([0.0, 0.5, 1.0], [0.5, 1.0, 1.0], [0.0, 0.0, 0.9], [0.5, 1.0, 1.0]):
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"x": 0.5}, distributions=dist, value=curve[-1],
+                intermediate_values=dict(enumerate(curve)),
+            )
+        )  # fmt: skip
+    assert best_trial(study).number == 1  # 1.0 like trials 0 and 3, a higher mean than 0, earlier than 3
