@@ -13,10 +13,12 @@ any path rebuilds the page byte for byte (tests/experiments/test_memory_tasks.py
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 from rl_transformers.study.peer_report import ArmSummary, load_records, replace_block, summarise, table
+from rl_transformers.study.tuning_space import DEFAULT_REACH
 from rl_transformers.utils.atomic import atomic_write_text
 
 HERE = Path(__file__).resolve().parent
@@ -49,6 +51,52 @@ def task_summaries(records: Path) -> Iterator[tuple[str, dict[str, ArmSummary]]]
             yield f"{title}, {steps} env steps", summarise(runs)
 
 
+def _span(bounds: list[float]) -> str:
+    return f"{bounds[0]:g}–{bounds[1]:g}"
+
+
+def _param(name: str, value: object) -> str:
+    return f"{name} {value:.2e}" if isinstance(value, float) else f"{name} {value}"
+
+
+def tuning_tables(tuning: Path) -> Iterator[str]:
+    """One section per Optuna tuning folder ``tuning/optuna_*/`` (its studies' ``trials.json`` and ``best.json``,
+    written by ``scripts/tune.py``): every trial's score, how many were pruned, and the best trial's parameters."""
+    for folder in sorted(tuning.glob("optuna_*")):
+        studies = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*/trials.json"))]
+        if not studies:
+            continue
+        first = studies[0]["settings"]
+        space = first["space"]
+        rows = [
+            "| study | encoder | knob searched | trials | final greedy score per complete trial (trial order) | pruned "
+            "| best |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for study in studies:
+            best = json.loads((folder / study["study"] / "best.json").read_text(encoding="utf-8"))
+            done = [t for t in study["trials"] if t["state"] == "complete"]
+            pruned = [t for t in study["trials"] if t["state"] == "pruned"]
+            params = ", ".join(_param(k, v) for k, v in best["params"].items())
+            scores = " / ".join(f"{t['value']:.2f}" for t in done)
+            knob = study["settings"]["space"]["knob"] or DEFAULT_REACH
+            rows.append(
+                f"| {study['study']} | `{study['settings']['encoder']}` | {knob[0]}–{knob[1]} | {len(study['trials'])} | "
+                f"{scores} | {len(pruned)} | "
+                f"trial {best['trial']} ({best['value']:.2f}): {params} |"
+            )
+        yield (
+            f"## Optuna tuning: {first['env_id'].split('-')[1]}, {first['total_timesteps']:,} env steps per trial\n\n"
+            f"`tuning/{folder.name}/`: per study, TPE sampling ({first['n_startup_trials']} random trials first, "
+            f"sampler seed {first['sampler_seed']}), a median pruner, {first['num_envs']} envs, a greedy evaluation of "
+            f"{first['eval_episodes']} episodes every {first['eval_every']:,} steps; a trial scores its last one. "
+            f"Searched: learning rate {_span(space['learning_rate'])}, entropy coefficient {_span(space['ent_coef'])} "
+            f"(log-uniform), training window {space['seq_len']}, and the encoder's context knob (log-uniform integers: "
+            "the XL memory of the GTrXL, the hidden size of the RNNs, whose range keeps the parameters within 10 % "
+            "of the GTrXL's).\n\n" + "\n".join(rows)
+        )
+
+
 def render(records: Path, preamble: str) -> str:
     parts = [preamble.rstrip()]
     for title, summaries in task_summaries(records):
@@ -59,6 +107,7 @@ def render(records: Path, preamble: str) -> str:
                 f"**Partial**: seeds finished of {SEEDS}: {', '.join(short)}. No claim rests on this table until"
                 " every arm has them all (the runs resume from the committed records)."
             )
+    parts += tuning_tables(records.parent / "tuning")
     return "\n\n".join(parts) + "\n"
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from experiments.memory_tasks import report
+from rl_transformers.algos import recipes
 
 pytest.importorskip("rliable")
 
@@ -19,6 +20,25 @@ RECORDS = report.HERE / "records"
 
 def records(task: str) -> list[dict]:
     return [json.loads(p.read_text(encoding="utf-8")) for p in sorted((RECORDS / task).glob("*/s*.json"))]
+
+
+def shipped_recipe_problem(run: dict) -> str | None:
+    """None when ``run`` trained on the recipe the shipped file now gives its task and policy, with every value of
+    it (or on no recipe, when the file has none); else what differs."""
+    config = run["config"]
+    recipe = recipes.find(run["env_id"], config["policy"]["kind"])
+    if recipe is None:
+        return None if config["recipe"] == "none" else f"recipe {config['recipe']}, but the file has none"
+    if config["recipe"].split(" ", 1)[-1] != recipe.source.split(" ", 1)[-1]:
+        return f"recipe {config['recipe']}, the file's is {recipe.source}"
+    for key, value in recipe.values.items():
+        _, name, nest = recipes._target(key)
+        node = config
+        for part in nest:
+            node = node[part]
+        if node[name] != json.loads(json.dumps(value)):
+            return f"{key} = {node[name]!r}, the shipped recipe's is {value!r}"
+    return None
 
 
 def preamble() -> str:
@@ -52,6 +72,10 @@ def test_records_are_what_the_page_claims(task: str) -> None:
         assert len(run["returns"]) == 50, "the final policy's 50 greedy episodes"
     gtrxl = by_arm["gtrxl"]
     assert all(run["config"]["recipe"].endswith(f"{run['env_id']}/transformer") for run in gtrxl)
+    for run in runs:
+        assert shipped_recipe_problem(run) is None, (
+            f"{task} {run['arm']} s{run['seed']}: {shipped_recipe_problem(run)}"
+        )
     page = report.render(RECORDS, preamble())
     for arm, runs_ in by_arm.items():
         if len({run["seed"] for run in runs_}) < report.SEEDS:  # a claim needs 10 seeds: the page says so
