@@ -85,6 +85,15 @@ def tuning_tables(tuning: Path) -> Iterator[str]:
                 f"{scores} | {len(pruned)} | "
                 f"trial {best['trial']} ({best['value']:.2f}): {params} |"
             )
+        for tested in sorted(folder.glob("seeds_*")):
+            runs = load_records(tested)
+            rows += [
+                "",
+                f"Each study's best trial trained on the test seeds {tested.name.split('_', 1)[1]} "
+                f"(`{tested.name}/`; the arms' entries as they were then):",
+                "",
+                *table(summarise(runs), SOLVED, REFERENCE, digits=2),
+            ]
         yield (
             f"## Optuna tuning: {first['env_id'].split('-')[1]}, {first['total_timesteps']:,} env steps per trial\n\n"
             f"`tuning/{folder.name}/`: per study, TPE sampling ({first['n_startup_trials']} random trials first, "
@@ -123,7 +132,7 @@ def readme_line(records: Path) -> str:
         tasks.append(f"{title.split(' ')[0]}: {', '.join(arms)}")
     return (
         f"**Memory tasks** ([memory_tasks.md](docs/results/memory_tasks.md), generated): seeds of {SEEDS} solved"
-        f" (≥ {SOLVED}), task recipes applied; LSTM / GRU parameter-matched, untuned. "
+        f" (≥ {SOLVED}), task recipes applied; LSTM / GRU parameter-matched, Optuna-tuned on Easy only. "
         + "; ".join(tasks)
         + "."
     )

@@ -48,7 +48,10 @@ def preamble() -> str:
 def test_page_is_rebuilt_from_the_records_at_another_path(tmp_path: Path) -> None:
     assert report.render(RECORDS, preamble()) == report.PAGE.read_text(encoding="utf-8")
     shutil.copytree(RECORDS, tmp_path / "records")
+    shutil.copytree(report.HERE / "tuning", tmp_path / "tuning")  # the Optuna studies' section
     assert report.render(tmp_path / "records", preamble()) == report.PAGE.read_text(encoding="utf-8")
+    shutil.rmtree(tmp_path / "tuning")
+    assert "## Optuna tuning" not in report.render(tmp_path / "records", preamble())
 
 
 def test_a_changed_score_changes_the_page(tmp_path: Path) -> None:
