@@ -3,7 +3,8 @@
 The set-up rl-baselines3-zoo made common for RL: a TPE sampler (Bergstra et al. 2011) that samples at random for
 its first ``n_startup_trials`` trials and models the good region afterwards; a median pruner that stops a trial
 whose intermediate evaluation is below the median of earlier trials at the same step (after the same number of
-startup trials, and never before ``pruner_warmup_steps`` env steps); and a study stored in SQLite, so a killed
+startup trials, and never before ``pruner_warmup_steps`` env steps: by default a third of the budget, rl-zoo's
+warm-up); and a study stored in SQLite, so a killed
 tuning run resumes where it stopped: a second invocation with the same ``--out`` and study name adds only the
 missing trials (``n_trials`` counts finished trials: complete or pruned), and a trial left running by a killed
 process is failed by Optuna's heartbeat and retried once. A study refuses to be continued with other settings
@@ -82,8 +83,10 @@ class TuneConfig:
     """Seed of the TPE sampler."""
     n_startup_trials: int = 4
     """Random trials before TPE models the results; also the trials the pruner waits for."""
-    pruner_warmup_steps: int = 0
-    """Env steps before a trial may be pruned (0: from its first evaluation)."""
+    pruner_warmup_steps: int | None = None
+    """Env steps before a trial may be pruned (0: from its first evaluation). Default: a third of
+    --total-timesteps, as rl-zoo's pruner waits for a third of a trial's evaluations (early evaluations at a
+    task's chance level differ by noise alone, so a pruner acting on them stops trials at random)."""
     threads: int = 1
     """torch threads per trial."""
     device: str = "auto"
@@ -98,7 +101,7 @@ class TuneConfig:
                 raise UserError(f"must be an integer >= 1, got {getattr(self, name)!r}", source=_flag(name))
         if self.objective not in ("final", "mean"):
             raise UserError(f"{choice_hint(self.objective, ('final', 'mean'))}", source="--objective")
-        if self.n_startup_trials < 0 or self.pruner_warmup_steps < 0:
+        if self.n_startup_trials < 0 or (self.pruner_warmup_steps or 0) < 0:
             raise UserError("--n-startup-trials and --pruner-warmup-steps must be >= 0")
 
     @property
@@ -244,6 +247,11 @@ class Objective:
         return values[-1] if cfg.objective == "final" else sum(values) / len(values)
 
 
+def warmup_steps(cfg: TuneConfig) -> int:
+    """Env steps before the pruner may stop a trial (``--pruner-warmup-steps``, default a third of the budget)."""
+    return cfg.total_timesteps // 3 if cfg.pruner_warmup_steps is None else cfg.pruner_warmup_steps
+
+
 def study_file(cfg: TuneConfig) -> Path:
     return Path(cfg.out) / f"{cfg.name}.db"
 
@@ -289,7 +297,7 @@ def _open_study(cfg: TuneConfig, spec: str) -> Any:
             **stale,
         )
     pruner = optuna.pruners.MedianPruner(
-        n_startup_trials=cfg.n_startup_trials, n_warmup_steps=cfg.pruner_warmup_steps
+        n_startup_trials=cfg.n_startup_trials, n_warmup_steps=warmup_steps(cfg)
     )
     study = optuna.create_study(
         study_name=cfg.name, storage=storage, pruner=pruner, direction="maximize", load_if_exists=True
@@ -489,6 +497,7 @@ __all__ = [
     "run_tuning",
     "train_command",
     "trial_config",
+    "warmup_steps",
     "with_capacity_range",
     "write_trials",
 ]

@@ -23,7 +23,14 @@ from rl_transformers.tune.seeds import (
     check_disjoint,
     tuning_seed,
 )
-from rl_transformers.tune.tuner import TuneConfig, best_trial, open_study, run_tuning, train_command
+from rl_transformers.tune.tuner import (
+    TuneConfig,
+    best_trial,
+    open_study,
+    run_tuning,
+    train_command,
+    warmup_steps,
+)
 from rl_transformers.utils.errors import UserError
 
 GRU = "policy=gru;hidden_size=8"
@@ -271,3 +278,11 @@ def test_trials_tied_at_the_best_value_go_to_the_one_that_got_there_sooner() -> 
             )
         )  # fmt: skip
     assert best_trial(study).number == 1  # 1.0 like trials 0 and 3, a higher mean than 0, earlier than 3
+
+
+def test_the_pruner_waits_a_third_of_the_budget_by_default_as_rl_zoo(tmp_path) -> None:
+    study = open_study(tiny(tmp_path), GRU)  # 48 env steps per trial
+    assert warmup_steps(tiny(tmp_path)) == 16 and study.pruner._n_warmup_steps == 16
+    assert warmup_steps(tiny(tmp_path, pruner_warmup_steps=0)) == 0  # from the first evaluation, when asked
+    with pytest.raises(UserError, match="pruner-warmup-steps"):
+        tiny(tmp_path, pruner_warmup_steps=-1)
