@@ -68,6 +68,8 @@ def tuning_tables(tuning: Path) -> Iterator[str]:
             continue
         first = studies[0]["settings"]
         space = first["space"]
+        warmup = first["pruner_warmup_steps"]
+        warmup = first["total_timesteps"] // 3 if warmup is None else warmup  # scripts/tune.py's default
         rows = [
             "| study | encoder | knob searched | trials | final greedy score per complete trial (trial order) | pruned "
             "| best |",
@@ -97,7 +99,8 @@ def tuning_tables(tuning: Path) -> Iterator[str]:
         yield (
             f"## Optuna tuning: {first['env_id'].split('-')[1]}, {first['total_timesteps']:,} env steps per trial\n\n"
             f"`tuning/{folder.name}/`: per study, TPE sampling ({first['n_startup_trials']} random trials first, "
-            f"sampler seed {first['sampler_seed']}), a median pruner, {first['num_envs']} envs, a greedy evaluation of "
+            f"sampler seed {first['sampler_seed']}), a median pruner acting from step {warmup:,}, {first['num_envs']} envs, "
+            "a greedy evaluation of "
             f"{first['eval_episodes']} episodes every {first['eval_every']:,} steps; a trial scores its last one. "
             f"Searched: learning rate {_span(space['learning_rate'])}, entropy coefficient {_span(space['ent_coef'])} "
             f"(log-uniform), training window {space['seq_len']}, and the encoder's context knob (log-uniform integers: "
