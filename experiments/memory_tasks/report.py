@@ -16,9 +16,11 @@ import argparse
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from rl_transformers.study.peer_report import ArmSummary, load_records, replace_block, summarise, table
 from rl_transformers.study.tuning_space import DEFAULT_REACH
+from rl_transformers.tune.tuner import warmup_steps
 from rl_transformers.utils.atomic import atomic_write_text
 
 HERE = Path(__file__).resolve().parent
@@ -59,6 +61,20 @@ def _param(name: str, value: object) -> str:
     return f"{name} {value:.2e}" if isinstance(value, float) else f"{name} {value}"
 
 
+def _study_row(study: dict[str, Any], best_file: Path) -> str:
+    """One study's table row: its knob range, every complete trial's score, the pruned count, the best trial."""
+    best = json.loads(best_file.read_text(encoding="utf-8"))
+    done = [t for t in study["trials"] if t["state"] == "complete"]
+    pruned = sum(t["state"] == "pruned" for t in study["trials"])
+    params = ", ".join(_param(k, v) for k, v in best["params"].items())
+    scores = " / ".join(f"{t['value']:.2f}" for t in done)
+    knob = study["settings"]["space"]["knob"] or DEFAULT_REACH
+    return (
+        f"| {study['study']} | `{study['settings']['encoder']}` | {knob[0]}–{knob[1]} | {len(study['trials'])} | "
+        f"{scores} | {pruned} | trial {best['trial']} ({best['value']:.2f}): {params} |"
+    )
+
+
 def tuning_tables(tuning: Path) -> Iterator[str]:
     """One section per Optuna tuning folder ``tuning/optuna_*/`` (its studies' ``trials.json`` and ``best.json``,
     written by ``scripts/tune.py``): every trial's score, how many were pruned, and the best trial's parameters."""
@@ -68,25 +84,13 @@ def tuning_tables(tuning: Path) -> Iterator[str]:
             continue
         first = studies[0]["settings"]
         space = first["space"]
-        warmup = first["pruner_warmup_steps"]
-        warmup = first["total_timesteps"] // 3 if warmup is None else warmup  # scripts/tune.py's default
+        warmup = warmup_steps(first["total_timesteps"], first["pruner_warmup_steps"])
         rows = [
             "| study | encoder | knob searched | trials | final greedy score per complete trial (trial order) | pruned "
             "| best |",
             "|---|---|---|---|---|---|---|",
         ]
-        for study in studies:
-            best = json.loads((folder / study["study"] / "best.json").read_text(encoding="utf-8"))
-            done = [t for t in study["trials"] if t["state"] == "complete"]
-            pruned = [t for t in study["trials"] if t["state"] == "pruned"]
-            params = ", ".join(_param(k, v) for k, v in best["params"].items())
-            scores = " / ".join(f"{t['value']:.2f}" for t in done)
-            knob = study["settings"]["space"]["knob"] or DEFAULT_REACH
-            rows.append(
-                f"| {study['study']} | `{study['settings']['encoder']}` | {knob[0]}–{knob[1]} | {len(study['trials'])} | "
-                f"{scores} | {len(pruned)} | "
-                f"trial {best['trial']} ({best['value']:.2f}): {params} |"
-            )
+        rows += [_study_row(study, folder / study["study"] / "best.json") for study in studies]
         for tested in sorted(folder.glob("seeds_*")):
             runs = load_records(tested)
             rows += [

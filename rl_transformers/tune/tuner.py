@@ -247,9 +247,9 @@ class Objective:
         return values[-1] if cfg.objective == "final" else sum(values) / len(values)
 
 
-def warmup_steps(cfg: TuneConfig) -> int:
+def warmup_steps(total_timesteps: int, pruner_warmup_steps: int | None) -> int:
     """Env steps before the pruner may stop a trial (``--pruner-warmup-steps``, default a third of the budget)."""
-    return cfg.total_timesteps // 3 if cfg.pruner_warmup_steps is None else cfg.pruner_warmup_steps
+    return total_timesteps // 3 if pruner_warmup_steps is None else pruner_warmup_steps
 
 
 def study_file(cfg: TuneConfig) -> Path:
@@ -297,7 +297,8 @@ def _open_study(cfg: TuneConfig, spec: str) -> Any:
             **stale,
         )
     pruner = optuna.pruners.MedianPruner(
-        n_startup_trials=cfg.n_startup_trials, n_warmup_steps=warmup_steps(cfg)
+        n_startup_trials=cfg.n_startup_trials,
+        n_warmup_steps=warmup_steps(cfg.total_timesteps, cfg.pruner_warmup_steps),
     )
     study = optuna.create_study(
         study_name=cfg.name, storage=storage, pruner=pruner, direction="maximize", load_if_exists=True

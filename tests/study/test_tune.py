@@ -282,7 +282,7 @@ def test_trials_tied_at_the_best_value_go_to_the_one_that_got_there_sooner() -> 
 
 def test_the_pruner_waits_a_third_of_the_budget_by_default_as_rl_zoo(tmp_path) -> None:
     study = open_study(tiny(tmp_path), GRU)  # 48 env steps per trial
-    assert warmup_steps(tiny(tmp_path)) == 16 and study.pruner._n_warmup_steps == 16
-    assert warmup_steps(tiny(tmp_path, pruner_warmup_steps=0)) == 0  # from the first evaluation, when asked
+    assert warmup_steps(48, tiny(tmp_path).pruner_warmup_steps) == 16 and study.pruner._n_warmup_steps == 16
+    assert warmup_steps(48, 0) == 0  # from the first evaluation, when asked
     with pytest.raises(UserError, match="pruner-warmup-steps"):
         tiny(tmp_path, pruner_warmup_steps=-1)
