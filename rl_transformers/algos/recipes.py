@@ -131,6 +131,13 @@ def _target(key: str) -> tuple[type, str, tuple[str, ...]]:
     return TrainConfig, key, ()
 
 
+def config_path(key: str) -> tuple[str, ...]:
+    """Where a recipe key's value sits in a run's ``config.json``: ``ppo.learning_rate`` -> ("ppo",
+    "learning_rate"), ``backbone.position`` -> ("policy", "backbone", "position")."""
+    _, name, nest = _target(key)
+    return (*nest, name)
+
+
 SETTABLE_TOP = frozenset({"env_kwargs", "total_timesteps", "num_envs", "eval_every", "eval_episodes"})
 """The TrainConfig fields a recipe may set (the run's bookkeeping stays the user's)."""
 

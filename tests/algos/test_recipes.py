@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from rl_transformers.algos.ppo_config import TrainConfig
-from rl_transformers.algos.recipes import Recipe, apply, find, load_recipes
+from rl_transformers.algos.recipes import Recipe, apply, config_path, find, load_recipes
 from rl_transformers.policies import PolicyConfig
+from rl_transformers.utils.config_json import to_jsonable
 from rl_transformers.utils.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,6 +32,21 @@ def test_shipped_recipes_validate_and_build() -> None:
         policy = PolicyConfig(kind=kind if kind != "any" else "transformer")  # type: ignore[arg-type]
         cfg = apply(TrainConfig(env_id=env_id, policy=policy), recipe)
         assert cfg.recipe == recipe.source and recipe.source.startswith("ppo_recipes.yml:")
+
+
+def test_config_path_finds_every_shipped_value_in_the_saved_config() -> None:
+    for (env_id, kind), recipe in load_recipes().items():
+        policy = PolicyConfig(kind=kind if kind != "any" else "transformer")  # type: ignore[arg-type]
+        saved = to_jsonable(apply(TrainConfig(env_id=env_id, policy=policy), recipe))  # as config.json
+        for key, value in recipe.values.items():
+            node = saved
+            for part in config_path(key):
+                node = node[part]
+            assert node == json.loads(json.dumps(value)), (env_id, kind, key)
+    assert config_path("backbone.position") == ("policy", "backbone", "position")
+    assert config_path("ppo.gamma") == ("ppo", "gamma")
+    assert config_path("hidden_size") == ("policy", "hidden_size")
+    assert config_path("num_envs") == ("num_envs",)
 
 
 def test_the_zoo_entry_holds_the_zoo_values() -> None:

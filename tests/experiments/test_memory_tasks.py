@@ -32,12 +32,11 @@ def shipped_recipe_problem(run: dict) -> str | None:
     if config["recipe"].split(" ", 1)[-1] != recipe.source.split(" ", 1)[-1]:
         return f"recipe {config['recipe']}, the file's is {recipe.source}"
     for key, value in recipe.values.items():
-        _, name, nest = recipes._target(key)
         node = config
-        for part in nest:
+        for part in recipes.config_path(key):
             node = node[part]
-        if node[name] != json.loads(json.dumps(value)):
-            return f"{key} = {node[name]!r}, the shipped recipe's is {value!r}"
+        if node != json.loads(json.dumps(value)):
+            return f"{key} = {node!r}, the shipped recipe's is {value!r}"
     return None
 
 
