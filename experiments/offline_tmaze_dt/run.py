@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+from experiments._driver import checked_commit, machine, recorded_command, train_dt
+from rl_transformers.utils.atomic import atomic_write_json
+
 HERE = Path(__file__).resolve().parent
 RECORDS = HERE / "records"
 DATASET = "rlt/tmaze-{L}/mixed-e0-r20-v0"
@@ -41,15 +38,6 @@ BUDGET = {int(k): int(v) for k, v in _RECIPE["budget"].items()}
 EVALUATIONS = int(_RECIPE["evaluations"])
 
 
-def flags(settings: dict[str, Any]) -> list[str]:
-    """``train_dt.py`` flags of ``settings`` (``backbone.x`` keys are backbone flags)."""
-    out: list[str] = []
-    for key, value in settings.items():
-        out.append("--" + key.replace("_", "-"))
-        out += [str(v) for v in value] if isinstance(value, list) else [str(value)]
-    return out
-
-
 def settings_of(length: int, seed: int, overrides: dict[str, Any]) -> dict[str, Any]:
     """Every ``train_dt.py`` setting of the run (corridor ``length``, ``seed``) with ``overrides`` applied."""
     budget = int(overrides.pop("total_steps", BUDGET[length]))
@@ -64,33 +52,6 @@ def settings_of(length: int, seed: int, overrides: dict[str, Any]) -> dict[str, 
     }
     settings.update(overrides)
     return settings
-
-
-def git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-
-
-def commit_state(records: Path) -> tuple[str, bool]:
-    """(HEAD commit, whether the tree differs from it outside the records folder)."""
-    exclude = (
-        f":(exclude){records.resolve().relative_to(ROOT)}" if records.resolve().is_relative_to(ROOT) else ""
-    )
-    status = git("status", "--porcelain", "--", ".", *([exclude] if exclude else []))
-    return git("rev-parse", "HEAD"), bool(status)
-
-
-def machine() -> str:
-    """CPU model, cores, OS and torch version of this machine."""
-    import torch
-
-    model = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        names = [
-            x.split(":", 1)[1].strip() for x in cpuinfo.read_text().splitlines() if x.startswith("model name")
-        ]
-        model = names[0] if names else model
-    return f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, torch {torch.__version__}"
 
 
 def curve(run_dir: Path) -> list[dict[str, float]]:
@@ -116,19 +77,12 @@ def run_one(length: int, seed: int, args: argparse.Namespace, overrides: dict[st
     out = Path(args.records) / f"L{length}" / f"s{seed}.json"
     if out.exists():
         return out
-    commit, dirty = commit_state(Path(args.records))
-    if dirty and not args.allow_dirty:
-        sys.exit(f"uncommitted changes outside {args.records}: commit first (or --allow-dirty for tuning)")
+    commit, dirty = checked_commit(Path(args.records), args.allow_dirty)
     settings = settings_of(length, seed, dict(overrides))
     run_root = Path(args.runs) / f"L{length}" / f"s{seed}"
-    command = [sys.executable, "scripts/train_dt.py", *flags(settings)]
-    command += ["--dataset-root", str(args.dataset_root), "--run-root", str(run_root), "--no-progress"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    start = time.time()
-    with open(Path(args.runs) / f"L{length}-s{seed}.log", "w") as log:
-        subprocess.run([*command, "--threads", "1"], cwd=ROOT, env=env, stdout=log, stderr=log, check=True)
-    wall = time.time() - start
-    run_dir = max((run_root / "dt").glob("*/*"), key=lambda p: p.stat().st_mtime)
+    run_dir, wall = train_dt(
+        settings, args.dataset_root, run_root, Path(args.runs) / f"L{length}-s{seed}.log"
+    )
     points = curve(run_dir)
     record = {
         "corridor": length,
@@ -141,12 +95,9 @@ def run_one(length: int, seed: int, args: argparse.Namespace, overrides: dict[st
         "commit": commit,
         "dirty": dirty,
         "machine": machine(),
-        "command": " ".join(
-            ["python", "scripts/train_dt.py", *flags(settings), "--dataset-root datasets/minari"]
-        ),
+        "command": recorded_command(settings),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1) + "\n")
+    atomic_write_json(out, record, indent=1)  # a kill leaves the old record or none, never half of one
     return out
 
 
