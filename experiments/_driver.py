@@ -46,6 +46,24 @@ def train_dt(
     return max((run_root / algo).glob("*/*"), key=lambda p: p.stat().st_mtime), wall
 
 
+def write_record(
+    out: Path, fields: dict[str, Any], settings: dict[str, Any], wall: float, commit: str, dirty: bool
+) -> Path:
+    """Write the record ``fields`` + the run's provenance (wall seconds, commit, whether the tree was dirty,
+    machine, command) to ``out`` atomically: a kill leaves the old record or none, never half of one."""
+    from rl_transformers.utils.atomic import atomic_write_json
+
+    record = {
+        **fields,
+        "wall_s": round(wall, 1),
+        "commit": commit,
+        "dirty": dirty,
+        "machine": machine(),
+        "command": recorded_command(settings),
+    }
+    return atomic_write_json(out, record, indent=1)
+
+
 def git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 

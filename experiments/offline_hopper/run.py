@@ -22,7 +22,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from experiments._driver import checked_commit, machine, recorded_command, train_dt
+from experiments._driver import checked_commit, train_dt, write_record
 from rl_transformers.utils.atomic import atomic_write_json
 
 HERE = Path(__file__).resolve().parent
@@ -87,19 +87,13 @@ def run_one(arm: str, seed: int, args: argparse.Namespace) -> Path:
     settings = settings_of(arm, seed)
     run_root = Path(args.runs) / arm / f"s{seed}"
     run_dir, wall = train_dt(settings, args.dataset_root, run_root, Path(args.runs) / f"{arm}-s{seed}.log")
-    record = {
+    fields = {
         "arm": arm,
         "seed": seed,
         "settings": settings,
         **final_evaluation(run_dir),
-        "wall_s": round(wall, 1),
-        "commit": commit,
-        "dirty": dirty,
-        "machine": machine(),
-        "command": recorded_command(settings),
     }
-    atomic_write_json(out, record, indent=1)  # a kill leaves the old record or none, never half of one
-    return out
+    return write_record(out, fields, settings, wall, commit, dirty)
 
 
 def describe(returns: list[float], steps: int, ref_min: float, ref_max: float) -> dict[str, Any]:

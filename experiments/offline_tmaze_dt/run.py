@@ -16,8 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from experiments._driver import checked_commit, machine, recorded_command, train_dt
-from rl_transformers.utils.atomic import atomic_write_json
+from experiments._driver import checked_commit, train_dt, write_record
 
 HERE = Path(__file__).resolve().parent
 RECORDS = HERE / "records"
@@ -84,21 +83,15 @@ def run_one(length: int, seed: int, args: argparse.Namespace, overrides: dict[st
         settings, args.dataset_root, run_root, Path(args.runs) / f"L{length}-s{seed}.log"
     )
     points = curve(run_dir)
-    record = {
+    fields = {
         "corridor": length,
         "seed": seed,
         "settings": settings,
         "final_success": points[-1]["success"],
         "final_return": points[-1]["return"],
         "curve": points,
-        "wall_s": round(wall, 1),
-        "commit": commit,
-        "dirty": dirty,
-        "machine": machine(),
-        "command": recorded_command(settings),
     }
-    atomic_write_json(out, record, indent=1)  # a kill leaves the old record or none, never half of one
-    return out
+    return write_record(out, fields, settings, wall, commit, dirty)
 
 
 def parse_override(text: str) -> tuple[str, Any]:

@@ -97,6 +97,19 @@ def test_a_dirty_tree_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert not (tmp_path / "records" / "dt" / "s0.json").exists()
 
 
+def test_a_run_writes_its_record_with_provenance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_driver, "commit_state", lambda records: ("c" * 40, False))
+    monkeypatch.setattr(run, "train_dt", lambda *args: (tmp_path / "run", 12.34))
+    final = {"step": 6000, "target": None, "episodes": 100, "mean_return": 444.1, "normalized_score": 14.3}
+    monkeypatch.setattr(run, "final_evaluation", lambda run_dir: final)
+    record = json.loads(run.run_one("bc", 3, args_for(tmp_path)).read_text())
+    assert record["arm"] == "bc" and record["seed"] == 3 and record["settings"] == run.settings_of("bc", 3)
+    assert {k: record[k] for k in final} == final
+    assert (record["wall_s"], record["commit"], record["dirty"]) == (12.3, "c" * 40, False)
+    assert record["command"].startswith("python scripts/train_dt.py --algo bc ") and record["machine"]
+    assert not list((tmp_path / "records" / "bc").glob(".*.tmp")), "no temp file left beside the record"
+
+
 def test_an_existing_record_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "records" / "bc" / "s1.json"
     path.parent.mkdir(parents=True)
