@@ -27,8 +27,11 @@ PAGE = ROOT / "docs" / "results" / "offline_tmaze_dt.md"
 SOLVED = 0.9
 """A run solves its corridor when its final success rate is at least this (a policy that ignores the cue
 succeeds in about half of the episodes: 0.44 or 0.56 on the 50 evaluation episodes)."""
-SEEDS = tuple(range(10))
-CORRIDORS = (10, 50, 200)
+TEST_SEEDS = {
+    int(k): tuple(v) for k, v in json.loads((HERE / "recipe.json").read_text())["test_seeds"].items()
+}
+"""Each corridor's test seeds (recipe.json)."""
+CORRIDORS = tuple(TEST_SEEDS)
 PREAMBLE = HERE / "preamble.md"
 
 
@@ -57,7 +60,7 @@ def summary_rows(runs: dict[int, list[dict[str, Any]]]) -> list[str]:
     for L in CORRIDORS:
         rs = runs.get(L, [])
         if not rs:
-            lines.append(f"| {L} | {L + 1} ({3 * (L + 1)}) | – | 0 / {len(SEEDS)} | – | – | – | – |")
+            lines.append(f"| {L} | {L + 1} ({3 * (L + 1)}) | – | 0 / {len(TEST_SEEDS[L])} | – | – | – | – |")
             continue
         iqm, lo, hi = intervals[str(L)]
         solved = sum(r["final_success"] >= SOLVED for r in rs)
@@ -65,7 +68,7 @@ def summary_rows(runs: dict[int, list[dict[str, Any]]]) -> list[str]:
         mean_return = statistics.fmean(r["final_return"] for r in rs)
         wall = statistics.median(r["wall_s"] for r in rs)
         lines.append(
-            f"| {L} | {L + 1} ({3 * (L + 1)}) | {updates} | {len(rs)} / {len(SEEDS)} | **{solved} / {len(rs)}** "
+            f"| {L} | {L + 1} ({3 * (L + 1)}) | {updates} | {len(rs)} / {len(TEST_SEEDS[L])} | **{solved} / {len(rs)}** "
             f"| {iqm:.2f} [{lo:.2f}, {hi:.2f}] | {mean_return:.2f} | {wall:.0f} |"
         )
     return lines
@@ -88,8 +91,8 @@ def seed_rows(runs: dict[int, list[dict[str, Any]]]) -> list[str]:
 
 
 def tuning_rows(tuning: Path) -> list[str]:
-    """Per recipe (folder of ``tuning/``), corridor and tuning seed: the success at every evaluation, and whether
-    the run found the cue at some evaluation and held it at the end."""
+    """Per recipe (folder of ``tuning/`` or ``superseded/``), corridor and seed: the success at every evaluation,
+    and whether the run found the cue at some evaluation and held it at the end."""
     lines = [
         "| recipe | L | seed | success at each evaluation | found (≥ 0.9 once) | held at the end |",
         "|---|---|---|---|---|---|",
@@ -108,7 +111,7 @@ def missing(runs: dict[int, list[dict[str, Any]]]) -> list[str]:
     out = []
     for L in CORRIDORS:
         have = {r["seed"] for r in runs.get(L, [])}
-        lost = [s for s in SEEDS if s not in have]
+        lost = [s for s in TEST_SEEDS[L] if s not in have]
         if lost:
             out.append(f"- corridor {L}: seeds {', '.join(map(str, lost))} not run.")
     return out
@@ -130,7 +133,10 @@ def provenance(runs: dict[int, list[dict[str, Any]]]) -> list[str]:
 
 
 def render(
-    records: Path = HERE / "records", tuning: Path = HERE / "tuning", preamble: Path = PREAMBLE
+    records: Path = HERE / "records",
+    tuning: Path = HERE / "tuning",
+    preamble: Path = PREAMBLE,
+    superseded: Path = HERE / "superseded",
 ) -> str:
     runs = load(records)
     parts = [preamble.read_text().rstrip("\n"), "", "## Result", ""]
@@ -140,6 +146,8 @@ def render(
         parts += ["", "Not run:", "", *gaps]
     parts += ["", "## Every seed", "", *seed_rows(runs)]
     parts += ["", "## Recipe evidence (tuning seeds, not the test seeds)", "", *tuning_rows(tuning)]
+    if superseded.exists():
+        parts += ["", "## Superseded test runs (an earlier recipe)", "", *tuning_rows(superseded)]
     parts += ["", "## Provenance", "", *provenance(runs)]
     return "\n".join(parts) + "\n"
 

@@ -6,7 +6,7 @@ success rate and mean return of every evaluation (50 greedy episodes at target r
 machine and the command. Records of the experiment need a clean tree (the records folder aside): a run from
 uncommitted code does not count. Existing records are kept (the run is resumable by rerunning the command).
 
-    python -m experiments.offline_tmaze_dt.run --corridors 10 50 200 --seeds 0 1 2 3 4 5 6 7 8 9
+    python -m experiments.offline_tmaze_dt.run --corridors 10 50 200   # each corridor's test seeds
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ _RECIPE = json.loads(RECIPE_FILE.read_text())
 BACKBONE: dict[str, Any] = _RECIPE["backbone"]
 RECIPE: dict[str, Any] = _RECIPE["dt"]
 BUDGET = {int(k): int(v) for k, v in _RECIPE["budget"].items()}
+TEST_SEEDS = {int(k): [int(s) for s in v] for k, v in _RECIPE["test_seeds"].items()}
+"""The test seeds of each corridor: 0-9, but 10-19 at corridor 10, whose budget was raised after its seeds 0-9
+had run (those runs: ``superseded/``)."""
 EVALUATIONS = int(_RECIPE["evaluations"])
 
 
@@ -106,7 +109,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--corridors", type=int, nargs="+", default=sorted(BUDGET), choices=sorted(BUDGET))
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", help="seeds to run (default: each corridor's test seeds, recipe.json)"
+    )
     parser.add_argument(
         "--records", default=str(RECORDS), help="where records go: <records>/L<L>/s<seed>.json"
     )
@@ -117,7 +122,7 @@ def main() -> None:
     args = parser.parse_args()
     Path(args.runs).mkdir(parents=True, exist_ok=True)
     for length in args.corridors:
-        for seed in args.seeds:
+        for seed in args.seeds or TEST_SEEDS[length]:
             path = run_one(length, seed, args, dict(args.set))
             record = json.loads(path.read_text())
             print(

@@ -47,6 +47,7 @@ def test_records_are_runs_of_the_shipped_recipe_from_committed_code() -> None:
     for r in found:
         settings = r["settings"]
         assert not r["dirty"] and len(r["commit"]) == 40
+        assert r["seed"] in recipe["test_seeds"][str(r["corridor"])], "a test seed of its corridor"
         assert settings["context_len"] == r["corridor"] + 1  # the whole episode in context
         assert settings["total_steps"] == recipe["budget"][str(r["corridor"])]
         assert {k: settings[k] for k in recipe["dt"]} == recipe["dt"]
