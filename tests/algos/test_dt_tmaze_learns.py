@@ -16,7 +16,8 @@ import pytest
 
 RECIPE = Path(__file__).resolve().parents[2] / "experiments" / "offline_tmaze_dt" / "recipe.json"
 LENGTH = 10
-SEED = 0
+SEED = json.loads(RECIPE.read_text())["test_seeds"][str(LENGTH)][0]
+"""The first test seed of corridor 10 (the experiment's record of it solves the corridor)."""
 
 
 @pytest.mark.slow
