@@ -91,7 +91,7 @@ def seed_rows(runs: dict[int, list[dict[str, Any]]]) -> list[str]:
 
 
 def tuning_rows(tuning: Path) -> list[str]:
-    """Per recipe (folder of ``tuning/`` or ``superseded/``), corridor and seed: the success at every evaluation,
+    """Per recipe (folder of ``tuning/``, ``superseded/`` or ``diagnosis/``), corridor and seed: the success at every evaluation,
     and whether the run found the cue at some evaluation and held it at the end."""
     lines = [
         "| recipe | L | seed | success at each evaluation | found (≥ 0.9 once) | held at the end |",
@@ -132,11 +132,18 @@ def provenance(runs: dict[int, list[dict[str, Any]]]) -> list[str]:
     return lines
 
 
+EXTRA_SECTIONS = (
+    ("superseded", "Superseded test runs (an earlier recipe)"),
+    ("diagnosis", "Test seeds that never found the cue, re-run under other settings (diagnosis, not tests)"),
+)
+"""Folders of runs beside the test (``<folder>/<name>/L<L>/s<seed>.json``) and their sections' titles."""
+
+
 def render(
     records: Path = HERE / "records",
     tuning: Path = HERE / "tuning",
     preamble: Path = PREAMBLE,
-    superseded: Path = HERE / "superseded",
+    extra: Path = HERE,
 ) -> str:
     runs = load(records)
     parts = [preamble.read_text().rstrip("\n"), "", "## Result", ""]
@@ -146,8 +153,9 @@ def render(
         parts += ["", "Not run:", "", *gaps]
     parts += ["", "## Every seed", "", *seed_rows(runs)]
     parts += ["", "## Recipe evidence (tuning seeds, not the test seeds)", "", *tuning_rows(tuning)]
-    if superseded.exists():
-        parts += ["", "## Superseded test runs (an earlier recipe)", "", *tuning_rows(superseded)]
+    for folder, title in EXTRA_SECTIONS:
+        if (extra / folder).exists():
+            parts += ["", f"## {title}", "", *tuning_rows(extra / folder)]
     parts += ["", "## Provenance", "", *provenance(runs)]
     return "\n".join(parts) + "\n"
 
