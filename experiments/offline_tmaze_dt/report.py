@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from experiments.offline_tmaze_dt.run import TEST_SEEDS
 from rl_transformers.study.aggregate import iqm_intervals
 
 HERE = Path(__file__).resolve().parent
@@ -27,10 +28,6 @@ PAGE = ROOT / "docs" / "results" / "offline_tmaze_dt.md"
 SOLVED = 0.9
 """A run solves its corridor when its final success rate is at least this (a policy that ignores the cue
 succeeds in about half of the episodes: 0.44 or 0.56 on the 50 evaluation episodes)."""
-TEST_SEEDS = {
-    int(k): tuple(v) for k, v in json.loads((HERE / "recipe.json").read_text())["test_seeds"].items()
-}
-"""Each corridor's test seeds (recipe.json)."""
 CORRIDORS = tuple(TEST_SEEDS)
 PREAMBLE = HERE / "preamble.md"
 
