@@ -150,8 +150,9 @@ class TrainConfig(RunConfig):
     """Gymnasium id (``module:Env-v0`` imports the module first; ``rlt/...`` ids are the memory tasks)."""
     recipe: str = "auto"
     """Per-task recipe (rl_transformers/algos/ppo_recipes.yml, keyed by env id and policy): auto applies the
-    task's entry when it has one (flags given still win), none keeps the library's defaults, or a YAML file of
-    the same layout. config.json records the entry applied (file:line env/policy) or none."""
+    task's entry over the file's default entry, where it has them (flags given still win), none keeps the
+    library's defaults, or a YAML file of the same layout. config.json records the entries applied
+    (file:line env/policy, joined by " + ") or none."""
     env_kwargs: JsonDict = field(default_factory=dict)
     """Keyword arguments of gym.make, as JSON (e.g. '{"corridor_length": 5}')."""
     total_timesteps: int = 300_000

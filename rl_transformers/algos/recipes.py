@@ -11,10 +11,16 @@ The shipped file is ``rl_transformers/algos/ppo_recipes.yml``. Its layout::
         hidden_size: 64            # a PolicyConfig field (the policy's flags are top-level)
         backbone.position: rope    # a BackboneConfig field
 
-Every value is checked against the field's type, every key against the config's fields and every env id
-against Gymnasium's registry when the file is read: a bad entry is a :class:`UserError` naming the file and
-line. ``scripts/train_gtrxl.py`` applies the entry of its task and policy (``--recipe auto``, the default),
-prints which one, and records it in ``config.json`` (``recipe``); ``--recipe none`` opts out, and ``--recipe
+      default:                     # optional: what every task starts from, for a policy kind (or "any")
+        transformer:
+          backbone.position: rope
+
+A task's entry is laid over the file's ``default`` entry of the same kind (its own values win), so an entry
+holds only what that task needs beyond the default; a task without an entry gets the default alone. Every value
+is checked against the field's type, every key against the config's fields and every env id against
+Gymnasium's registry when the file is read: a bad entry is a :class:`UserError` naming the file and line.
+``scripts/train_gtrxl.py`` applies the recipe of its task and policy (``--recipe auto``, the default), prints
+which entries, and records them in ``config.json`` (``recipe``); ``--recipe none`` opts out, and ``--recipe
 FILE`` reads another file of the same layout. The values are data: nothing in a recipe file is imported or run.
 """
 
@@ -30,6 +36,8 @@ from rl_transformers.utils.errors import UserError
 SHIPPED = Path(__file__).with_name("ppo_recipes.yml")
 KINDS = ("transformer", "lstm", "gru", "mlp", "any")
 NOTE = "note"
+DEFAULT = "default"
+"""The top-level key of the entries every task starts from (not an env id)."""
 
 
 @dataclass(frozen=True)
@@ -37,7 +45,7 @@ class Recipe:
     """One entry: where it came from and its values (flag-style keys, underscores)."""
 
     source: str
-    """``<file>:<line> <env id>/<kind>``."""
+    """``<file>:<line> <env id>/<kind>``, or two of them joined by `` + `` (the default's, then the task's)."""
     values: dict[str, Any]
     note: str = ""
 
@@ -81,7 +89,8 @@ def load_recipes(path: Path = SHIPPED) -> dict[tuple[str, str], Recipe]:
     recipes: dict[tuple[str, str], Recipe] = {}
     for env_id, kinds in data.items():
         where = f"{path}:{lines.get((str(env_id),), '?')}"
-        _check_env_id(str(env_id), where)
+        if env_id != DEFAULT:
+            _check_env_id(str(env_id), where)
         if not isinstance(kinds, dict):
             raise UserError(f"{where}: {env_id!r} must map policy kinds {list(KINDS)} to values")
         for kind, values in kinds.items():
@@ -170,9 +179,17 @@ def settable_keys() -> set[str]:
 
 
 def find(env_id: str, kind: str, path: Path = SHIPPED) -> Recipe | None:
-    """The recipe of ``env_id`` for policy ``kind`` (its own, else the env's "any" entry), or None."""
+    """The recipe of ``env_id`` for policy ``kind``: the task's entry (its own kind's, else its "any") laid over
+    the file's default entry (likewise), either alone where the other is missing, or None."""
     recipes = load_recipes(path)
-    return recipes.get((env_id, kind)) or recipes.get((env_id, "any"))
+
+    def entry(key: str) -> Recipe | None:
+        return recipes.get((key, kind)) or recipes.get((key, "any"))
+
+    base, own = entry(DEFAULT), entry(env_id)
+    if base is None or own is None:
+        return own or base
+    return Recipe(f"{base.source} + {own.source}", base.values | own.values, own.note or base.note)
 
 
 def apply(cfg: Any, recipe: Recipe) -> Any:

@@ -74,8 +74,12 @@ def test_the_zoo_entry_holds_the_zoo_values() -> None:
         ("rlt/TMaze-v0:\n  lstm:\n    seed: 3\n", r"recipes.yml:3 .*unknown recipe key 'seed'"),
         ("rlt/TMaze-v0:\n  lstm:\n    ppo.gamma: [1\n", r"recipes.yml is not valid YAML"),
         ("- a list\n", r"top level must map env ids"),
+        (
+            "default:\n  transformer:\n    ppo.gama: 0.9\n",
+            r"recipes.yml:3 \(default/transformer\).*'ppo.gama'",
+        ),
     ],
-    ids=["env-id", "kind", "key", "type", "bookkeeping", "yaml", "layout"],
+    ids=["env-id", "kind", "key", "type", "bookkeeping", "yaml", "layout", "default-key"],
 )
 def test_bad_recipe_files_name_file_and_line(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(UserError, match=message):
@@ -88,6 +92,25 @@ def test_any_entry_and_a_bad_value_combination(tmp_path: Path) -> None:
     assert isinstance(recipe, Recipe) and recipe.values == {"ppo.seq_len": 5}
     with pytest.raises(UserError, match=r"recipe .*recipes.yml:2 rlt/TMaze-v0/any: .*multiple of seq_len"):
         apply(TrainConfig(env_id="rlt/TMaze-v0"), recipe)
+
+
+def test_a_task_entry_is_laid_over_the_default_entry(tmp_path: Path) -> None:
+    text = (
+        "default:\n  transformer:\n    norm_obs: true\n    ppo.gamma: 0.9\n"
+        "rlt/TMaze-v0:\n  transformer:\n    ppo.gamma: 0.95\n  gru:\n    num_envs: 8\n"
+    )
+    path = _write(tmp_path, text)
+    both = find("rlt/TMaze-v0", "transformer", path)
+    assert both is not None and both.values == {"norm_obs": True, "ppo.gamma": 0.95}  # the task's value wins
+    assert both.source == f"{path}:2 default/transformer + {path}:6 rlt/TMaze-v0/transformer"
+    cfg = apply(TrainConfig(env_id="rlt/TMaze-v0"), both)
+    assert cfg.ppo.gamma == 0.95 and cfg.policy.norm_obs and cfg.recipe == both.source
+    alone = find("rlt/TMazeShort-v0", "transformer", path)  # a task without an entry gets the default
+    assert alone is not None and alone.values == {"norm_obs": True, "ppo.gamma": 0.9}
+    assert alone.source == f"{path}:2 default/transformer"
+    gru = find("rlt/TMaze-v0", "gru", path)  # no default for the GRU: its own entry alone
+    assert gru is not None and gru.values == {"num_envs": 8} and "default" not in gru.source
+    assert find("rlt/TMazeShort-v0", "lstm", path) is None
 
 
 def _train(tmp_path: Path, *flags: str) -> tuple[dict, str]:
