@@ -22,14 +22,21 @@ def records(task: str) -> list[dict]:
     return [json.loads(p.read_text(encoding="utf-8")) for p in sorted((RECORDS / task).glob("*/s*.json"))]
 
 
+def task_entry(source: str) -> str:
+    """The task's own entry that a recipe source names, without file and line ("rlt/X-v0/transformer"): the
+    last of the entries joined by " + " (a default entry comes first)."""
+    return source.split(" + ")[-1].split(" ", 1)[-1]
+
+
 def shipped_recipe_problem(run: dict) -> str | None:
-    """None when ``run`` trained on the recipe the shipped file now gives its task and policy, with every value of
-    it (or on no recipe, when the file has none); else what differs."""
+    """None when ``run`` trained on its task's entry and with every value of the recipe the shipped file now
+    gives its task and policy (the default's values included, which runs made before the file had a default
+    gave as flags), or on no recipe when the file has none; else what differs."""
     config = run["config"]
     recipe = recipes.find(run["env_id"], config["policy"]["kind"])
     if recipe is None:
         return None if config["recipe"] == "none" else f"recipe {config['recipe']}, but the file has none"
-    if config["recipe"].split(" ", 1)[-1] != recipe.source.split(" ", 1)[-1]:
+    if task_entry(config["recipe"]) != task_entry(recipe.source):
         return f"recipe {config['recipe']}, the file's is {recipe.source}"
     for key, value in recipe.values.items():
         node = config
