@@ -58,6 +58,16 @@ def test_the_zoo_entry_holds_the_zoo_values() -> None:
     assert find("rlt/CartPoleNoVel-v0", "gru") is None and find("rlt/TMaze-v0", "lstm") is None
 
 
+def test_the_shipped_default_lies_under_every_transformer_entry() -> None:
+    hard = find("rlt/popgym-RepeatPreviousHard-v0", "transformer")
+    assert hard is not None and hard.source.split(" + ")[0].endswith(" default/transformer")
+    assert hard.values["backbone.position"] == "rope" and hard.values["backbone.memory_options"] == {
+        "mem_len": 64
+    }
+    alone = find("rlt/TMaze-v0", "transformer")  # no entry: the default alone
+    assert alone is not None and alone.values == {"backbone.position": "rope"}
+
+
 @pytest.mark.parametrize(
     "text,message",
     [
@@ -139,5 +149,8 @@ def test_cli_applies_the_recipe_under_the_flags_given(tmp_path: Path) -> None:
     small = ["--num-envs", "2", "--ppo.num-steps", "16", "--ppo.seq-len", "8", "--no-match-params"]
     plain, err = _train(tmp_path / "none", *env, *small, "--recipe", "none")
     assert "recipe:" not in err and plain["recipe"] == "none" and plain["ppo"]["gamma"] == 0.99
-    other, _ = _train(tmp_path / "no-entry", "--env-id", "rlt/TMazeShort-v0", *small[:-1])
-    assert other["recipe"] == "none"  # auto, but the task has no entry
+    default, err = _train(tmp_path / "default", "--env-id", "rlt/TMazeShort-v0", *small[:-1])
+    assert default["recipe"].endswith(" default/transformer") and "default/transformer" in err  # no entry
+    assert default["policy"]["backbone"]["position"] == "rope"
+    other, _ = _train(tmp_path / "no-entry", "--env-id", "rlt/TMazeShort-v0", "--policy", "gru", *small[:-1])
+    assert other["recipe"] == "none"  # auto, but neither the task nor the default has a GRU entry

@@ -44,8 +44,9 @@ def test_the_decision_says_whether_the_library_default_follows_it(monkeypatch) -
 
     found = runs({"RepeatPreviousMedium": {cc.DEFAULT: -0.5, ROPE: 1.0, CRITIC: -0.5}})
     assert not cc.applied("position=rope") and not cc.applied("critic=separate")  # xl_relative, shared
-    assert cc.applied("") and decide(found).endswith("`position=rope`, not applied: the README's tasks, re-run "
-                                                      "with it, fell below the default (encoder_study.md).")  # fmt: skip
+    assert cc.applied("") and decide(found).endswith("`position=rope`, not GTrXL's own default (below it on "
+                                                      "CartPoleNoVel at PPO's defaults: encoder_study.md), the "
+                                                      "recipes' default (default_recipe.md).")  # fmt: skip
     monkeypatch.setattr(gtrxl.PolicyConfig, "__eq__", lambda a, b: True)  # every config "is" the default
     assert decide(found).endswith("`position=rope` is GTrXL's default.")
 
