@@ -51,6 +51,8 @@ ZOO_LSTM = [
     *["--obs-encoder", "none", "--head-hidden", "64", "--init", "torch", "--ppo.vf-coef", "1.0"],
     *["--norm-obs", "--ppo.norm-reward", "--ppo.anneal-clip", "--ppo.no-clip-vloss"],
 ]
+XL_RELATIVE = ["--backbone.position", "xl_relative"]
+"""GTrXL's own positions, which the arms made before the recipes' default (rotary positions) keep."""
 ARMS: dict[str, list[str]] = {
     "lstm_zoo": [*ZOO_LSTM, "--ppo.norm-obs-update", "step"],
     "lstm_zoo_obs_per_rollout": [*ZOO_LSTM, "--ppo.norm-obs-update", "rollout"],
@@ -72,8 +74,9 @@ ARMS: dict[str, list[str]] = {
             "--ppo.vf-coef",
             "1.0",
         ],
+        *XL_RELATIVE,
     ],
-    "gtrxl_norm": ["--num-envs", "8", "--norm-obs", "--ppo.norm-reward"],
+    "gtrxl_norm": ["--num-envs", "8", "--norm-obs", "--ppo.norm-reward", *XL_RELATIVE],
 }
 """Library arms: train_gtrxl.py flags after the env id, seed and budget. ``lstm_zoo``: rl-zoo's CartPoleNoVel
 recipe with the peer's network (an LSTM of 64 on the observation, a critic LSTM, one hidden layer of 64 in each
@@ -81,12 +84,13 @@ head, PyTorch's initialisation: 43,331 parameters, the peer's count) and every z
 observations and rewards, each observation joining the statistics as it arrives, annealed clip range, no value
 clipping, SB3's value loss without the ½, hence vf_coef 1.0 for the zoo's 0.5); ``lstm_zoo_obs_per_rollout``:
 the same with the observation statistics merged once per rollout; ``lstm_zoo_raw``: the zoo's numbers on the library's LSTM policy without those
-conventions; ``gtrxl``: the library's defaults (and the task's recipe where one applies); ``lstm`` / ``gru``:
+conventions; ``gtrxl``: the library's defaults under the recipe train_gtrxl.py applies (the transformer default's rotary positions and the task's entry); ``lstm`` / ``gru``:
 the library's recurrent baselines with the same defaults, sized to the GTrXL's parameter count (within 10 %);
 ``gru_seq128``: that GRU trained on windows of 128 steps (rollouts of 128), so back-propagation through time
 reaches a cue up to 128 steps back (the default windows of 16 cannot teach a recurrent state to keep it longer); ``gtrxl_zoo``: the default GTrXL
 under the zoo's recipe and conventions; ``gtrxl_norm``: the library's PPO defaults with 8 envs and
-VecNormalize-style observation and reward scaling."""
+VecNormalize-style observation and reward scaling. Both keep GTrXL's own ``xl_relative`` positions, as their
+records (made before the recipes' transformer default) have them; ``gtrxl`` gets the default."""
 
 
 def provenance() -> dict[str, Any]:
