@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[dev,offline,plots,popgym,minigrid,faiss,study,video,peers,refs]"
+	$(BIN)/pip install -q -e ".[dev,offline,plots,mujoco,popgym,minigrid,faiss,study,video,peers,refs]"
 	touch $(STAMP)
 
 test: venv
