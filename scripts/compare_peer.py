@@ -8,7 +8,8 @@ task, seeds and evaluation protocol (the final policy, greedy, --episodes fresh 
 The published page: experiments/peer_cartpole_novel/README.md gives its command.
 
 Each (arm, seed) is one record ``<out>/<arm>/s<seed>.json`` (written atomically): a second invocation skips the
-finished ones, so an interrupted comparison resumes. Arms (:data:`rl_transformers.study.peer_compare.ARMS`):
+finished ones, so an interrupted comparison resumes; with --save-every a run stopped midway resumes from its
+last checkpoint. Arms (:data:`rl_transformers.study.peer_compare.ARMS`):
 ``peer`` is RecurrentPPO with the zoo's ``ppo_lstm.yml`` entry for the task; the others are
 ``scripts/train_gtrxl.py`` runs, each with the flags listed there, run in a subprocess (one torch thread).
 """
@@ -43,6 +44,10 @@ class CompareConfig:
     """Greedy evaluation episodes of the final policy."""
     out: Path = Path("runs/peer")
     """Records directory (resumable)."""
+    save_every: int = 0
+    """Checkpoint each library run every N env steps, in <out>/.partial/, so that a run stopped midway (a killed
+    job, a machine's end) resumes from its last checkpoint when the same command runs again; its record lists
+    the steps it resumed from. 0: a run stopped midway starts again."""
     report_only: bool = False
     """Only print the table of the records in --out."""
     extra: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = field(default_factory=tuple)
@@ -69,7 +74,16 @@ def main(cfg: CompareConfig) -> None:
         if unknown:
             print(f"error: unknown arm(s) {unknown}; valid: ['peer', *{sorted(ARMS)}]", file=sys.stderr)
             raise SystemExit(2)
-        run_arms(cfg.env_id, cfg.arms, cfg.seeds, cfg.total_timesteps, cfg.episodes, cfg.out, cfg.extra)
+        run_arms(
+            cfg.env_id,
+            cfg.arms,
+            cfg.seeds,
+            cfg.total_timesteps,
+            cfg.episodes,
+            cfg.out,
+            cfg.extra,
+            cfg.save_every,
+        )
     summaries = summarise(load_records(cfg.out))
     print("\n".join(table(summaries, cfg.solved, cfg.reference, digits=cfg.digits)))
     if cfg.page is not None:

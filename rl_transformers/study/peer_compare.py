@@ -1,7 +1,7 @@
 """Side-by-side runs of this library's policies and sb3-contrib's RecurrentPPO (``scripts/compare_peer.py``).
 
 One record per (arm, seed), ``<out>/<arm>/s<seed>.json``, written atomically once the run is evaluated, so an
-interrupted comparison resumes where it stopped. A library arm is a ``scripts/train_gtrxl.py`` run with the
+interrupted comparison resumes where it stopped (and, with checkpoints, a run midway: :func:`run_arms`). A library arm is a ``scripts/train_gtrxl.py`` run with the
 flags of :data:`ARMS` in a subprocess (one torch thread, no evaluation during training), then
 ``scripts/evaluate.py --episodes N`` on its final checkpoint; the peer arm is :func:`~.peer_ppo.run_peer`.
 Both evaluate the final policy greedily on fresh episodes. CPU seconds are the training process's own
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,7 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from rl_transformers.runs.checkpoint_load import read_checkpoint
 from rl_transformers.utils.atomic import atomic_write_json
+from rl_transformers.utils.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
 ZOO_CARTPOLE_NOVEL = [
@@ -51,6 +54,8 @@ ZOO_LSTM = [
     *["--obs-encoder", "none", "--head-hidden", "64", "--init", "torch", "--ppo.vf-coef", "1.0"],
     *["--norm-obs", "--ppo.norm-reward", "--ppo.anneal-clip", "--ppo.no-clip-vloss"],
 ]
+PARTIAL = ".partial"
+"""The folder of ``--out`` that holds the runs under way when they checkpoint (``run_arms(save_every=...)``)."""
 XL_RELATIVE = ["--backbone.position", "xl_relative"]
 """GTrXL's own positions, which the arms made before the recipes' default (rotary positions) keep."""
 ARMS: dict[str, list[str]] = {
@@ -121,11 +126,10 @@ def _run(cmd: list[str], log: Path) -> None:
         raise RuntimeError(f"{' '.join(cmd[:3])} ... failed with exit {proc.returncode}; log: {log}")
 
 
-def run_library_arm(
-    arm: str, env_id: str, seed: int, steps: int, episodes: int, extra: tuple[str, ...], work: Path
-) -> dict[str, Any]:
-    """Train and evaluate one library arm; the record's fields (see the module docstring)."""
-    root = work / f"{arm}-s{seed}"
+def _train_command(
+    arm: str, env_id: str, seed: int, steps: int, extra: tuple[str, ...], root: Path, save_every: int
+) -> list[str]:
+    """The ``train_gtrxl.py`` command of a fresh run of ``arm`` (one thread, no evaluation during training)."""
     train = [
         sys.executable,
         str(ROOT / "scripts" / "train_gtrxl.py"),
@@ -135,9 +139,60 @@ def run_library_arm(
         str(seed),
     ]
     train += ["--total-timesteps", str(steps), "--eval-every", "0", "--threads", "1", "--run-root", str(root)]
-    train += [*ARMS[arm], *extra]
+    if save_every > 0:
+        train += ["--save-every", str(save_every), "--keep-checkpoints", "1"]
+    return [*train, *ARMS[arm], *extra]
+
+
+def _resume_point(work: Path, request: dict[str, Any]) -> Path | None:
+    """The run directory of an interrupted run of the same ``request`` in ``work`` that has a checkpoint to
+    resume, or None to start afresh (a run stopped before its first checkpoint is started again). A run of
+    another request there is refused: resuming it would record the wrong flags."""
+    saved = work / "request.json"
+    if not saved.exists():
+        return None
+    old = json.loads(saved.read_text(encoding="utf-8"))
+    if old != request:
+        raise UserError(
+            f"holds an interrupted run of {old}, not of {request}: run the same command to resume it, or "
+            "delete the folder to start afresh",
+            source=str(work),
+        )
+    last = [p.parent.parent for p in work.rglob("checkpoints/last.pt")]
+    return last[0] if last else None
+
+
+def run_library_arm(
+    arm: str,
+    env_id: str,
+    seed: int,
+    steps: int,
+    episodes: int,
+    extra: tuple[str, ...],
+    work: Path,
+    save_every: int = 0,
+) -> dict[str, Any]:
+    """Train and evaluate one library arm in ``work``; the record's fields (see the module docstring). With
+    ``save_every`` > 0 the run checkpoints every that many env steps, and a later call with the same ``work``
+    resumes it from its last checkpoint; the record then lists the steps it resumed from (``resumed_at``), and
+    its CPU seconds are those of the last stretch, over ``cpu_steps`` env steps."""
+    root = work / f"{arm}-s{seed}"
+    request = {"arm": arm, "env_id": env_id, "seed": seed, "steps": steps, "flags": [*ARMS[arm], *extra]}
+    resume = _resume_point(work, request)
+    history = work / "resumed_at.json"
+    resumed = (
+        json.loads(history.read_text(encoding="utf-8")) if resume is not None and history.exists() else []
+    )
+    if resume is None:
+        shutil.rmtree(root, ignore_errors=True)
+        atomic_write_json(work / "request.json", request)
+        train = _train_command(arm, env_id, seed, steps, extra, root, save_every)
+    else:
+        resumed.append(int(read_checkpoint(resume / "checkpoints" / "last.pt")["global_step"]))
+        atomic_write_json(history, resumed)
+        train = [sys.executable, str(ROOT / "scripts" / "train_gtrxl.py"), "--resume", str(resume)]
     cpu0, wall0 = _child_cpu(), time.perf_counter()
-    _run(train, work / f"{arm}-s{seed}.train.log")
+    _run(train, work / f"{arm}-s{seed}.train{len(resumed)}.log")
     cpu, wall = _child_cpu() - cpu0, time.perf_counter() - wall0
     (run_dir,) = [p.parent for p in root.rglob("config.json")]
     _run(
@@ -145,26 +200,32 @@ def run_library_arm(
         work / f"{arm}-s{seed}.eval.log",
     )
     evaluated = json.loads((run_dir / "eval" / "evaluate-last.json").read_text(encoding="utf-8"))
-    config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
-    params = _parameters(work / f"{arm}-s{seed}.train.log")
-    curve = []  # (env step, mean training return of the last 100 episodes), every 10th update
-    for i, line in enumerate((run_dir / "progress.jsonl").read_text(encoding="utf-8").splitlines()):
-        row = json.loads(line)
-        if i % 10 == 0 and "rollout/ep_rew_mean" in row:
-            curve.append([int(row["step"]), round(float(row["rollout/ep_rew_mean"]), 2)])
-    return {
+    record = {
         "arm": arm,
-        "flags": [*ARMS[arm], *extra],
+        "flags": request["flags"],
         "env_id": env_id,
         "seed": seed,
         "total_timesteps": int(evaluated["step"]),
         "returns": [float(r) for r in evaluated["results"][0]["returns"]],
-        "parameters": params,
+        "parameters": _parameters(work / f"{arm}-s{seed}.train0.log"),
         "cpu_seconds": cpu,
         "wall_seconds": wall,
-        "config": config,
-        "curve": curve,
+        "config": json.loads((run_dir / "config.json").read_text(encoding="utf-8")),
+        "curve": _curve(run_dir / "progress.jsonl"),
     }
+    if resumed:
+        record |= {"resumed_at": resumed, "cpu_steps": record["total_timesteps"] - resumed[-1]}
+    return record
+
+
+def _curve(progress: Path) -> list[list[float]]:
+    """(env step, mean training return of the last 100 episodes), every 10th update."""
+    curve = []
+    for i, line in enumerate(progress.read_text(encoding="utf-8").splitlines()):
+        row = json.loads(line)
+        if i % 10 == 0 and "rollout/ep_rew_mean" in row:
+            curve.append([int(row["step"]), round(float(row["rollout/ep_rew_mean"]), 2)])
+    return curve
 
 
 def _parameters(log: Path) -> int | None:
@@ -204,8 +265,12 @@ def run_arms(
     episodes: int,
     out: Path,
     extra: tuple[str, ...] = (),
+    save_every: int = 0,
 ) -> None:
-    """Every (arm, seed) whose record is missing, seed-major (so a stopped comparison has whole seeds)."""
+    """Every (arm, seed) whose record is missing, seed-major (so a stopped comparison has whole seeds). With
+    ``save_every`` > 0 a library run works in ``<out>/.partial/<arm>-s<seed>/``, checkpointing every that many env
+    steps, so a run stopped midway resumes there (:func:`run_library_arm`); the folder goes once the record is
+    written."""
     for seed in seeds:
         for arm in arms:
             path = out / arm / f"s{seed}.json"
@@ -214,9 +279,15 @@ def run_arms(
             print(f"{arm} seed {seed}, {steps:,} env steps ...", flush=True)
             if arm == "peer":
                 record = run_peer_arm(env_id, seed, steps, episodes)
+            elif save_every > 0:
+                work = out / PARTIAL / f"{arm}-s{seed}"
+                work.mkdir(parents=True, exist_ok=True)
+                record = run_library_arm(arm, env_id, seed, steps, episodes, extra, work, save_every)
             else:
                 with tempfile.TemporaryDirectory(prefix="rlt-peer-") as tmp:
                     record = run_library_arm(arm, env_id, seed, steps, episodes, extra, Path(tmp))
             record |= provenance()
             atomic_write_json(path, record)
+            if save_every > 0:
+                shutil.rmtree(out / PARTIAL / f"{arm}-s{seed}")
             print(f"  mean {np.mean(record['returns']):.4g}", flush=True)

@@ -94,7 +94,10 @@ def summarise(arms: dict[str, list[dict[str, Any]]]) -> dict[str, ArmSummary]:
     intervals = iqm_intervals(scores)
     out = {}
     for arm, rs in arms.items():
-        rate = float(np.mean([r["total_timesteps"] / max(float(r["cpu_seconds"]), 1e-9) for r in rs]))
+        # a resumed run's CPU seconds cover its last stretch, ``cpu_steps`` env steps
+        rate = float(
+            np.mean([r.get("cpu_steps", r["total_timesteps"]) / max(r["cpu_seconds"], 1e-9) for r in rs])
+        )
         out[arm] = ArmSummary(
             arm,
             [int(r["seed"]) for r in rs],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -109,3 +110,58 @@ def test_compare_command_takes_several_extra_flags() -> None:
     cfg = tyro.cli(compare.CompareConfig, args=args)
     assert cfg.extra == ("--norm-obs", "--ppo.num-steps=128")
     assert tyro.cli(compare.CompareConfig, args=[]).extra == ()
+
+
+TINY = ("--num-envs", "2", "--ppo.num-steps", "16", "--ppo.seq-len", "8", "--ppo.update-epochs", "1")
+TINY += ("--backbone.d-model", "16", "--backbone.n-layers", "1", "--backbone.n-heads", "2", "--no-progress")
+
+
+def test_a_run_killed_midway_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    """--save-every: the comparison and its training run are killed together (a job's end); the same command
+    then resumes the run from its last checkpoint instead of starting it again, and the record says so."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from rl_transformers.runs.checkpoint_load import read_checkpoint
+    from rl_transformers.study.peer_compare import PARTIAL, ROOT, run_arms
+
+    args = ("rlt/TMazeShort-v0", ("gtrxl",), (0,), 12_800, 2, tmp_path, TINY, 64)
+    code = (
+        f"from pathlib import Path\nfrom rl_transformers.study.peer_compare import run_arms\nrun_arms{args!r}"
+    )
+    code = code.replace("PosixPath(", "Path(")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, start_new_session=True)
+    work, deadline = tmp_path / PARTIAL / "gtrxl-s0", time.monotonic() + 120
+    while not list(work.rglob("checkpoints/step_*.pt")):
+        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (tmp_path / "gtrxl" / "s0.json").exists()
+    (last,) = work.rglob("checkpoints/last.pt")
+    stopped = int(read_checkpoint(last)["global_step"])
+    assert 0 < stopped < 12_800
+
+    run_arms(*args)
+    record = json.loads((tmp_path / "gtrxl" / "s0.json").read_text())
+    assert record["resumed_at"] == [stopped] and record["total_timesteps"] == 12_800
+    assert record["cpu_steps"] == 12_800 - stopped and record["parameters"] is not None
+    steps = [step for step, _ in record["curve"]]
+    # the resumed run continued the same progress log, whose rows past the checkpoint were dropped
+    assert all(a < b for a, b in itertools.pairwise(steps)) and steps[-1] > stopped
+    assert not work.exists()  # the partial run is gone once its record is written
+
+
+def test_a_partial_run_of_another_command_is_refused(tmp_path: Path) -> None:
+    from rl_transformers.study.peer_compare import PARTIAL, run_arms
+    from rl_transformers.utils.atomic import atomic_write_json
+
+    work = tmp_path / PARTIAL / "gtrxl-s0"
+    work.mkdir(parents=True)
+    atomic_write_json(work / "request.json", {"arm": "gtrxl", "seed": 0, "flags": ["--norm-obs"]})
+    with pytest.raises(UserError, match=r"interrupted run of .*--norm-obs") as err:
+        run_arms("rlt/TMazeShort-v0", ("gtrxl",), (0,), 1024, 2, tmp_path, TINY, 64)
+    assert str(work) in str(err.value) and not (tmp_path / "gtrxl" / "s0.json").exists()

@@ -173,3 +173,13 @@ def test_default_digits_follow_the_scale_of_the_returns(tmp_path: Path) -> None:
     cartpole = summarise(load_records(tmp_path / "cartpole"))
     assert return_digits(cartpole) == 0
     assert "| 500 / 228 / 0 |" in next(r for r in table(cartpole, 475, None) if r.startswith("| lstm |"))
+
+
+def test_speed_of_a_resumed_run_counts_its_last_stretch(tmp_path: Path) -> None:
+    """A resumed record's CPU seconds cover the env steps since its last resume (``cpu_steps``), not the whole
+    budget: 1,000 steps in 2 s and 250 steps in 1 s are 500 and 250 steps per CPU-second."""
+    _records(tmp_path, "a", [1.0, 2.0])
+    resumed = json.loads((tmp_path / "a" / "s1.json").read_text())
+    resumed |= {"resumed_at": [750], "cpu_steps": 250, "cpu_seconds": 1.0}
+    (tmp_path / "a" / "s1.json").write_text(json.dumps(resumed))
+    assert summarise(load_records(tmp_path))["a"].steps_per_cpu_s == pytest.approx((500 + 250) / 2)
