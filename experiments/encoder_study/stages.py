@@ -320,17 +320,8 @@ def run_confirm(
         write_report,
     )
 
-    if cfg.flags.workers < 1:
-        raise UserError(f"must be >= 1, got {cfg.flags.workers}", source="--workers")
-    if cfg.stage == "tune" and cfg.flags.stop_starting_after_h is not None:
-        raise UserError("limits the run stage only (tuning studies resume trial by trial: stop them with Ctrl-C)",
-                        source="--stop-starting-after-h")  # fmt: skip
+    _check_flags(cfg)
     start_by = launch.start_limit(cfg.flags.stop_starting_after_h)
-    extra = sorted(set(cfg.seeds) - set(cp.SEEDS))
-    if extra:  # the documents cover the protocol's seeds only; others would run and never be reported
-        raise UserError(
-            f"seeds {extra} are not test seeds of the confirmation stage {list(cp.SEEDS)}", source="--seeds"
-        )
     table = rows if rows is not None else cp.encoder_rows()
     settings = candidates if candidates is not None else ([] if rows is not None else list(cp.CANDIDATES))
     chosen = select([*table, *settings], cfg.encoders)
@@ -388,11 +379,34 @@ def run_confirm(
     check_nothing_lost(found, committed, guard=cfg.flags.restore)
     write_report(found, table, tuned, docs, command_line(cfg), settings)
     log(f"wrote {docs}/{files.PAGE}, {files.RECORDS} ({len(found)} runs)")
-    if cfg.readme is not None and docs.resolve() != REPO_DOCS.resolve():
-        log(f"{cfg.readme} left alone: its headline follows the repository's docs/results, not --docs {docs}")
-    elif cfg.readme is not None and write_headline(Path(cfg.readme), docs / files.PAGE):
-        log(f"rewrote the encoder-study headline of {cfg.readme}")
+    _write_headline(cfg, log)
     return {"jobs": len(jobs), "records": len(found)}
+
+
+def _check_flags(cfg: ConfirmConfig) -> None:
+    """Refuse flags the confirmation stage cannot honour, before anything runs."""
+    if cfg.flags.workers < 1:
+        raise UserError(f"must be >= 1, got {cfg.flags.workers}", source="--workers")
+    if cfg.stage == "tune" and cfg.flags.stop_starting_after_h is not None:
+        raise UserError("limits the run stage only (tuning studies resume trial by trial: stop them with Ctrl-C)",
+                        source="--stop-starting-after-h")  # fmt: skip
+    extra = sorted(set(cfg.seeds) - set(cp.SEEDS))
+    if extra:  # the documents cover the protocol's seeds only; others would run and never be reported
+        raise UserError(
+            f"seeds {extra} are not test seeds of the confirmation stage {list(cp.SEEDS)}", source="--seeds"
+        )
+
+
+def _write_headline(cfg: ConfirmConfig, log) -> None:
+    """Rewrite the README's headline from the page just written, when that page is the repository's own."""
+    if cfg.readme is None:
+        return
+    if cfg.docs.resolve() != REPO_DOCS.resolve():
+        log(
+            f"{cfg.readme} left alone: its headline follows the repository's docs/results, not --docs {cfg.docs}"
+        )
+    elif write_headline(Path(cfg.readme), cfg.docs / files.PAGE):
+        log(f"rewrote the encoder-study headline of {cfg.readme}")
 
 
 def command_line(cfg: ConfirmConfig) -> str:
