@@ -320,17 +320,9 @@ class CompressiveMemory(Memory):
         ctx.add_aux("compressive_autoencoding", ae_loss)
         ctx.add_aux("compressive_attention_reconstruction", attn_loss)
 
-        # Append the new groups to the compressed FIFO and keep each row's last m_cm slots.
-        ch_all = torch.cat([state.ch, new_ch], dim=2)
-        fill_all = torch.cat([state.cfill, groups_present], dim=1)
-        width = min(o.cmem_len, ch_all.shape[2])
-        target = keep_last_filled(fill_all, width)
-        ch = scatter_columns(ch_all, target, width, 2)
-        cpos = scatter_columns(torch.cat([state.cpos, groups_pos], dim=1), target, width, 1)
-        cvalid = scatter_columns(
-            torch.cat([state.cvalid, groups_valid & groups_present], 1), target, width, 1
+        ch, cpos, cvalid, cfill = self._push_compressed(
+            state, new_ch, groups_pos, groups_valid, groups_present
         )
-        cfill = scatter_columns(fill_all, target, width, 1)
 
         # Uncompressed: the FIFO plus the (< c) evicted memories whose group is not complete yet.
         keep = min(total, m + c - 1)
@@ -358,6 +350,19 @@ class CompressiveMemory(Memory):
             ctx.add_info("backbone/memory_fill", (out.valid & out.live).float().mean(1).mean().detach())
             ctx.add_info("backbone/cmem_fill", (cvalid.float().sum(1) / o.cmem_len).mean().detach())
         return out
+
+    def _push_compressed(
+        self, state: CompressiveMemoryState, new_ch: Tensor, pos: Tensor, valid: Tensor, present: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(ch, cpos, cvalid, cfill): the new groups appended to the compressed FIFO, each row's last m_cm kept."""
+        ch_all = torch.cat([state.ch, new_ch], dim=2)
+        fill_all = torch.cat([state.cfill, present], dim=1)
+        width = min(self.options.cmem_len, ch_all.shape[2])
+        target = keep_last_filled(fill_all, width)
+        ch = scatter_columns(ch_all, target, width, 2)
+        cpos = scatter_columns(torch.cat([state.cpos, pos], dim=1), target, width, 1)
+        cvalid = scatter_columns(torch.cat([state.cvalid, valid & present], 1), target, width, 1)
+        return ch, cpos, cvalid, scatter_columns(fill_all, target, width, 1)
 
     def _usage(self, state: CompressiveMemoryState, ctx: ForwardContext, t: int) -> Tensor:
         """(B, L, W + T) attention received so far by every uncompressed column (old columns accumulate)."""
