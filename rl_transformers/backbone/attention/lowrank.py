@@ -251,6 +251,45 @@ class MemoryCompressedAttention(Attention):
             )
         return torch.cat(outs, dim=2)
 
+    def eager_blocks(
+        self,
+        qa: Tensor,
+        keys_c: Tensor,
+        vals_c: Tensor,
+        kb: Tensor,
+        vb: Tensor,
+        see: Tensor,
+        comp_valid: Tensor,
+        old_valid: Tensor,
+        allow_l: Tensor,
+    ) -> Tensor:
+        """:meth:`fused_blocks`'s result in one masked softmax over every query block (its arguments)."""
+        b, h, n, c, d = qa.shape
+        n_old = old_valid.shape[1]
+        allow_c = torch.cat(
+            [
+                old_valid[:, None, None, :].expand(b, n, c, n_old),
+                see[None] & comp_valid[:, None, None, :],
+            ],
+            dim=-1,
+        )
+        scale = self.position.scale
+        logits = torch.cat(
+            [
+                # one (La, D) x (D, N) product per head: broadcasting keys over the query blocks would copy them
+                torch.matmul(qa.view(b, h, n * c, d), keys_c.transpose(-1, -2)).view(b, h, n, c, -1) * scale,
+                torch.matmul(qa, kb.transpose(-1, -2)) * scale,  # (B, H, n, c, c)
+            ],
+            dim=-1,
+        )
+        allowed = torch.cat([allow_c, allow_l], dim=-1)[:, None]
+        probs = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
+        probs = self.attn_dropout(probs) if self.training else probs
+        n_c = keys_c.shape[2]
+        return torch.matmul(probs[..., :n_c].reshape(b, h, n * c, n_c), vals_c) + torch.matmul(
+            probs[..., n_c:], vb
+        ).view(b, h, n * c, d)
+
     def core(
         self,
         q: Tensor,
@@ -327,32 +366,8 @@ class MemoryCompressedAttention(Attention):
         else:
             own = torch.zeros(c, c, dtype=torch.bool, device=dev)
         allow_l = (own[None, None] & vblk[:, :, None, :]) | torch.eye(c, dtype=torch.bool, device=dev)
-        if causal and _dense.prefer_fused(la):
-            out = self.fused_blocks(qa, keys_c, vals_c, kb, vb, see, comp_valid, old_valid, allow_l)
-        else:
-            allow_c = torch.cat(
-                [
-                    old_valid[:, None, None, :].expand(b, n, c, n_old),
-                    see[None] & comp_valid[:, None, None, :],
-                ],
-                dim=-1,
-            )
-            scale = self.position.scale
-            logits = torch.cat(
-                [
-                    # one (La, D) x (D, N) product per head: broadcasting keys over the query blocks would copy them
-                    torch.matmul(qa.view(b, h, la, d), keys_c.transpose(-1, -2)).view(b, h, n, c, -1) * scale,
-                    torch.matmul(qa, kb.transpose(-1, -2)) * scale,  # (B, H, n, c, c)
-                ],
-                dim=-1,
-            )
-            allowed = torch.cat([allow_c, allow_l], dim=-1)[:, None]
-            probs = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
-            probs = self.attn_dropout(probs) if self.training else probs
-            n_c = keys_c.shape[2]
-            out = torch.matmul(probs[..., :n_c].reshape(b, h, la, n_c), vals_c) + torch.matmul(
-                probs[..., n_c:], vb
-            ).view(b, h, la, d)
+        blocks = self.fused_blocks if causal and _dense.prefer_fused(la) else self.eager_blocks
+        out = blocks(qa, keys_c, vals_c, kb, vb, see, comp_valid, old_valid, allow_l)
         out = out.gather(2, (r[:, None] + torch.arange(t, device=dev))[:, None, :, None].expand(b, h, t, d))
         if not (causal and isinstance(state, CompressedState)):
             return out, state
