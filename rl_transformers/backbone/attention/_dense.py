@@ -233,6 +233,26 @@ RESIDUE_BAND = 512
 """Bound on chunk·stride, the band keys a chunk's queries gather."""
 
 
+def _residue_chunk(
+    members: list[Tensor], u0: int, chunk: int, n_before: int, stride: int
+) -> tuple[Tensor, Tensor]:
+    """Query and key positions of chunk ``u0`` of every residue class (``members``: each class's positions):
+    (N, C) queries and (N, K) keys (the class's first ``n_before`` members, then the band from ``stride`` before
+    the chunk to its end), -1 where a shorter class has none."""
+    q_rows, k_rows = [], []
+    for m in members:
+        qi = m[u0 : u0 + chunk]
+        if qi.numel() == 0:
+            continue
+        q_rows.append(qi)
+        band = torch.arange(max(0, int(qi[0]) - stride), int(qi[-1]) + 1, device=m.device)
+        k_rows.append(torch.cat([m[:n_before], band]))
+    n_q, n_k = max(len(r) for r in q_rows), max(len(r) for r in k_rows)
+    qidx = torch.stack([F.pad(r, (0, n_q - len(r)), value=-1) for r in q_rows])
+    kidx = torch.stack([F.pad(r, (0, n_k - len(r)), value=-1) for r in k_rows])
+    return qidx, kidx
+
+
 def residue_classes_attention(
     att: Any,
     q: Tensor,
@@ -282,21 +302,9 @@ def residue_classes_attention(
     outs, order = [], []
     for u0 in range(0, members[0].numel(), chunk):
         n_before = max(0, u0 - 1)  # class members before the band: the same count in every class
-        q_rows, k_rows = [], []
-        for m in members:
-            qi = m[u0 : u0 + chunk]
-            if qi.numel() == 0:
-                continue
-            q_rows.append(qi)
-            k_rows.append(
-                torch.cat(
-                    [m[:n_before], torch.arange(max(0, int(qi[0]) - stride), int(qi[-1]) + 1, device=dev)]
-                )
-            )
-        n_q, n_k = max(len(r) for r in q_rows), max(len(r) for r in k_rows)
-        qidx = torch.stack([F.pad(r, (0, n_q - len(r)), value=-1) for r in q_rows])  # (N, C), -1 = none
-        kidx = torch.stack([F.pad(r, (0, n_k - len(r)), value=-1) for r in k_rows])  # (N, K)
-        n = qidx.shape[0]
+        qidx, kidx = _residue_chunk(members, u0, chunk, n_before, stride)
+        n, n_q = qidx.shape
+        n_k = kidx.shape[1]
         qs, ks = qidx.clamp_min(0), kidx.clamp_min(0)
         qb = q.index_select(2, qs.flatten()).view(b, h, n, n_q, d)
         band_idx = ks[:, n_before:].flatten()
