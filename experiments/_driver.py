@@ -5,6 +5,7 @@ is refused unless asked for), the machine, and the command a record names."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -12,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from rl_transformers.utils.atomic import atomic_write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,29 +35,54 @@ def recorded_command(settings: dict[str, Any]) -> str:
 
 def train_dt(
     settings: dict[str, Any], dataset_root: str | Path, run_root: Path, log: Path
-) -> tuple[Path, float]:
+) -> tuple[Path, float, list[int]]:
     """Run ``scripts/train_dt.py`` with ``settings`` under ``run_root`` (one torch thread, output to ``log``);
-    (its run directory, wall seconds)."""
-    command = [sys.executable, "scripts/train_dt.py", *flags(settings)]
-    command += ["--dataset-root", str(dataset_root), "--run-root", str(run_root), "--no-progress"]
+    (its run directory, wall seconds, the steps it resumed from). A run of the same settings stopped midway
+    there (a killed job) resumes from its last checkpoint (``train_dt.py`` saves one at every evaluation), and
+    the wall seconds are then those of the last stretch."""
+    algo = str(settings.get("algo", "dt"))
+    saved = run_root / "settings.json"
+    last = sorted(run_root.glob(f"{algo}/*/*/checkpoints/last.pt"), key=lambda p: p.stat().st_mtime)
+    resumed: list[int] = []
+    if last and saved.exists() and json.loads(saved.read_text())["settings"] == settings:
+        from rl_transformers.runs.checkpoint_load import read_checkpoint
+
+        resumed = [*json.loads(saved.read_text())["resumed_at"], int(read_checkpoint(last[-1])["step"])]
+        command = [
+            sys.executable,
+            "scripts/train_dt.py",
+            "--resume",
+            str(last[-1].parents[1]),
+            "--no-progress",
+        ]
+    else:
+        command = [sys.executable, "scripts/train_dt.py", *flags(settings)]
+        command += ["--dataset-root", str(dataset_root), "--run-root", str(run_root), "--no-progress"]
+    run_root.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(saved, {"settings": settings, "resumed_at": resumed})
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     start = time.time()
-    with open(log, "w") as out:
+    with open(log, "a" if resumed else "w") as out:
         subprocess.run([*command, "--threads", "1"], cwd=ROOT, env=env, stdout=out, stderr=out, check=True)
     wall = time.time() - start
-    algo = str(settings.get("algo", "dt"))
-    return max((run_root / algo).glob("*/*"), key=lambda p: p.stat().st_mtime), wall
+    return max((run_root / algo).glob("*/*"), key=lambda p: p.stat().st_mtime), wall, resumed
 
 
 def write_record(
-    out: Path, fields: dict[str, Any], settings: dict[str, Any], wall: float, commit: str, dirty: bool
+    out: Path,
+    fields: dict[str, Any],
+    settings: dict[str, Any],
+    wall: float,
+    commit: str,
+    dirty: bool,
+    resumed: list[int] | None = None,
 ) -> Path:
     """Write the record ``fields`` + the run's provenance (wall seconds, commit, whether the tree was dirty,
-    machine, command) to ``out`` atomically: a kill leaves the old record or none, never half of one."""
-    from rl_transformers.utils.atomic import atomic_write_json
-
+    machine, command; for a resumed run the steps it resumed from, ``resumed_at``, its wall seconds then the last
+    stretch's) to ``out`` atomically: a kill leaves the old record or none, never half of one."""
     record = {
         **fields,
+        **({"resumed_at": resumed} if resumed else {}),
         "wall_s": round(wall, 1),
         "commit": commit,
         "dirty": dirty,

@@ -86,14 +86,16 @@ def run_one(arm: str, seed: int, args: argparse.Namespace) -> Path:
     commit, dirty = checked_commit(Path(args.records), args.allow_dirty)
     settings = settings_of(arm, seed)
     run_root = Path(args.runs) / arm / f"s{seed}"
-    run_dir, wall = train_dt(settings, args.dataset_root, run_root, Path(args.runs) / f"{arm}-s{seed}.log")
+    run_dir, wall, resumed = train_dt(
+        settings, args.dataset_root, run_root, Path(args.runs) / f"{arm}-s{seed}.log"
+    )
     fields = {
         "arm": arm,
         "seed": seed,
         "settings": settings,
         **final_evaluation(run_dir),
     }
-    return write_record(out, fields, settings, wall, commit, dirty)
+    return write_record(out, fields, settings, wall, commit, dirty, resumed)
 
 
 def describe(returns: list[float], steps: int, ref_min: float, ref_max: float) -> dict[str, Any]:

@@ -82,7 +82,7 @@ def run_one(length: int, seed: int, args: argparse.Namespace, overrides: dict[st
     commit, dirty = checked_commit(Path(args.records), args.allow_dirty)
     settings = settings_of(length, seed, dict(overrides))
     run_root = Path(args.runs) / f"L{length}" / f"s{seed}"
-    run_dir, wall = train_dt(
+    run_dir, wall, resumed = train_dt(
         settings, args.dataset_root, run_root, Path(args.runs) / f"L{length}-s{seed}.log"
     )
     points = curve(run_dir)
@@ -94,7 +94,7 @@ def run_one(length: int, seed: int, args: argparse.Namespace, overrides: dict[st
         "final_return": points[-1]["return"],
         "curve": points,
     }
-    return write_record(out, fields, settings, wall, commit, dirty)
+    return write_record(out, fields, settings, wall, commit, dirty, resumed)
 
 
 def parse_override(text: str) -> tuple[str, Any]:

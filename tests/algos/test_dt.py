@@ -156,6 +156,29 @@ def test_resume_continues_bit_exactly(dataset: Path, tmp_path: Path) -> None:
         assert torch.equal(sa["exp_avg"], sb["exp_avg"]) and torch.equal(sa["exp_avg_sq"], sb["exp_avg_sq"])
 
 
+def test_resume_runs_the_evaluation_a_kill_cut_short(dataset: Path, tmp_path: Path) -> None:
+    """The checkpoint of an evaluation step is written before the evaluation: a run killed between the two and
+    resumed there evaluates that step first, with the result the uninterrupted run had."""
+    full = train(tiny_config(dataset, tmp_path / "full", total_steps=6, eval_every=2, eval_episodes=2))
+    copy = tmp_path / "copy"
+    shutil.copytree(full.run_dir, copy)
+    for name in ("step_6.pt", "last.pt", "best.pt", "index.json"):
+        (copy / "checkpoints" / name).unlink(missing_ok=True)
+    for step in (4, 6):
+        (copy / "eval" / f"step_{step}.json").unlink()
+    resumed = train(
+        tiny_config(
+            dataset, tmp_path / "full", total_steps=6, eval_every=2, eval_episodes=2,
+            resume=copy / "checkpoints" / "step_4.pt",
+        )
+    )  # fmt: skip
+    assert sorted(resumed.evaluations) == [4, 6]
+    for step in (2, 4, 6):
+        assert (copy / "eval" / f"step_{step}.json").read_text() == (
+            full.run_dir / "eval" / f"step_{step}.json"
+        ).read_text()
+
+
 def test_checkpoints_best_and_last_and_eval_logs(dataset: Path, tmp_path: Path) -> None:
     config = tiny_config(
         dataset, tmp_path, total_steps=6, eval_every=2, eval_episodes=2, target_returns=(100.0, 10.0)

@@ -99,7 +99,7 @@ def test_a_dirty_tree_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 def test_a_run_writes_its_record_with_provenance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_driver, "commit_state", lambda records: ("c" * 40, False))
-    monkeypatch.setattr(run, "train_dt", lambda *args: (tmp_path / "run", 12.34))
+    monkeypatch.setattr(run, "train_dt", lambda *args: (tmp_path / "run", 12.34, []))
     final = {"step": 6000, "target": None, "episodes": 100, "mean_return": 444.1, "normalized_score": 14.3}
     monkeypatch.setattr(run, "final_evaluation", lambda run_dir: final)
     record = json.loads(run.run_one("bc", 3, args_for(tmp_path)).read_text())

@@ -135,7 +135,7 @@ def test_a_run_killed_midway_resumes_from_its_checkpoint(tmp_path: Path) -> None
     code = code.replace("PosixPath(", "Path(")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, start_new_session=True)
     work, deadline = tmp_path / PARTIAL / "gtrxl-s0", time.monotonic() + 120
-    while not list(work.rglob("checkpoints/step_*.pt")):
+    while not list(work.rglob("checkpoints/last.pt")):
         assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
