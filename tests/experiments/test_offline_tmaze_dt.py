@@ -67,3 +67,16 @@ def test_solved_counts_on_the_page_match_the_records() -> None:
         assert f"| {length} | {length + 1} ({3 * (length + 1)}) |" in text
         row = next(line for line in text.splitlines() if line.startswith(f"| {length} | {length + 1} ("))
         assert f"**{solved} / {len(finals)}**" in row
+
+
+def test_a_resumed_record_is_named_on_the_page(tmp_path: Path) -> None:
+    copy = tmp_path / "records"
+    shutil.copytree(EXPERIMENT / "records", copy)
+    path = sorted(copy.glob("L*/s*.json"))[0]
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "resumed_at": [400]}))
+    page = report().render(records=copy)
+    assert (
+        f"- resumed from a checkpoint after a stop: L{record['corridor']} seed {record['seed']} at [400]"
+        in page
+    )
