@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 import torch
 import torch.nn.functional as F
@@ -160,6 +160,30 @@ class CompressedState(State):
     pvalid: Tensor
 
 
+class BlockOperands(NamedTuple):
+    """One call's block-aligned operands of the block attention (:meth:`MemoryCompressedAttention.fused_blocks`,
+    ``eager_blocks``)."""
+
+    qa: Tensor
+    """(B, H, n, c, D) queries, aligned to blocks of c."""
+    keys_c: Tensor
+    """(B, H, n_old + n, D) compressed keys: the state's blocks, then this call's."""
+    vals_c: Tensor
+    """(B, H, n_old + n, D) compressed values."""
+    kb: Tensor
+    """(B, H, n, c, D) exact keys, aligned."""
+    vb: Tensor
+    """(B, H, n, c, D) exact values, aligned."""
+    see: Tensor
+    """(n, c, n) which compressed blocks each query block sees."""
+    comp_valid: Tensor
+    """(B, n) this call's compressed blocks that hold a real key."""
+    old_valid: Tensor
+    """(B, n_old) the state's compressed blocks that hold a real key."""
+    allow_l: Tensor
+    """(B, n, c, c) the exact keys of its own block each query sees."""
+
+
 @register(
     "attention",
     "memory_compressed",
@@ -208,24 +232,10 @@ class MemoryCompressedAttention(Attention):
             pvalid=torch.zeros(batch, c, dtype=torch.bool, device=device),
         )
 
-    def fused_blocks(
-        self,
-        qa: Tensor,
-        keys_c: Tensor,
-        vals_c: Tensor,
-        kb: Tensor,
-        vb: Tensor,
-        see: Tensor,
-        comp_valid: Tensor,
-        old_valid: Tensor,
-        allow_l: Tensor,
-    ) -> Tensor:
+    def fused_blocks(self, blocks: BlockOperands) -> Tensor:
         """Causal long calls: (B, H, La, D) by chunks of query blocks, each one SDPA call over the compressed
-        keys so far and the chunk's exact keys with an additive mask (the same key sets as the dense form).
-
-        qa (B, H, n, c, D) aligned queries; kb, vb (B, H, n, c, D) exact keys; keys_c, vals_c (B, H, n_old + n, D)
-        compressed; see (n, c, n) block visibility; comp_valid (B, n), old_valid (B, n_old); allow_l (B, n, c, c).
-        """
+        keys so far and the chunk's exact keys with an additive mask (the same key sets as the dense form)."""
+        qa, keys_c, vals_c, kb, vb, see, comp_valid, old_valid, allow_l = blocks
         b, h, n, c, d = qa.shape
         n_old = old_valid.shape[1]
         per = max(1, _dense.FUSED_CHUNK // c)  # query blocks per chunk
@@ -251,19 +261,9 @@ class MemoryCompressedAttention(Attention):
             )
         return torch.cat(outs, dim=2)
 
-    def eager_blocks(
-        self,
-        qa: Tensor,
-        keys_c: Tensor,
-        vals_c: Tensor,
-        kb: Tensor,
-        vb: Tensor,
-        see: Tensor,
-        comp_valid: Tensor,
-        old_valid: Tensor,
-        allow_l: Tensor,
-    ) -> Tensor:
-        """:meth:`fused_blocks`'s result in one masked softmax over every query block (its arguments)."""
+    def eager_blocks(self, blocks: BlockOperands) -> Tensor:
+        """:meth:`fused_blocks`'s result in one masked softmax over every query block."""
+        qa, keys_c, vals_c, kb, vb, see, comp_valid, old_valid, allow_l = blocks
         b, h, n, c, d = qa.shape
         n_old = old_valid.shape[1]
         allow_c = torch.cat(
@@ -366,8 +366,8 @@ class MemoryCompressedAttention(Attention):
         else:
             own = torch.zeros(c, c, dtype=torch.bool, device=dev)
         allow_l = (own[None, None] & vblk[:, :, None, :]) | torch.eye(c, dtype=torch.bool, device=dev)
-        blocks = self.fused_blocks if causal and _dense.prefer_fused(la) else self.eager_blocks
-        out = blocks(qa, keys_c, vals_c, kb, vb, see, comp_valid, old_valid, allow_l)
+        attend = self.fused_blocks if causal and _dense.prefer_fused(la) else self.eager_blocks
+        out = attend(BlockOperands(qa, keys_c, vals_c, kb, vb, see, comp_valid, old_valid, allow_l))
         out = out.gather(2, (r[:, None] + torch.arange(t, device=dev))[:, None, :, None].expand(b, h, t, d))
         if not (causal and isinstance(state, CompressedState)):
             return out, state
