@@ -40,6 +40,8 @@ TASKS = {
 """Records folder -> section title, to which the records' budget is added (its first word names the task in the
 README's line)."""
 README_BLOCK = "memory-tasks"
+PROBES = {"tmaze_alt_400_probe": "Probe: TMazeAltVeryLong (T-Maze corridor 400, recoverable penalty)"}
+"""Tuning folders of probes the page shows as tables (a task whose target was judged on a probe) -> title."""
 
 
 def task_summaries(records: Path) -> Iterator[tuple[str, dict[str, ArmSummary]]]:
@@ -51,6 +53,19 @@ def task_summaries(records: Path) -> Iterator[tuple[str, dict[str, ArmSummary]]]
             budgets = sorted({run["config"]["total_timesteps"] for arm in runs.values() for run in arm})
             steps = " / ".join(f"{b:,}" for b in budgets)
             yield f"{title}, {steps} env steps", summarise(runs)
+
+
+def probe_sections(tuning: Path) -> Iterator[str]:
+    """One section per folder of :data:`PROBES` with records: its table, marked as tuning seeds."""
+    for folder, title in PROBES.items():
+        if any((tuning / folder).glob("*/s*.json")):
+            runs = load_records(tuning / folder)
+            budgets = sorted({run["config"]["total_timesteps"] for arm in runs.values() for run in arm})
+            yield (
+                f"## {title}, {' / '.join(f'{b:,}' for b in budgets)} env steps\n\n"
+                + "\n".join(table(summarise(runs), SOLVED, REFERENCE, digits=2))
+                + f"\n\n`tuning/{folder}/`: tuning seeds, not a test; the text above says what they show."
+            )
 
 
 def _span(bounds: list[float]) -> str:
@@ -123,6 +138,7 @@ def render(records: Path, preamble: str) -> str:
                 f"**Partial**: seeds finished of {SEEDS}: {', '.join(short)}. No claim rests on this table until"
                 " every arm has them all (the runs resume from the committed records)."
             )
+    parts += probe_sections(records.parent / "tuning")
     parts += tuning_tables(records.parent / "tuning")
     return "\n\n".join(parts) + "\n"
 

@@ -57,7 +57,23 @@ def test_page_is_rebuilt_from_the_records_at_another_path(tmp_path: Path) -> Non
     shutil.copytree(report.HERE / "tuning", tmp_path / "tuning")  # the Optuna studies' section
     assert report.render(tmp_path / "records", preamble()) == report.PAGE.read_text(encoding="utf-8")
     shutil.rmtree(tmp_path / "tuning")
-    assert "## Optuna tuning" not in report.render(tmp_path / "records", preamble())
+    page = report.render(tmp_path / "records", preamble())
+    assert "## Optuna tuning" not in page and "## Probe" not in page
+
+
+def test_a_probe_is_a_table_of_its_tuning_seeds(tmp_path: Path) -> None:
+    """The corridor-400 probe's records give its section: every seed's final score and the solved count."""
+    folder = report.HERE / "tuning" / "tmaze_alt_400_probe"
+    runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("gtrxl/s*.json"))]
+    assert [r["seed"] for r in runs] == [100, 101] and all(
+        r["env_id"] == "rlt/TMazeAltVeryLong-v0" for r in runs
+    )
+    scores = " / ".join(f"{sum(r['returns']) / len(r['returns']):.2f}" for r in runs)
+    solved = sum(sum(r["returns"]) / len(r["returns"]) >= report.SOLVED for r in runs)
+    (section,) = report.probe_sections(folder.parent)
+    assert section.startswith("## Probe: TMazeAltVeryLong") and "8,000,000 env steps" in section
+    assert f"| {scores} | {solved} of 2 |" in section
+    assert not list(report.probe_sections(tmp_path))
 
 
 def test_a_changed_score_changes_the_page(tmp_path: Path) -> None:
