@@ -121,7 +121,9 @@ def provenance(runs: dict[int, list[dict[str, Any]]]) -> list[str]:
     dirty = sum(bool(r["dirty"]) for r in records)
     lines = [f"- commit{'s' if len(commits) > 1 else ''}: {', '.join(f'`{c[:12]}`' for c in commits)}"]
     lines.append(f"- run from a tree with uncommitted changes: {dirty} of {len(records)} records")
-    resumed = [f"L{r['corridor']} seed {r['seed']} at {r['resumed_at']}" for r in records if r.get("resumed_at")]
+    resumed = [
+        f"L{r['corridor']} seed {r['seed']} at {r['resumed_at']}" for r in records if r.get("resumed_at")
+    ]
     if resumed:  # killed midway and resumed from a checkpoint (their wall time is the last stretch's)
         lines.append(f"- resumed from a checkpoint after a stop: {'; '.join(resumed)}")
     lines += [f"- machine: {m}" for m in machines]
