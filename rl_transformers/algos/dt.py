@@ -279,7 +279,13 @@ class DTTrainer:
         self._window = Window(self.device)
         run.progress_bar(config.total_steps, self.step, unit="update", desc=f"{config.algo} {self.name}")
         with run.loop():
-            if self._evaluation_lost():  # resumed from the checkpoint of an evaluation a kill cut short
+            due = bool(self.eval_envs) and (
+                self.step >= config.total_steps
+                or (config.eval_every > 0 and self.step % config.eval_every == 0)
+            )
+            if run.evaluation_lost(
+                self.step, due
+            ):  # resumed from a checkpoint whose evaluation a kill cut short
                 run.end_iteration(self.step, self.checkpoint, evaluate=self._evaluation)
             while self.step < config.total_steps:
                 log_now = (self.step + 1) % config.log_every == 0
@@ -330,20 +336,6 @@ class DTTrainer:
         )
 
     # -- evaluation -------------------------------------------------------------------------------------------
-    def _evaluation_lost(self) -> bool:
-        """Whether this run resumed at an evaluation step whose ``eval/step_<n>.json`` is missing: the checkpoint
-        is written before the evaluation, so a kill between the two leaves it. Rank 0 only (it alone evaluates;
-        the checkpoint resumed from is that step's, so nothing is saved again)."""
-        every = self.config.eval_every
-        return (
-            self.run_dir is not None
-            and bool(self.eval_envs)
-            and self.step > 0
-            and every > 0
-            and self.step % every == 0
-            and not (self.run_dir / "eval" / f"step_{self.step}.json").exists()
-        )
-
     def _evaluation(self) -> tuple[dict[str, float], float | None]:
         """Logged eval scalars and the best.pt value; the time spent is left out of the throughput."""
         t_eval = time.perf_counter()

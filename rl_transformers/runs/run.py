@@ -169,6 +169,23 @@ class Run:
         self.interrupted = self.interrupted or stop
         return stop
 
+    def evaluation_lost(self, step: int, due: bool) -> bool:
+        """Whether this run resumed from the checkpoint of ``step`` with an evaluation ``due`` there that no logged
+        row holds: :meth:`end_iteration` saves before it evaluates, so a kill between the two leaves the checkpoint
+        without its evaluation. The trainer then runs :meth:`end_iteration` at ``step`` first (which saves nothing
+        again). Rank 0 only: it alone evaluates and logs."""
+        path = self.logger.jsonl_path if self.logger is not None else None
+        if not (due and self.resumed and step == self.saved_step and path is not None and path.exists()):
+            return False
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:  # a line a kill cut short
+                continue
+            if row.get("step") == step and any(str(key).startswith("eval/") for key in row):
+                return False
+        return True
+
     def end_iteration(
         self,
         step: int,

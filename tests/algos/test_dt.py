@@ -157,8 +157,9 @@ def test_resume_continues_bit_exactly(dataset: Path, tmp_path: Path) -> None:
 
 
 def test_resume_runs_the_evaluation_a_kill_cut_short(dataset: Path, tmp_path: Path) -> None:
-    """The checkpoint of an evaluation step is written before the evaluation: a run killed between the two and
-    resumed there evaluates that step first, with the result the uninterrupted run had."""
+    """The checkpoint of an evaluation step is written before the evaluation: a run killed between the two (no
+    evaluation file, no logged row of that step) and resumed there evaluates that step first, with the result the
+    uninterrupted run had."""
     full = train(tiny_config(dataset, tmp_path / "full", total_steps=6, eval_every=2, eval_episodes=2))
     copy = tmp_path / "copy"
     shutil.copytree(full.run_dir, copy)
@@ -166,6 +167,8 @@ def test_resume_runs_the_evaluation_a_kill_cut_short(dataset: Path, tmp_path: Pa
         (copy / "checkpoints" / name).unlink(missing_ok=True)
     for step in (4, 6):
         (copy / "eval" / f"step_{step}.json").unlink()
+    rows = [r for r in map(json.loads, (copy / "progress.jsonl").read_text().splitlines()) if r["step"] < 4]
+    (copy / "progress.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))  # nor its logged row
     resumed = train(
         tiny_config(
             dataset, tmp_path / "full", total_steps=6, eval_every=2, eval_episodes=2,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import socket
 from pathlib import Path
@@ -99,6 +100,26 @@ def test_resume_continues_bit_exactly(tmp_path: Path) -> None:
     rows_s, rows_r = progress(straight.run_dir), progress(resumed.run_dir)
     assert [r["step"] for r in rows_r] == [r["step"] for r in rows_s]
     assert [r["train/loss"] for r in rows_r] == [r["train/loss"] for r in rows_s]
+
+
+def test_resume_runs_the_evaluation_a_kill_cut_short(tmp_path: Path) -> None:
+    """The checkpoint of an evaluation step is written before the evaluation: a run killed between the two (the
+    checkpoint there, no logged row of that step) and resumed evaluates that step first, as the straight run did."""
+    every = dict(eval_every=2 * BATCH, save_every=2 * BATCH, eval_episodes=2)
+    straight = train(tiny(tmp_path / "straight", updates=6, **every))
+    split = tmp_path / "split"
+    shutil.copytree(straight.run_dir, split)
+    for name in (f"step_{6 * BATCH}.pt", "last.pt", "best.pt", "index.json"):
+        (split / "checkpoints" / name).unlink(missing_ok=True)
+    rows = [r for r in progress(split) if r["step"] < 4 * BATCH]  # the kill came before step 4B's row
+    (split / "progress.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    resume = str(split / "checkpoints" / f"step_{4 * BATCH}.pt")
+    resumed = train(dataclasses.replace(tiny(tmp_path / "straight", updates=6, **every), resume=resume))
+    assert sorted(resumed.evaluations) == [4 * BATCH, 6 * BATCH]
+    evals = {r["step"]: r["eval/mean_reward"] for r in progress(split) if "eval/mean_reward" in r}
+    assert evals == {
+        r["step"]: r["eval/mean_reward"] for r in progress(straight.run_dir) if "eval/mean_reward" in r
+    }
 
 
 def test_a_separate_critic_trains_saves_and_resumes_bit_exactly(tmp_path: Path) -> None:
