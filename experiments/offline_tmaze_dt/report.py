@@ -127,7 +127,9 @@ def provenance(runs: dict[int, list[dict[str, Any]]]) -> list[str]:
     if resumed:  # killed midway and resumed from a checkpoint (their wall time is the last stretch's)
         lines.append(f"- resumed from a checkpoint after a stop: {'; '.join(resumed)}")
     lines += [f"- machine: {m}" for m in machines]
-    lines.append("- one run at a time, one torch thread (`OMP_NUM_THREADS=1`, `--threads 1`)")
+    lines.append(
+        "- one torch thread per run (`OMP_NUM_THREADS=1`, `--threads 1`); runs at once: the Machine paragraph"
+    )
     if records:
         lines += ["", "Command of one run (the records hold each run's own):", "", "```bash"]
         lines += [records[0]["command"], "```"]
