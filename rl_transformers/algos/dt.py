@@ -279,13 +279,7 @@ class DTTrainer:
         self._window = Window(self.device)
         run.progress_bar(config.total_steps, self.step, unit="update", desc=f"{config.algo} {self.name}")
         with run.loop():
-            due = bool(self.eval_envs) and (
-                self.step >= config.total_steps
-                or (config.eval_every > 0 and self.step % config.eval_every == 0)
-            )
-            if run.evaluation_lost(
-                self.step, due
-            ):  # resumed from a checkpoint whose evaluation a kill cut short
+            if run.evaluation_lost(self.step):  # resumed from a checkpoint whose evaluation a kill cut short
                 run.end_iteration(self.step, self.checkpoint, evaluate=self._evaluation)
             while self.step < config.total_steps:
                 log_now = (self.step + 1) % config.log_every == 0

@@ -419,7 +419,9 @@ class PPOTrainer:
         start_time, start_step = time.perf_counter(), self.global_step
         run.progress_bar(self.num_updates * self.batch_size, self.global_step, unit="step")
         with run.loop():
-            if run.evaluation_lost(self.global_step, self._evaluation_due()):  # a kill cut it short
+            if run.evaluation_lost(
+                self.global_step
+            ):  # resumed from a checkpoint whose evaluation a kill cut short
                 run.end_iteration(self.global_step, self._payload, evaluate=self._evaluation)
             while self.update < self.num_updates:
                 # 1. learning rate
@@ -484,10 +486,8 @@ class PPOTrainer:
         """Whether the update that ended at the current step evaluates: a multiple of eval_every was crossed, or
         it is the last update with eval_final."""
         every, final = self.cfg.eval_every, self.update == self.num_updates
-        return (
-            self.update > 0
-            and bool(every)
-            and (_crossed(self.global_step, self.batch_size, every) or (final and self.cfg.eval_final))
+        return bool(every) and (
+            _crossed(self.global_step, self.batch_size, every) or (final and self.cfg.eval_final)
         )
 
     def _payload(self) -> dict[str, Any] | None:

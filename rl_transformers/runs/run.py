@@ -27,6 +27,10 @@ from rl_transformers.utils.training import GracefulInterrupt, NonFiniteError
 
 __all__ = ["Resumed", "Run"]
 
+EVALUATING = "evaluation_due"
+"""Checkpoint key: True when the checkpoint was saved for an evaluation that follows it (:meth:`Run.end_iteration`),
+so a resume can tell an evaluation a kill cut short (:meth:`Run.evaluation_lost`)."""
+
 
 @dataclass
 class Resumed:
@@ -81,6 +85,7 @@ class Run:
         self.best_label = best_label or best_metric
         self.evaluations: dict[int, dict[str, float]] = {}
         self.saved_step: int | None = step if resumed is not None else None
+        self._resumed_before_evaluating = resumed is not None and bool(resumed.checkpoint.get(EVALUATING))
         self.interrupted = False
         self.dir: Path | None = None
         self.logger: Logger | None = None
@@ -169,13 +174,13 @@ class Run:
         self.interrupted = self.interrupted or stop
         return stop
 
-    def evaluation_lost(self, step: int, due: bool) -> bool:
-        """Whether this run resumed from the checkpoint of ``step`` with an evaluation ``due`` there that no logged
-        row holds: :meth:`end_iteration` saves before it evaluates, so a kill between the two leaves the checkpoint
-        without its evaluation. The trainer then runs :meth:`end_iteration` at ``step`` first (which saves nothing
-        again). Rank 0 only: it alone evaluates and logs."""
+    def evaluation_lost(self, step: int) -> bool:
+        """Whether this run resumed from a checkpoint of ``step`` saved for an evaluation (:data:`EVALUATING`) that
+        no logged row holds: :meth:`end_iteration` saves before it evaluates, so a kill between the two leaves the
+        checkpoint without its evaluation. The trainer then runs :meth:`end_iteration` at ``step`` first (which
+        saves nothing again). Rank 0 only: it alone evaluates and logs."""
         path = self.logger.jsonl_path if self.logger is not None else None
-        if not (due and self.resumed and step == self.saved_step and path is not None and path.exists()):
+        if not (self._resumed_before_evaluating and step == self.saved_step and path is not None and path.exists()):
             return False
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
@@ -198,7 +203,7 @@ class Run:
         the log row. ``checkpoint()`` runs on every rank (it may be a collective) and returns the payload on
         rank 0; ``evaluate()`` returns (scalars by tag, the value that ranks best.pt). Returns the scalars."""
         if save or evaluate is not None:
-            self.save(step, checkpoint)
+            self.save(step, checkpoint, evaluating=evaluate is not None)
         values: dict[str, float] = {}
         if evaluate is not None and self.is_main:
             values, best = evaluate()
@@ -211,11 +216,15 @@ class Run:
         self.dump(step)
         return values
 
-    def save(self, step: int, checkpoint: Callable[[], dict[str, Any] | None]) -> None:
-        """Checkpoint ``step`` unless it is saved already."""
+    def save(
+        self, step: int, checkpoint: Callable[[], dict[str, Any] | None], evaluating: bool = False
+    ) -> None:
+        """Checkpoint ``step`` unless it is saved already; ``evaluating``: an evaluation of it follows."""
         if self.saved_step == step:
             return
         payload = checkpoint()
+        if payload is not None:
+            payload[EVALUATING] = evaluating
         if self.checkpoints is not None and payload is not None:
             self.checkpoints.save(payload, step)
         self.saved_step = step
