@@ -43,11 +43,12 @@ def train_dt(
     algo = str(settings.get("algo", "dt"))
     saved = run_root / "settings.json"
     last = sorted(run_root.glob(f"{algo}/*/*/checkpoints/last.pt"), key=lambda p: p.stat().st_mtime)
+    before = json.loads(saved.read_text()) if saved.exists() else None
     resumed: list[int] = []
-    if last and saved.exists() and json.loads(saved.read_text())["settings"] == settings:
+    if last and before is not None and before["settings"] == settings:
         from rl_transformers.runs.checkpoint_load import read_checkpoint
 
-        resumed = [*json.loads(saved.read_text())["resumed_at"], int(read_checkpoint(last[-1])["step"])]
+        resumed = [*before["resumed_at"], int(read_checkpoint(last[-1])["step"])]
         command = [
             sys.executable,
             "scripts/train_dt.py",

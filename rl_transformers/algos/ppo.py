@@ -419,9 +419,8 @@ class PPOTrainer:
         start_time, start_step = time.perf_counter(), self.global_step
         run.progress_bar(self.num_updates * self.batch_size, self.global_step, unit="step")
         with run.loop():
-            if run.evaluation_lost(
-                self.global_step
-            ):  # resumed from a checkpoint whose evaluation a kill cut short
+            # resumed from a checkpoint whose evaluation a kill cut short: run it first
+            if run.evaluation_lost(self.global_step):
                 run.end_iteration(self.global_step, self._payload, evaluate=self._evaluation)
             while self.update < self.num_updates:
                 # 1. learning rate
@@ -456,7 +455,10 @@ class PPOTrainer:
                 if logger is not None:
                     self._record(logger, metrics, lr, fps)
                 # 5. checkpoint, then evaluate, when due; write the log row
-                eval_due = self._evaluation_due()
+                final = self.update == self.num_updates
+                eval_due = bool(cfg.eval_every) and (
+                    _crossed(self.global_step, self.batch_size, cfg.eval_every) or (final and cfg.eval_final)
+                )
                 save_due = bool(cfg.save_every) and _crossed(
                     self.global_step, self.batch_size, cfg.save_every
                 )
@@ -480,14 +482,6 @@ class PPOTrainer:
             sources=run.sources(),
             best=run.best(),
             episode_returns=list(self.episode_returns),
-        )
-
-    def _evaluation_due(self) -> bool:
-        """Whether the update that ended at the current step evaluates: a multiple of eval_every was crossed, or
-        it is the last update with eval_final."""
-        every, final = self.cfg.eval_every, self.update == self.num_updates
-        return bool(every) and (
-            _crossed(self.global_step, self.batch_size, every) or (final and self.cfg.eval_final)
         )
 
     def _payload(self) -> dict[str, Any] | None:

@@ -288,6 +288,6 @@ def run_arms(
                     record = run_library_arm(arm, env_id, seed, steps, episodes, extra, Path(tmp))
             record |= provenance()
             atomic_write_json(path, record)
-            if save_every > 0:
+            if save_every > 0 and arm != "peer":  # the peer's runs do not checkpoint
                 shutil.rmtree(out / PARTIAL / f"{arm}-s{seed}")
             print(f"  mean {np.mean(record['returns']):.4g}", flush=True)

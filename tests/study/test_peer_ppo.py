@@ -76,6 +76,15 @@ def test_compare_command_on_a_tiny_budget(tmp_path: Path) -> None:
     assert (tmp_path / "peer" / "s0.json").stat().st_mtime == mtime
 
 
+def test_the_peer_runs_beside_checkpointing_library_runs(tmp_path: Path) -> None:
+    """--save-every checkpoints the library's runs; the peer's run (which does not checkpoint) still records."""
+    pytest.importorskip("sb3_contrib", reason="the peers extra (sb3-contrib) is not installed")
+    from rl_transformers.study.peer_compare import run_arms
+
+    run_arms("rlt/CartPoleNoVel-v0", ("peer",), (0,), 512, 2, tmp_path, save_every=256)
+    assert json.loads((tmp_path / "peer" / "s0.json").read_text())["total_timesteps"] == 512
+
+
 def test_recurrent_arms_are_parameter_matched_to_the_transformer(tmp_path: Path) -> None:
     """On a task without a zoo entry the library's arms stand alone: gtrxl, lstm and gru on equal terms (the same
     defaults, parameter counts within 10 % of the GTrXL's)."""
