@@ -202,7 +202,8 @@ def _groups_not_run(data: dict[str, Any]) -> int:
     return len(planned - {(r["target"], r["mode"], r["length"]) for r in data["rows"]})
 
 
-def render_markdown(results: dict[str, Any]) -> str:
+def _header(results: dict[str, Any]) -> list[str]:
+    """Title, provenance (command, commit, merged re-measurements), device and the stage table."""
     stages = results["stages"]
     dev = stages.get("device", {}).get("data", {})
     lines = ["# GPU benchmark", ""]
@@ -233,7 +234,13 @@ def render_markdown(results: dict[str, Any]) -> str:
             "llrl",
         ),
     ]
-    ceil = stages.get("ceilings", {}).get("data")
+    return lines
+
+
+def _ceiling_sections(results: dict[str, Any]) -> list[str]:
+    """The measured ceilings, the 16K rows against them and the variants slower than SDPA there."""
+    lines: list[str] = []
+    ceil = results["stages"].get("ceilings", {}).get("data")
     if ceil:
         lines += [
             "",
@@ -245,41 +252,30 @@ def render_markdown(results: dict[str, Any]) -> str:
         ]
     limits = limit_rows(results)
     if limits:
+        headers = ["which", "variant", "mode", "TFLOP/s", "share of matmul rate", "TB/s (fewest bytes)"]
+        table = [
+            [r["which"], r["variant"], r["mode"], f"{r['tflops']:.1f}", f"{r['share_matmul']:.1%}",
+             f"{r['tb_per_s']:.3f}", f"{r['share_copy']:.1%}"]
+            for r in limits
+        ]  # fmt: skip
         lines += [
             "",
             f"## Against the physical limit (kernel, bf16, L = {LIMIT_LENGTH:,})",
             "",
             "TFLOP/s are dense-equivalent (a sparse or linear kernel does less work than they count).",
             "",
-            *markdown_table(
-                [
-                    "which",
-                    "variant",
-                    "mode",
-                    "TFLOP/s",
-                    "share of matmul rate",
-                    "TB/s (fewest bytes)",
-                    "share of copy",
-                ],
-                [
-                    [
-                        r["which"],
-                        r["variant"],
-                        r["mode"],
-                        f"{r['tflops']:.1f}",
-                        f"{r['share_matmul']:.1%}",
-                        f"{r['tb_per_s']:.3f}",
-                        f"{r['share_copy']:.1%}",
-                    ]
-                    for r in limits
-                ],
-                "lllrrrr",
-            ),
+            *markdown_table([*headers, "share of copy"], table, "lllrrrr"),
         ]
     slow = slower_than_sdpa(results)
     if slow:
         lines += ["", f"## Slower than SDPA, or not timed, at L = {LIMIT_LENGTH:,} (kernel, bf16)", ""]
         lines += [f"- {s}" for s in slow]
+    return lines
+
+
+def _attention_sections(stages: dict[str, Any]) -> list[str]:
+    """The bf16 and fp32 attention stages: shapes, notes, then their tables."""
+    lines: list[str] = []
     for key, title in (("attention", "Attention, bf16"), ("attention_fp32", "Attention, fp32")):
         data = stages.get(key, {}).get("data")
         if data:
@@ -292,52 +288,71 @@ def render_markdown(results: dict[str, Any]) -> str:
             lines += [f"- note: {n}" for n in data.get("notes", [])]
             lines += attention_tables(data["rows"], title)
             lines += kernel_tables(data["rows"], title)
+    return lines
+
+
+def _ppo_section(ppo: dict[str, Any]) -> list[str]:
+    """PPO throughput of the default GTrXL per number of envs."""
+    lines = [
+        "",
+        f"## PPO, default GTrXL on {ppo['env_id']}",
+        "",
+        *markdown_table(
+            ["envs", "parameters", "rollout env steps/s", "update samples/s", "env steps/s (both)"],
+            align="rrrrr",
+        ),
+    ]
+    for r in ppo["rows"]:  # a row that did not run keeps its empty cells written "| |"
+        if r["status"] != "ok":
+            lines.append(f"| {int(r['num_envs'])} | {r['status']}: {r.get('reason', '')} | | | |")
+            continue
+        lines.append(
+            markdown_row(
+                [
+                    int(r["num_envs"]),
+                    f"{int(r['parameters']):,}",
+                    f"{r['rollout_steps_per_s']:,.0f}",
+                    f"{r['train_steps_per_s']:,.0f}",
+                    f"{r['steps_per_s']:,.0f}",
+                ]
+            )
+        )
+    return lines
+
+
+def _dt_section(dt: dict[str, Any]) -> list[str]:
+    """Decision Transformer update rates of each candidate, against this library's."""
+    lines = [
+        "",
+        "## Decision Transformer training updates",
+        "",
+        f"Shape {dt['shape']}; {dt['rounds']} interleaved rounds of {dt['steps']} updates (median round).",
+        "",
+    ]
+    batch = dt["shape"]["batch_size"]
+    table = [
+        [name, f"{row['n_parameters']:,}", f"{row['wall_samples_per_s'] / batch:,.1f}",
+         f"{row['wall_samples_per_s']:,.0f}", row.get("rl_transformers_speedup_wall", "1 (reference)")]
+        for name, row in dt["table"].items()
+    ]  # fmt: skip
+    headers = ["candidate", "parameters", "updates/s", "samples/s", "rl_transformers speed-up"]
+    lines += markdown_table(headers, table, "lrrrr")
+    # a skipped candidate's empty cells are written "| |", as in the committed pages
+    for name, why in dt.get("skipped", {}).items():
+        lines.append(f"| {name} | skipped: {why} | | | |")
+    return lines
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    """The whole results page of a suite run: each stage that has data gets its section."""
+    stages = results["stages"]
+    lines = _header(results) + _ceiling_sections(results) + _attention_sections(stages)
     ppo = stages.get("ppo", {}).get("data")
     if ppo:
-        lines += [
-            "",
-            f"## PPO, default GTrXL on {ppo['env_id']}",
-            "",
-            *markdown_table(
-                ["envs", "parameters", "rollout env steps/s", "update samples/s", "env steps/s (both)"],
-                align="rrrrr",
-            ),
-        ]
-        for r in ppo["rows"]:  # a row that did not run keeps its empty cells written "| |"
-            if r["status"] != "ok":
-                lines.append(f"| {int(r['num_envs'])} | {r['status']}: {r.get('reason', '')} | | | |")
-                continue
-            lines.append(
-                markdown_row(
-                    [
-                        int(r["num_envs"]),
-                        f"{int(r['parameters']):,}",
-                        f"{r['rollout_steps_per_s']:,.0f}",
-                        f"{r['train_steps_per_s']:,.0f}",
-                        f"{r['steps_per_s']:,.0f}",
-                    ]
-                )
-            )
+        lines += _ppo_section(ppo)
     dt = stages.get("dt", {}).get("data")
     if dt:
-        lines += [
-            "",
-            "## Decision Transformer training updates",
-            "",
-            f"Shape {dt['shape']}; {dt['rounds']} interleaved rounds of {dt['steps']} updates (median round).",
-            "",
-        ]
-        batch = dt["shape"]["batch_size"]
-        table = [
-            [name, f"{row['n_parameters']:,}", f"{row['wall_samples_per_s'] / batch:,.1f}",
-             f"{row['wall_samples_per_s']:,.0f}", row.get("rl_transformers_speedup_wall", "1 (reference)")]
-            for name, row in dt["table"].items()
-        ]  # fmt: skip
-        headers = ["candidate", "parameters", "updates/s", "samples/s", "rl_transformers speed-up"]
-        lines += markdown_table(headers, table, "lrrrr")
-        # a skipped candidate's empty cells are written "| |", as in the committed pages
-        for name, why in dt.get("skipped", {}).items():
-            lines.append(f"| {name} | skipped: {why} | | | |")
+        lines += _dt_section(dt)
     return "\n".join(lines) + "\n"
 
 
