@@ -62,9 +62,7 @@ def cluster_attention(
     "auto"), "auto" = flash for long calls (``_dense.prefer_fused``) where it applies, else blocked unless the
     padded blocks would be larger than the dense matrix.
     """
-    b, h, t = q.shape[:3]
-    s = k.shape[2]
-    off = s - t
+    t, s = q.shape[2], k.shape[2]
     if (
         path == "flash" or (path == "auto" and _dense.prefer_fused(t) and not _dense.prefer_dense(s, 0))
     ) and (routing_flash_applies(att, q, max_cache)):
@@ -80,36 +78,78 @@ def cluster_attention(
         s, 0
     )  # streaming steps and RL training windows: the blocks' fixed cost dominates
     if path == "dense" or (path == "auto" and (short or n_clusters * mq * (mk + 1) >= t * s)):
-        qi = torch.arange(t, device=q.device)[:, None] + off
-        kj = torch.arange(s, device=q.device)[None, :]
-        allowed = cq.unsqueeze(-1) == kc.unsqueeze(-2)
-        if att.causal:
-            allowed = allowed & (kj <= qi)
-        if max_cache is not None:
-            allowed = allowed & (qi - kj <= max_cache)
-        allowed = allowed | (kj == qi)
-        if not att.position.modifies_scores:  # fused kernel: masking, softmax and its backward in one op
-            p = att.attn_dropout.p if att.training else 0.0
-            return F.scaled_dot_product_attention(
-                q, k, v, attn_mask=allowed, dropout_p=p, scale=att.position.scale
-            )
-        probs = _masked_softmax(per_head_logits(att, q, k, q_pos, k_pos, heads), allowed)
-        probs = att.attn_dropout(probs) if att.training else probs
-        out = torch.matmul(probs, v)
-        extra = per_head_value_term(att, probs, q_pos, k_pos, heads)
-        return out if extra is None else out + extra
+        return _dense_clusters(att, q, k, v, q_pos, k_pos, cq, kc, heads, max_cache)
+    tok_q, ok_q = _slots(cq, count_q, t, mq)
+    tok_k, ok_k = _slots(kc, count_k, s, mk)
+    return _blocked_clusters(
+        att, q, k, v, q_pos, k_pos, cq, kc, (tok_q, ok_q, tok_k, ok_k), heads, max_cache, path
+    )
 
-    def slots(cluster: Tensor, count: Tensor, length: int, width: int) -> tuple[Tensor, Tensor]:
-        """Token index (B, h, k, width) of each cluster's slots (sorted by index) and slot validity."""
-        order = torch.argsort(cluster * length + torch.arange(length, device=q.device), dim=-1)
-        start = count.cumsum(-1) - count
-        slot = torch.arange(width, device=q.device)
-        ok = slot < count.unsqueeze(-1)
-        where = (start.unsqueeze(-1) + slot).clamp_max(length - 1)
-        return order.gather(2, where.flatten(2)).view(b, h, n_clusters, width), ok
 
-    tok_q, ok_q = slots(cq, count_q, t, mq)
-    tok_k, ok_k = slots(kc, count_k, s, mk)
+def _dense_clusters(
+    att: Attention,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_pos: Tensor,
+    k_pos: Tensor,
+    cq: Tensor,
+    kc: Tensor,
+    heads: list[int],
+    max_cache: int | None,
+) -> Tensor:
+    """The cluster rule as a T x S mask (kc: key clusters with padding in none): (B, h, T, D)."""
+    t, s = q.shape[2], k.shape[2]
+    qi = torch.arange(t, device=q.device)[:, None] + (s - t)
+    kj = torch.arange(s, device=q.device)[None, :]
+    allowed = cq.unsqueeze(-1) == kc.unsqueeze(-2)
+    if att.causal:
+        allowed = allowed & (kj <= qi)
+    if max_cache is not None:
+        allowed = allowed & (qi - kj <= max_cache)
+    allowed = allowed | (kj == qi)
+    if not att.position.modifies_scores:  # fused kernel: masking, softmax and its backward in one op
+        p = att.attn_dropout.p if att.training else 0.0
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=allowed, dropout_p=p, scale=att.position.scale
+        )
+    probs = _masked_softmax(per_head_logits(att, q, k, q_pos, k_pos, heads), allowed)
+    probs = att.attn_dropout(probs) if att.training else probs
+    out = torch.matmul(probs, v)
+    extra = per_head_value_term(att, probs, q_pos, k_pos, heads)
+    return out if extra is None else out + extra
+
+
+def _slots(cluster: Tensor, count: Tensor, length: int, width: int) -> tuple[Tensor, Tensor]:
+    """Token index (B, h, k, width) of each cluster's slots (sorted by index) and slot validity.
+
+    cluster (B, h, length) ids; count (B, h, k) tokens per cluster."""
+    b, h, n_clusters = count.shape
+    order = torch.argsort(cluster * length + torch.arange(length, device=cluster.device), dim=-1)
+    start = count.cumsum(-1) - count
+    slot = torch.arange(width, device=cluster.device)
+    ok = slot < count.unsqueeze(-1)
+    where = (start.unsqueeze(-1) + slot).clamp_max(length - 1)
+    return order.gather(2, where.flatten(2)).view(b, h, n_clusters, width), ok
+
+
+def _blocked_clusters(
+    att: Attention,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_pos: Tensor,
+    k_pos: Tensor,
+    cq: Tensor,
+    kc: Tensor,
+    slots: tuple[Tensor, Tensor, Tensor, Tensor],
+    heads: list[int],
+    max_cache: int | None,
+    path: str,
+) -> Tensor:
+    """The cluster rule on per-cluster padded blocks; slots = (tok_q, ok_q, tok_k, ok_k) from :func:`_slots`."""
+    tok_q, ok_q, tok_k, ok_k = slots
+    t, off, mk = q.shape[2], k.shape[2] - q.shape[2], tok_k.shape[-1]
     qb, kb, vb = _gather_rows(q, tok_q), _gather_rows(k, tok_k), _gather_rows(v, tok_k)
     qpos_b, kpos_b = _gather_pos(q_pos, tok_q), _gather_pos(k_pos, tok_k)
     # The own key as an extra column, unless it is already in the cluster's block (then it would count twice);
