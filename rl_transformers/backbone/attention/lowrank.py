@@ -290,6 +290,75 @@ class MemoryCompressedAttention(Attention):
             probs[..., n_c:], vb
         ).view(b, h, n * c, d)
 
+    def _visibility(self, n: int, vblk: Tensor) -> tuple[Tensor, Tensor]:
+        """Which compressed blocks each query slot sees, (n, c, n), and which exact keys of its own block,
+        (B, n, c, c).
+
+        Causal: the earlier blocks, and with ``local`` off also the own block from its last slot (once it is
+        complete). Non-causal: every other block, or every block with ``local`` off. Exact keys of the own block:
+        with ``local``, the valid ones up to the query's slot (causal) or all of them; always the query's own."""
+        c, causal, dev = self.options.rate, self.causal, vblk.device
+        beta = torch.arange(n, device=dev)
+        qb = beta[:, None]  # query block (n, 1)
+        slot = torch.arange(c, device=dev)
+        last = (slot == c - 1)[None, :, None]  # (1, c, 1) query is the last of its block
+        if causal:
+            earlier = beta[None, None, :] < qb[:, :, None]  # (n, 1, n)
+            see = (
+                earlier if self.options.local else earlier | ((beta[None, None, :] == qb[:, :, None]) & last)
+            )
+        else:
+            others = beta[None, None, :] != qb[:, :, None]
+            see = others if self.options.local else torch.ones_like(others)
+        if self.options.local:
+            own = slot[None, :] <= slot[:, None] if causal else torch.ones(c, c, dtype=torch.bool, device=dev)
+        else:
+            own = torch.zeros(c, c, dtype=torch.bool, device=dev)
+        allow_l = (own[None, None] & vblk[:, :, None, :]) | torch.eye(c, dtype=torch.bool, device=dev)
+        return see.expand(n, c, n), allow_l
+
+    def _next_state(
+        self,
+        state: CompressedState,
+        ck: Tensor,
+        cv: Tensor,
+        comp_valid: Tensor,
+        kb: Tensor,
+        vb: Tensor,
+        vblk: Tensor,
+        p0: Tensor,
+        t: int,
+    ) -> CompressedState:
+        """Write this call's complete blocks (ck, cv at block β, valid where comp_valid) at slot p0 // c + β of
+        the state and keep the last, incomplete block of the aligned keys kb, vb (B, h, n, c, d) as pending."""
+        b, h, n, c, d = kb.shape
+        r, first, n_old = p0 % c, p0 // c, state.ck.shape[2]
+        beta = torch.arange(n, device=kb.device)
+        complete = (beta[None, :] + 1) * c <= (r[:, None] + t)
+        n_new = max(n_old, int((first + complete.sum(-1)).max()))
+        target = torch.where(
+            complete, first[:, None] + beta[None, :], torch.full_like(complete, n_new, dtype=torch.long)
+        )
+        idx = target[:, None, :, None].expand(b, h, n, d)
+
+        def store(old: Tensor, new: Tensor) -> Tensor:
+            base = F.pad(old, (0, 0, 0, n_new + 1 - n_old))
+            return base.scatter(2, idx, new)[:, :, :n_new]
+
+        cvalid = F.pad(state.cvalid, (0, n_new + 1 - n_old), value=False).scatter(1, target, comp_valid)
+        end = r + t  # aligned slots filled so far
+        cur = end // c  # (B,) the incomplete block
+        fill = torch.arange(c, device=kb.device)[None, :] < (end - cur * c)[:, None]
+        pick = cur[:, None, None, None, None].expand(b, h, 1, c, d)
+        return CompressedState(
+            ck=store(state.ck, ck),
+            cv=store(state.cv, cv),
+            cvalid=cvalid[:, :n_new],
+            pk=kb.gather(2, pick).squeeze(2),
+            pv=vb.gather(2, pick).squeeze(2),
+            pvalid=vblk.gather(1, cur[:, None, None].expand(b, 1, c)).squeeze(1) & fill,
+        )
+
     def core(
         self,
         q: Tensor,
@@ -347,55 +416,10 @@ class MemoryCompressedAttention(Attention):
         # Compressed keys: the state's blocks (all earlier than any new query) and this call's blocks.
         keys_c = torch.cat([old_k, ck], dim=2)
         vals_c = torch.cat([old_v, cv], dim=2)
-        n_old = old_k.shape[2]
-        qb = beta[:, None]  # query block (n, 1)
-        slot = torch.arange(c, device=dev)
-        last = (slot == c - 1)[None, :, None]  # (1, c, 1) query is the last of its block
-        if causal:
-            earlier = beta[None, None, :] < qb[:, :, None]  # (n, 1, n)
-            see = (
-                earlier if self.options.local else earlier | ((beta[None, None, :] == qb[:, :, None]) & last)
-            )
-        else:
-            others = beta[None, None, :] != qb[:, :, None]
-            see = others if self.options.local else torch.ones_like(others)
-        see = see.expand(n, c, n)  # (n_q_blocks, c, n_key_blocks)
-        # Exact keys of the own block: causal slots <= the query's slot (local) or only itself.
-        if self.options.local:
-            own = slot[None, :] <= slot[:, None] if causal else torch.ones(c, c, dtype=torch.bool, device=dev)
-        else:
-            own = torch.zeros(c, c, dtype=torch.bool, device=dev)
-        allow_l = (own[None, None] & vblk[:, :, None, :]) | torch.eye(c, dtype=torch.bool, device=dev)
+        see, allow_l = self._visibility(n, vblk)
         attend = self.fused_blocks if causal and _dense.prefer_fused(la) else self.eager_blocks
         out = attend(BlockOperands(qa, keys_c, vals_c, kb, vb, see, comp_valid, old_valid, allow_l))
         out = out.gather(2, (r[:, None] + torch.arange(t, device=dev))[:, None, :, None].expand(b, h, t, d))
         if not (causal and isinstance(state, CompressedState)):
             return out, state
-        # New state: write this call's complete blocks at slot (p0 // c + β); keep the last, incomplete block.
-        first = p0 // c
-        n_new = max(n_old, int((first + complete.sum(-1)).max()))
-        target = torch.where(
-            complete, first[:, None] + beta[None, :], torch.full_like(complete, n_new, dtype=torch.long)
-        )
-        idx = target[:, None, :, None].expand(b, h, n, d)
-
-        def store(old: Tensor, new: Tensor) -> Tensor:
-            base = F.pad(old, (0, 0, 0, n_new + 1 - n_old))
-            return base.scatter(2, idx, new)[:, :, :n_new]
-
-        cvalid = F.pad(old_valid, (0, n_new + 1 - n_old), value=False).scatter(1, target, comp_valid)[
-            :, :n_new
-        ]
-        end = r + t  # aligned slots filled so far
-        cur = end // c  # (B,) the incomplete block
-        fill = slot[None, :] < (end - cur * c)[:, None]
-        pick = cur[:, None, None, None, None].expand(b, h, 1, c, d)
-        new_state = CompressedState(
-            ck=store(old_k, ck),
-            cv=store(old_v, cv),
-            cvalid=cvalid,
-            pk=kb.gather(2, pick).squeeze(2),
-            pv=vb.gather(2, pick).squeeze(2),
-            pvalid=vblk.gather(1, cur[:, None, None].expand(b, 1, c)).squeeze(1) & fill,
-        )
-        return out, new_state
+        return out, self._next_state(state, ck, cv, comp_valid, kb, vb, vblk, p0, t)
