@@ -5,7 +5,6 @@ is refused unless asked for), the machine, and the command a record names."""
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import subprocess
@@ -14,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rl_transformers.runs.checkpoint_load import read_checkpoint
+from rl_transformers.runs.ledger import note_resume, read_ledger, start_job
 from rl_transformers.utils.atomic import atomic_write_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,14 +42,11 @@ def train_dt(
     there (a killed job) resumes from its last checkpoint (``train_dt.py`` saves one at every evaluation), and
     the wall seconds are then those of the last stretch."""
     algo = str(settings.get("algo", "dt"))
-    saved = run_root / "settings.json"
     last = sorted(run_root.glob(f"{algo}/*/*/checkpoints/last.pt"), key=lambda p: p.stat().st_mtime)
-    before = json.loads(saved.read_text()) if saved.exists() else None
+    ledger = read_ledger(run_root)
     resumed: list[int] = []
-    if last and before is not None and before["settings"] == settings:
-        from rl_transformers.runs.checkpoint_load import read_checkpoint
-
-        resumed = [*before["resumed_at"], int(read_checkpoint(last[-1])["step"])]
+    if last and ledger is not None and ledger.request == settings:
+        resumed = note_resume(run_root, int(read_checkpoint(last[-1])["step"]))
         command = [
             sys.executable,
             "scripts/train_dt.py",
@@ -56,11 +54,10 @@ def train_dt(
             str(last[-1].parents[1]),
             "--no-progress",
         ]
-    else:
+    else:  # a fresh run, beside any of other settings
+        start_job(run_root, settings)
         command = [sys.executable, "scripts/train_dt.py", *flags(settings)]
         command += ["--dataset-root", str(dataset_root), "--run-root", str(run_root), "--no-progress"]
-    run_root.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(saved, {"settings": settings, "resumed_at": resumed})
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     start = time.time()
     with open(log, "a" if resumed else "w") as out:

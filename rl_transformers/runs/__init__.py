@@ -11,6 +11,8 @@ Import each name from the module that defines it (the package exports nothing):
   manager; :mod:`~rl_transformers.runs.checkpoint_load` - the safe loader (tensors only) and a run's newest
   loadable checkpoint;
 - :mod:`~rl_transformers.runs.resume` - ``--resume``: flags default to the saved config;
+- :mod:`~rl_transformers.runs.ledger` - a resumable job folder's ``job.json``: the request it was started for and the
+  steps it resumed from;
 - :mod:`~rl_transformers.runs.lock` - a run's ``run.lock`` (one process per run directory);
 - :mod:`~rl_transformers.runs.paths` - run directories and files that are links are refused;
 - :mod:`~rl_transformers.runs.provenance` - commit, machine and command of a run;

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from rl_transformers.runs.checkpoint_load import read_checkpoint
+from rl_transformers.runs.ledger import note_resume, read_ledger, start_job
 from rl_transformers.utils.atomic import atomic_write_json
 from rl_transformers.utils.errors import UserError
 
@@ -148,14 +149,13 @@ def _resume_point(work: Path, request: dict[str, Any]) -> Path | None:
     """The run directory of an interrupted run of the same ``request`` in ``work`` that has a checkpoint to
     resume, or None to start afresh (a run stopped before its first checkpoint is started again). A run of
     another request there is refused: resuming it would record the wrong flags."""
-    saved = work / "request.json"
-    if not saved.exists():
+    ledger = read_ledger(work)
+    if ledger is None:
         return None
-    old = json.loads(saved.read_text(encoding="utf-8"))
-    if old != request:
+    if ledger.request != request:
         raise UserError(
-            f"holds an interrupted run of {old}, not of {request}: run the same command to resume it, or "
-            "delete the folder to start afresh",
+            f"holds an interrupted run of {ledger.request}, not of {request}: run the same command to resume it, "
+            "or delete the folder to start afresh",
             source=str(work),
         )
     last = [p.parent.parent for p in work.rglob("checkpoints/last.pt")]
@@ -179,17 +179,13 @@ def run_library_arm(
     root = work / f"{arm}-s{seed}"
     request = {"arm": arm, "env_id": env_id, "seed": seed, "steps": steps, "flags": [*ARMS[arm], *extra]}
     resume = _resume_point(work, request)
-    history = work / "resumed_at.json"
-    resumed = (
-        json.loads(history.read_text(encoding="utf-8")) if resume is not None and history.exists() else []
-    )
+    resumed: list[int] = []
     if resume is None:
         shutil.rmtree(root, ignore_errors=True)
-        atomic_write_json(work / "request.json", request)
+        start_job(work, request)
         train = _train_command(arm, env_id, seed, steps, extra, root, save_every)
     else:
-        resumed.append(int(read_checkpoint(resume / "checkpoints" / "last.pt")["global_step"]))
-        atomic_write_json(history, resumed)
+        resumed = note_resume(work, int(read_checkpoint(resume / "checkpoints" / "last.pt")["global_step"]))
         train = [sys.executable, str(ROOT / "scripts" / "train_gtrxl.py"), "--resume", str(resume)]
     cpu0, wall0 = _child_cpu(), time.perf_counter()
     _run(train, work / f"{arm}-s{seed}.train{len(resumed)}.log")

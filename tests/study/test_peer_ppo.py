@@ -165,12 +165,11 @@ def test_a_run_killed_midway_resumes_from_its_checkpoint(tmp_path: Path) -> None
 
 
 def test_a_partial_run_of_another_command_is_refused(tmp_path: Path) -> None:
+    from rl_transformers.runs.ledger import start_job
     from rl_transformers.study.peer_compare import PARTIAL, run_arms
-    from rl_transformers.utils.atomic import atomic_write_json
 
     work = tmp_path / PARTIAL / "gtrxl-s0"
-    work.mkdir(parents=True)
-    atomic_write_json(work / "request.json", {"arm": "gtrxl", "seed": 0, "flags": ["--norm-obs"]})
+    start_job(work, {"arm": "gtrxl", "seed": 0, "flags": ["--norm-obs"]})
     with pytest.raises(UserError, match=r"interrupted run of .*--norm-obs") as err:
         run_arms("rlt/TMazeShort-v0", ("gtrxl",), (0,), 1024, 2, tmp_path, TINY, 64)
     assert str(work) in str(err.value) and not (tmp_path / "gtrxl" / "s0.json").exists()
