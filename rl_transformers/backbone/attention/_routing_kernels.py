@@ -8,7 +8,7 @@ Shapes: q (B, h, T, D); k, v (B, h, S, D) with the new tokens last; cluster ids 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +18,19 @@ from rl_transformers.backbone.attention import _dense
 from rl_transformers.backbone.attention._routing_flash import routing_flash, routing_flash_applies
 from rl_transformers.backbone.attention.base import Attention
 from rl_transformers.backbone.attention.lsh import per_head_logits, per_head_value_term
+
+
+class _Operands(NamedTuple):
+    """One call's operands: q (B, h, T, D), k, v (B, h, S, D), their positions (B, T) and (B, S), and the
+    cluster ids of the queries, cq (B, h, T), and of the keys, kc (B, h, S), where padding joins no cluster."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    q_pos: Tensor
+    k_pos: Tensor
+    cq: Tensor
+    kc: Tensor
 
 
 def _masked_softmax(logits: Tensor, allowed: Tensor) -> Tensor:
@@ -74,31 +87,19 @@ def cluster_attention(
     count_q = F.one_hot(cq, n_clusters).sum(2)  # (B, h, k)
     count_k = F.one_hot(kc, n_clusters + 1)[..., :n_clusters].sum(2)
     mq, mk = int(count_q.max()), max(int(count_k.max()), 1)
-    short = _dense.prefer_dense(
-        s, 0
-    )  # streaming steps and RL training windows: the blocks' fixed cost dominates
+    ops = _Operands(q, k, v, q_pos, k_pos, cq, kc)
+    # streaming steps and RL training windows: the blocks' fixed cost dominates
+    short = _dense.prefer_dense(s, 0)
     if path == "dense" or (path == "auto" and (short or n_clusters * mq * (mk + 1) >= t * s)):
-        return _dense_clusters(att, q, k, v, q_pos, k_pos, cq, kc, heads, max_cache)
+        return _dense_clusters(att, ops, heads, max_cache)
     tok_q, ok_q = _slots(cq, count_q, t, mq)
     tok_k, ok_k = _slots(kc, count_k, s, mk)
-    return _blocked_clusters(
-        att, q, k, v, q_pos, k_pos, cq, kc, (tok_q, ok_q, tok_k, ok_k), heads, max_cache, path
-    )
+    return _blocked_clusters(att, ops, (tok_q, ok_q, tok_k, ok_k), heads, max_cache, path)
 
 
-def _dense_clusters(
-    att: Attention,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    q_pos: Tensor,
-    k_pos: Tensor,
-    cq: Tensor,
-    kc: Tensor,
-    heads: list[int],
-    max_cache: int | None,
-) -> Tensor:
-    """The cluster rule as a T x S mask (kc: key clusters with padding in none): (B, h, T, D)."""
+def _dense_clusters(att: Attention, ops: _Operands, heads: list[int], max_cache: int | None) -> Tensor:
+    """The cluster rule as a T x S mask: (B, h, T, D)."""
+    q, k, v, q_pos, k_pos, cq, kc = ops
     t, s = q.shape[2], k.shape[2]
     qi = torch.arange(t, device=q.device)[:, None] + (s - t)
     kj = torch.arange(s, device=q.device)[None, :]
@@ -135,19 +136,14 @@ def _slots(cluster: Tensor, count: Tensor, length: int, width: int) -> tuple[Ten
 
 def _blocked_clusters(
     att: Attention,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    q_pos: Tensor,
-    k_pos: Tensor,
-    cq: Tensor,
-    kc: Tensor,
+    ops: _Operands,
     slots: tuple[Tensor, Tensor, Tensor, Tensor],
     heads: list[int],
     max_cache: int | None,
     path: str,
 ) -> Tensor:
     """The cluster rule on per-cluster padded blocks; slots = (tok_q, ok_q, tok_k, ok_k) from :func:`_slots`."""
+    q, k, v, q_pos, k_pos, cq, kc = ops
     tok_q, ok_q, tok_k, ok_k = slots
     t, off, mk = q.shape[2], k.shape[2] - q.shape[2], tok_k.shape[-1]
     qb, kb, vb = _gather_rows(q, tok_q), _gather_rows(k, tok_k), _gather_rows(v, tok_k)
