@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from rl_transformers.runs.checkpoint_load import read_checkpoint
-from rl_transformers.runs.ledger import note_resume, read_ledger, start_job
+from rl_transformers.runs.ledger import LEDGER, note_resume, read_ledger, start_job
 from rl_transformers.utils.atomic import atomic_write_json
 from rl_transformers.utils.errors import UserError
 
@@ -148,9 +148,17 @@ def _train_command(
 def _resume_point(work: Path, request: dict[str, Any]) -> Path | None:
     """The run directory of an interrupted run of the same ``request`` in ``work`` that has a checkpoint to
     resume, or None to start afresh (a run stopped before its first checkpoint is started again). A run of
-    another request there is refused: resuming it would record the wrong flags."""
+    another request there is refused: resuming it would record the wrong flags; so is a checkpointed run with no
+    ledger (whose request is unknown), rather than deleted."""
     ledger = read_ledger(work)
+    last = [p.parent.parent for p in work.rglob("checkpoints/last.pt")]
     if ledger is None:
+        if last:
+            raise UserError(
+                f"holds a checkpointed run but no {LEDGER} saying which command started it: delete the folder to "
+                "start afresh",
+                source=str(work),
+            )
         return None
     if ledger.request != request:
         raise UserError(
@@ -158,7 +166,6 @@ def _resume_point(work: Path, request: dict[str, Any]) -> Path | None:
             "or delete the folder to start afresh",
             source=str(work),
         )
-    last = [p.parent.parent for p in work.rglob("checkpoints/last.pt")]
     return last[0] if last else None
 
 

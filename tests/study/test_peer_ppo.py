@@ -173,3 +173,16 @@ def test_a_partial_run_of_another_command_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"interrupted run of .*--norm-obs") as err:
         run_arms("rlt/TMazeShort-v0", ("gtrxl",), (0,), 1024, 2, tmp_path, TINY, 64)
     assert str(work) in str(err.value) and not (tmp_path / "gtrxl" / "s0.json").exists()
+
+
+def test_a_checkpointed_partial_run_without_a_ledger_is_refused_not_deleted(tmp_path: Path) -> None:
+    from rl_transformers.study.peer_compare import PARTIAL, run_arms
+
+    checkpoint = (
+        tmp_path / PARTIAL / "gtrxl-s0" / "gtrxl-s0" / "ppo" / "x" / "run" / "checkpoints" / "last.pt"
+    )
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"a checkpoint")
+    with pytest.raises(UserError, match=r"no job\.json saying which command") as err:
+        run_arms("rlt/TMazeShort-v0", ("gtrxl",), (0,), 1024, 2, tmp_path, TINY, 64)
+    assert str(checkpoint.parents[5]) in str(err.value) and checkpoint.read_bytes() == b"a checkpoint"
