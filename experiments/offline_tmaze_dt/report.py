@@ -63,10 +63,11 @@ def summary_rows(runs: dict[int, list[dict[str, Any]]]) -> list[str]:
         solved = sum(r["final_success"] >= SOLVED for r in rs)
         updates = rs[0]["settings"]["total_steps"]
         mean_return = statistics.fmean(r["final_return"] for r in rs)
-        wall = statistics.median(r["wall_s"] for r in rs)
+        whole = [r["wall_s"] for r in rs if not r.get("resumed_at")]  # a resumed run's is its last stretch's
+        wall = f"{statistics.median(whole):.0f}" if whole else "–"
         lines.append(
             f"| {L} | {L + 1} ({3 * (L + 1)}) | {updates} | {len(rs)} / {len(TEST_SEEDS[L])} | **{solved} / {len(rs)}** "
-            f"| {iqm:.2f} [{lo:.2f}, {hi:.2f}] | {mean_return:.2f} | {wall:.0f} |"
+            f"| {iqm:.2f} [{lo:.2f}, {hi:.2f}] | {mean_return:.2f} | {wall} |"
         )
     return lines
 
@@ -124,8 +125,11 @@ def provenance(runs: dict[int, list[dict[str, Any]]]) -> list[str]:
     resumed = [
         f"L{r['corridor']} seed {r['seed']} at {r['resumed_at']}" for r in records if r.get("resumed_at")
     ]
-    if resumed:  # killed midway and resumed from a checkpoint (their wall time is the last stretch's)
-        lines.append(f"- resumed from a checkpoint after a stop: {'; '.join(resumed)}")
+    if resumed:  # killed midway and resumed from a checkpoint
+        lines.append(
+            f"- resumed from a checkpoint after a stop: {'; '.join(resumed)} (their wall time, the last "
+            "stretch's, is left out of the Result table's median)"
+        )
     lines += [f"- machine: {m}" for m in machines]
     lines.append(
         "- one torch thread per run (`OMP_NUM_THREADS=1`, `--threads 1`); runs at once: the Machine paragraph"

@@ -80,3 +80,23 @@ def test_a_resumed_record_is_named_on_the_page(tmp_path: Path) -> None:
         f"- resumed from a checkpoint after a stop: L{record['corridor']} seed {record['seed']} at [400]"
         in page
     )
+
+
+def test_the_median_wall_time_leaves_out_resumed_runs(tmp_path: Path) -> None:
+    """A resumed run's wall time is its last stretch's: the Result table's median is of the others alone."""
+    copy = tmp_path / "records"
+    (copy / "L10").mkdir(parents=True)
+    record = json.loads(sorted((EXPERIMENT / "records" / "L10").glob("s*.json"))[0].read_text())
+    for seed, wall, resumed in ((0, 10.0, None), (1, 30.0, None), (2, 1.0, [400]), (3, 2.0, [200])):
+        extra = {"resumed_at": resumed} if resumed else {}
+        (copy / "L10" / f"s{seed}.json").write_text(
+            json.dumps({**record, "seed": seed, "wall_s": wall, **extra})
+        )
+    row = next(line for line in report().render(records=copy).splitlines() if line.startswith("| 10 | 11 ("))
+    assert row.endswith("| 20 |")  # the median of 10 and 30; with the resumed 1 and 2 it would be 6
+    for path in (copy / "L10").glob("s*.json"):
+        if json.loads(path.read_text()).get("resumed_at"):
+            continue
+        path.unlink()
+    row = next(line for line in report().render(records=copy).splitlines() if line.startswith("| 10 | 11 ("))
+    assert row.endswith("| – |")
