@@ -40,7 +40,10 @@ TASKS = {
 """Records folder -> section title, to which the records' budget is added (its first word names the task in the
 README's line)."""
 README_BLOCK = "memory-tasks"
-PROBES = {"tmaze_alt_400_probe": "Probe: TMazeAltVeryLong (T-Maze corridor 400, recoverable penalty)"}
+PROBES = {
+    "tmaze_alt_400_probe": "Probe: TMazeAltVeryLong (T-Maze corridor 400, recoverable penalty)",
+    "tmaze_alt_400_steps256": "Probe: TMazeAltVeryLong with 256 steps per env in an update",
+}
 """Tuning folders of probes the page shows as tables (a task whose target was judged on a probe) -> title."""
 
 

@@ -62,17 +62,20 @@ def test_page_is_rebuilt_from_the_records_at_another_path(tmp_path: Path) -> Non
 
 
 def test_a_probe_is_a_table_of_its_tuning_seeds(tmp_path: Path) -> None:
-    """The corridor-400 probe's records give its section: every seed's final score and the solved count."""
-    folder = report.HERE / "tuning" / "tmaze_alt_400_probe"
-    runs = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("gtrxl/s*.json"))]
-    assert [r["seed"] for r in runs] == [100, 101] and all(
-        r["env_id"] == "rlt/TMazeAltVeryLong-v0" for r in runs
-    )
-    scores = " / ".join(f"{sum(r['returns']) / len(r['returns']):.2f}" for r in runs)
-    solved = sum(sum(r["returns"]) / len(r["returns"]) >= report.SOLVED for r in runs)
-    (section,) = report.probe_sections(folder.parent)
-    assert section.startswith("## Probe: TMazeAltVeryLong") and "8,000,000 env steps" in section
-    assert f"| {scores} | {solved} of 2 |" in section
+    """Each corridor-400 probe's records give its section: every seed's final score and the solved count."""
+    sections = list(report.probe_sections(report.HERE / "tuning"))
+    assert len(sections) == len(report.PROBES)
+    for (name, title), section in zip(report.PROBES.items(), sections):
+        runs = [
+            json.loads(p.read_text()) for p in sorted((report.HERE / "tuning" / name).glob("gtrxl/s*.json"))
+        ]
+        assert [r["seed"] for r in runs] == [100, 101] and all(
+            r["env_id"] == "rlt/TMazeAltVeryLong-v0" for r in runs
+        )
+        scores = " / ".join(f"{sum(r['returns']) / len(r['returns']):.2f}" for r in runs)
+        solved = sum(sum(r["returns"]) / len(r["returns"]) >= report.SOLVED for r in runs)
+        assert section.startswith(f"## {title}") and "8,000,000 env steps" in section
+        assert f"| {scores} | {solved} of 2 |" in section and f"`tuning/{name}/`" in section
     assert not list(report.probe_sections(tmp_path))
 
 
