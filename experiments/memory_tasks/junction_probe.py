@@ -26,10 +26,10 @@ CORRIDOR = 100
 """Corridor length of rlt/TMazeAltLong-v0: the junction is the observation of step 100 (steps from 0)."""
 
 
-def scripted_episode() -> torch.Tensor:
-    """(2, CORRIDOR + 1, 2) observations ``[cue, at_junction]`` of an episode that walks east to the junction,
-    cue +1 in row 0 and -1 in row 1."""
-    obs = torch.zeros(2, CORRIDOR + 1, 2)
+def scripted_episode(corridor: int = CORRIDOR) -> torch.Tensor:
+    """(2, corridor + 1, 2) observations ``[cue, at_junction]`` of an episode that walks east to the junction of
+    a corridor of that length, cue +1 in row 0 and -1 in row 1."""
+    obs = torch.zeros(2, corridor + 1, 2)
     obs[0, 0, 0], obs[1, 0, 0] = 1.0, -1.0
     obs[:, -1, 1] = 1.0
     return obs

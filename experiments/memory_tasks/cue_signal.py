@@ -1,0 +1,124 @@
+"""How much of the T-Maze cue reaches the junction, in freshly initialised policies or in a run's checkpoints.
+
+A policy reads the cue at the junction only through its core's features there. Before training, how far those
+features move with the cue is what the gradient that teaches the lookup starts from: the policy loss reaches the
+cue's key and query projections through the attention weight on the cue, so a cue diluted among many remembered
+steps gives a small difference and a weak signal. For each policy the tool walks the scripted episode of
+:mod:`junction_probe` (east to the junction, once per cue) step by step, as acting does, and reports at the
+junction
+
+- ``feature_gap``: ||y(+1) - y(-1)|| / mean(||y(+1)||, ||y(-1)||), the core features' relative difference
+  between the two cues (0: the junction does not see the cue);
+- ``p_cue``: the probability of the cue's arm (north after +1, south after -1), averaged over the two cues
+  (0.25 for a uniform policy, 1 for one that reads the cue).
+
+A fresh policy is the transformer policy of a task's runs (rotary positions, the recipes' default) with the given
+memory, its observation normaliser set to the scripted episodes' moments (those of any walk east, so the clip-3
+scaled observations the runs see); a checkpoint keeps its own normaliser.
+
+    python -m experiments.memory_tasks.cue_signal fresh --corridor 400 --memory knn \
+        --memory-options '{"mem_len": 64, "store_size": 512}' --seeds 0 1 2 3 4 5 6 7 8 9
+    python -m experiments.memory_tasks.cue_signal checkpoint runs/.../checkpoints/step_7500000.pt --corridor 400
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import torch
+
+from experiments.memory_tasks.junction_probe import scripted_episode
+from rl_transformers.agents.load import load
+from rl_transformers.agents.ppo_agent import PPOAgent
+from rl_transformers.policies.actor_critic import ActorCritic
+from rl_transformers.policies.gtrxl import PolicyConfig, gtrxl_backbone, make_policy
+from rl_transformers.utils.atomic import atomic_write_text
+
+NORTH, SOUTH = 1, 3
+"""rlt T-Maze actions of the two arms (envs/tmaze.py)."""
+
+
+def signal(policy: ActorCritic, corridor: int) -> dict[str, float]:
+    """``feature_gap`` and ``p_cue`` of ``policy`` at the junction of a corridor-``corridor`` walk (one step at a
+    time, from a fresh state)."""
+    obs = scripted_episode(corridor)
+    starts = torch.zeros(obs.shape[:2], dtype=torch.bool)
+    starts[:, 0] = True
+    policy.eval()
+    with torch.no_grad():
+        state = policy.acting_state(policy.initial_state(2))
+        for t in range(obs.shape[1]):
+            y, state = policy.eager_step(obs[:, t], state, starts[:, t])
+        probs = policy.actor(policy.head_inputs(y)[0]).logits.softmax(-1)
+    gap = (y[0] - y[1]).norm() / y.norm(dim=-1).mean()
+    return {"feature_gap": float(gap), "p_cue": float((probs[0, NORTH] + probs[1, SOUTH]) / 2)}
+
+
+def fresh_policy(corridor: int, memory: str | None, memory_options: dict[str, Any], seed: int) -> ActorCritic:
+    """The runs' transformer policy (rotary positions, clip-3 observation scaling) with this memory, initialised
+    from ``seed``, its normaliser at the scripted episodes' moments."""
+    backbone = dataclasses.replace(
+        gtrxl_backbone(), position="rope", memory=memory, memory_options=dict(memory_options)
+    )
+    config = PolicyConfig(backbone=backbone, norm_obs=True, norm_obs_clip=3.0)
+    env = gym.make("rlt/TMaze-v0", corridor_length=corridor)
+    torch.manual_seed(seed)
+    policy = make_policy(config, env.observation_space, env.action_space)
+    assert policy.obs_norm is not None
+    policy.obs_norm.update(scripted_episode(corridor))
+    return policy
+
+
+def checkpoint_policy(path: Path) -> ActorCritic:
+    """The policy of a PPO checkpoint, with its own normaliser."""
+    agent = load(path)
+    if not isinstance(agent, PPOAgent):
+        raise SystemExit(f"error: {path} is not a PPO checkpoint")
+    return agent.policy
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="source", required=True)
+    fresh = sub.add_parser("fresh", help="freshly initialised policies, one per seed")
+    fresh.add_argument("--memory", default="xl", help="memory registry name, or None (default: xl)")
+    fresh.add_argument("--memory-options", type=json.loads, default={}, help="JSON options of the memory")
+    fresh.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
+    saved = sub.add_parser("checkpoint", help="the policies of PPO checkpoints")
+    saved.add_argument("paths", type=Path, nargs="+")
+    for sub_parser in (fresh, saved):
+        sub_parser.add_argument("--corridor", type=int, required=True, help="corridor length L")
+        sub_parser.add_argument("--out", type=Path, help="also write {label: row} to this JSON file")
+    args = parser.parse_args(argv)
+    import envs  # noqa: F401  registers rlt/TMaze-v0
+
+    if args.source == "fresh":
+        memory = None if args.memory == "None" else args.memory
+        rows = [signal(fresh_policy(args.corridor, memory, args.memory_options, s), args.corridor)
+                for s in args.seeds]  # fmt: skip
+        labels = [f"seed {s}" for s in args.seeds]
+    else:
+        rows = [signal(checkpoint_policy(p), args.corridor) for p in args.paths]
+        labels = [str(p) for p in args.paths]
+    for label, row in zip(labels, rows, strict=True):
+        print(f"{label}: feature_gap {row['feature_gap']:.4f}  p_cue {row['p_cue']:.3f}")
+    if args.out is not None:
+        table = {
+            label: {k: round(v, 6) for k, v in row.items()} for label, row in zip(labels, rows, strict=True)
+        }
+        atomic_write_text(args.out, json.dumps(table, indent=1) + "\n")
+    if len(rows) > 1:
+        median = statistics.median(r["feature_gap"] for r in rows)
+        print(f"median feature_gap {median:.4f} over {len(rows)}")
+
+
+if __name__ == "__main__":
+    main()
