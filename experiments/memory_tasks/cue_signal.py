@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
         labels = [f"seed {s}" for s in args.seeds]
     else:
         rows = [signal(checkpoint_policy(p), args.corridor) for p in args.paths]
-        labels = [str(p) for p in args.paths]
+        labels = [f"{p.parent.parent.name}/{p.name}" for p in args.paths]  # run folder / checkpoint file
     for label, row in zip(labels, rows, strict=True):
         print(f"{label}: feature_gap {row['feature_gap']:.4f}  p_cue {row['p_cue']:.3f}")
     if args.out is not None:

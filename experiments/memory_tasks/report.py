@@ -43,6 +43,7 @@ README_BLOCK = "memory-tasks"
 PROBES = {
     "tmaze_alt_400_probe": "Probe: TMazeAltVeryLong (T-Maze corridor 400, recoverable penalty)",
     "tmaze_alt_400_steps256": "Probe: TMazeAltVeryLong with 256 steps per env in an update",
+    "tmaze_alt_400_knn": "Probe: TMazeAltVeryLong with a kNN memory (Memorizing Transformer), 256 steps per env",
 }
 """Tuning folders of probes the page shows as tables (a task whose target was judged on a probe) -> title."""
 
