@@ -39,6 +39,7 @@ from rl_transformers.agents.ppo_agent import PPOAgent
 from rl_transformers.policies.actor_critic import ActorCritic
 from rl_transformers.policies.gtrxl import PolicyConfig, gtrxl_backbone, make_policy
 from rl_transformers.utils.atomic import atomic_write_text
+from rl_transformers.utils.errors import run_cli
 
 NORTH, SOUTH = 1, 3
 """rlt T-Maze actions of the two arms (envs/tmaze.py)."""
@@ -121,4 +122,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

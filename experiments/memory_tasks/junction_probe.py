@@ -21,6 +21,7 @@ from rl_transformers.agents.load import load
 from rl_transformers.agents.ppo_agent import PPOAgent
 from rl_transformers.runs.checkpoint_load import step_files
 from rl_transformers.utils.atomic import atomic_write_text
+from rl_transformers.utils.errors import run_cli
 
 CORRIDOR = 100
 """Corridor length of rlt/TMazeAltLong-v0: the junction is the observation of step 100 (steps from 0)."""
@@ -71,4 +72,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

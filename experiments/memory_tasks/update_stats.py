@@ -23,12 +23,24 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from rl_transformers.utils.errors import UserError, run_cli
+
 
 def read_log(path: Path) -> list[dict[str, Any]]:
-    """The rows of a progress log (``.gz``: gzipped)."""
+    """The rows of a progress log (``.gz``: gzipped); a missing file or a line that is not JSON is a
+    :class:`UserError` naming the file (and the line)."""
+    if not path.is_file():
+        raise UserError(f"progress log {path} does not exist (a run's progress.jsonl, or .jsonl.gz)")
     opener = gzip.open if path.suffix == ".gz" else open
+    rows = []
     with opener(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise UserError(f"{path}, line {number}: not a JSON row ({err.msg})") from err
+    return rows
 
 
 def summarise(
@@ -77,4 +89,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

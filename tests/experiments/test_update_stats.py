@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from experiments.memory_tasks import update_stats
+from rl_transformers.utils.errors import UserError
 
 
 def hand_log() -> list[dict[str, float]]:
@@ -48,3 +49,12 @@ def test_gzipped_and_plain_logs_read_alike(tmp_path: Path) -> None:
         f.write(text)
     assert update_stats.read_log(tmp_path / "p.jsonl") == update_stats.read_log(tmp_path / "p.jsonl.gz")
     assert update_stats.read_log(tmp_path / "p.jsonl") == hand_log()
+
+
+def test_a_missing_log_and_a_broken_line_are_named(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="does not exist"):
+        update_stats.read_log(tmp_path / "nothing.jsonl")
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"step": 1}\n\n{"step": \n', encoding="utf-8")
+    with pytest.raises(UserError, match=r"broken.jsonl, line 3: not a JSON row"):
+        update_stats.read_log(broken)
