@@ -44,6 +44,7 @@ PROBES = {
     "tmaze_alt_400_probe": "Probe: TMazeAltVeryLong (T-Maze corridor 400, recoverable penalty)",
     "tmaze_alt_400_steps256": "Probe: TMazeAltVeryLong with 256 steps per env in an update",
     "tmaze_alt_400_knn": "Probe: TMazeAltVeryLong with a kNN memory (Memorizing Transformer), 256 steps per env",
+    "tmaze_alt_400_knn_detached": "Probe: TMazeAltVeryLong with the kNN memory and a detached critic",
 }
 """Tuning folders of probes the page shows as tables (a task whose target was judged on a probe) -> title."""
 
