@@ -16,9 +16,9 @@ A fresh policy is the transformer policy of a task's runs (rotary positions, the
 memory, its observation normaliser set to the scripted episodes' moments (those of any walk east, so the clip-3
 scaled observations the runs see); a checkpoint keeps its own normaliser.
 
-    python -m experiments.memory_tasks.cue_signal fresh --corridor 400 --memory knn \
+    python -m experiments.memory_tasks.cue_signal --corridor 400 --memory knn \
         --memory-options '{"mem_len": 64, "store_size": 512}' --seeds 0 1 2 3 4 5 6 7 8 9
-    python -m experiments.memory_tasks.cue_signal checkpoint runs/.../checkpoints/step_7500000.pt --corridor 400
+    python -m experiments.memory_tasks.cue_signal --corridor 400 --checkpoints runs/.../checkpoints/step_*.pt
 """
 
 from __future__ import annotations
@@ -88,27 +88,25 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    sub = parser.add_subparsers(dest="source", required=True)
-    fresh = sub.add_parser("fresh", help="freshly initialised policies, one per seed")
-    fresh.add_argument("--memory", default="xl", help="memory registry name, or None (default: xl)")
-    fresh.add_argument("--memory-options", type=json.loads, default={}, help="JSON options of the memory")
-    fresh.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
-    saved = sub.add_parser("checkpoint", help="the policies of PPO checkpoints")
-    saved.add_argument("paths", type=Path, nargs="+")
-    for sub_parser in (fresh, saved):
-        sub_parser.add_argument("--corridor", type=int, required=True, help="corridor length L")
-        sub_parser.add_argument("--out", type=Path, help="also write {label: row} to this JSON file")
+    parser.add_argument("--corridor", type=int, required=True, help="corridor length L")
+    parser.add_argument("--checkpoints", type=Path, nargs="+", help="PPO checkpoints (else: fresh policies)")
+    parser.add_argument("--memory", default="xl", help="fresh policies' memory name, or None (default: xl)")
+    parser.add_argument("--memory-options", type=json.loads, default={}, help="JSON options of the memory")
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(10)), help="fresh policies' seeds")
+    parser.add_argument("--out", type=Path, help="also write {label: row} to this JSON file")
     args = parser.parse_args(argv)
     import envs  # noqa: F401  registers rlt/TMaze-v0
 
-    if args.source == "fresh":
+    if args.checkpoints is None:
         memory = None if args.memory == "None" else args.memory
         rows = [signal(fresh_policy(args.corridor, memory, args.memory_options, s), args.corridor)
                 for s in args.seeds]  # fmt: skip
         labels = [f"seed {s}" for s in args.seeds]
     else:
-        rows = [signal(checkpoint_policy(p), args.corridor) for p in args.paths]
-        labels = [f"{p.parent.parent.name}/{p.name}" for p in args.paths]  # run folder / checkpoint file
+        rows = [signal(checkpoint_policy(p), args.corridor) for p in args.checkpoints]
+        labels = [
+            f"{p.parent.parent.name}/{p.name}" for p in args.checkpoints
+        ]  # run folder / checkpoint file
     for label, row in zip(labels, rows, strict=True):
         print(f"{label}: feature_gap {row['feature_gap']:.4f}  p_cue {row['p_cue']:.3f}")
     if args.out is not None:

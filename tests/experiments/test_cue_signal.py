@@ -40,7 +40,7 @@ def test_a_fresh_policy_normalises_as_the_runs_do() -> None:
 
 def test_the_command_writes_each_policy_s_row(tmp_path: Path) -> None:
     out = tmp_path / "signal.json"
-    cue_signal.main(["fresh", "--corridor", "20", "--memory-options", '{"mem_len": 32}', "--seeds", "0", "3",
+    cue_signal.main(["--corridor", "20", "--memory-options", '{"mem_len": 32}', "--seeds", "0", "3",
                      "--out", str(out)])  # fmt: skip
     rows = json.loads(out.read_text(encoding="utf-8"))
     assert list(rows) == ["seed 0", "seed 3"]
