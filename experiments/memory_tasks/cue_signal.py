@@ -33,9 +33,7 @@ from typing import Any
 import gymnasium as gym
 import torch
 
-from experiments.memory_tasks.junction_probe import scripted_episode
-from rl_transformers.agents.load import load
-from rl_transformers.agents.ppo_agent import PPOAgent
+from experiments.memory_tasks.junction_probe import ppo_checkpoint, scripted_episode
 from rl_transformers.policies.actor_critic import ActorCritic
 from rl_transformers.policies.gtrxl import PolicyConfig, gtrxl_backbone, make_policy
 from rl_transformers.utils.atomic import atomic_write_text
@@ -69,19 +67,13 @@ def fresh_policy(corridor: int, memory: str | None, memory_options: dict[str, An
     )
     config = PolicyConfig(backbone=backbone, norm_obs=True, norm_obs_clip=3.0)
     env = gym.make("rlt/TMaze-v0", corridor_length=corridor)
+    spaces = env.observation_space, env.action_space
+    env.close()
     torch.manual_seed(seed)
-    policy = make_policy(config, env.observation_space, env.action_space)
+    policy = make_policy(config, *spaces)
     assert policy.obs_norm is not None
     policy.obs_norm.update(scripted_episode(corridor))
     return policy
-
-
-def checkpoint_policy(path: Path) -> ActorCritic:
-    """The policy of a PPO checkpoint, with its own normaliser."""
-    agent = load(path)
-    if not isinstance(agent, PPOAgent):
-        raise SystemExit(f"error: {path} is not a PPO checkpoint")
-    return agent.policy
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -103,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
                 for s in args.seeds]  # fmt: skip
         labels = [f"seed {s}" for s in args.seeds]
     else:
-        rows = [signal(checkpoint_policy(p), args.corridor) for p in args.checkpoints]
+        rows = [signal(ppo_checkpoint(p).policy, args.corridor) for p in args.checkpoints]
         labels = [
             f"{p.parent.parent.name}/{p.name}" for p in args.checkpoints
         ]  # run folder / checkpoint file

@@ -21,7 +21,7 @@ from rl_transformers.agents.load import load
 from rl_transformers.agents.ppo_agent import PPOAgent
 from rl_transformers.runs.checkpoint_load import step_files
 from rl_transformers.utils.atomic import atomic_write_text
-from rl_transformers.utils.errors import run_cli
+from rl_transformers.utils.errors import UserError, run_cli
 
 CORRIDOR = 100
 """Corridor length of rlt/TMazeAltLong-v0: the junction is the observation of step 100 (steps from 0)."""
@@ -36,11 +36,21 @@ def scripted_episode(corridor: int = CORRIDOR) -> torch.Tensor:
     return obs
 
 
+def ppo_checkpoint(path: Path) -> PPOAgent:
+    """The PPO agent of the step checkpoint ``path`` (a UserError naming the file otherwise)."""
+    agent = load(path)
+    if not isinstance(agent, PPOAgent) or agent.step is None:
+        raise UserError(
+            "not a PPO step checkpoint (checkpoints/step_<n>.pt of scripts/train_gtrxl.py --save-every N)",
+            source=str(path),
+        )
+    return agent
+
+
 def east_probabilities(checkpoint: Path) -> tuple[int, float, float]:
     """(env step, p(east) on the last corridor step, p(east) at the junction) of one checkpoint."""
-    agent = load(checkpoint)
-    if not isinstance(agent, PPOAgent) or agent.step is None:
-        raise SystemExit(f"error: {checkpoint} is not a PPO step checkpoint")
+    agent = ppo_checkpoint(checkpoint)
+    assert agent.step is not None
     policy, obs = agent.policy, scripted_episode()
     starts = torch.zeros(obs.shape[:2], dtype=torch.bool)
     starts[:, 0] = True

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+import pytest
 import torch
 
 import envs  # noqa: F401  (registers the rlt/ ids)
@@ -15,6 +16,7 @@ from rl_transformers.agents.load import load
 from rl_transformers.algos.ppo import train
 from rl_transformers.algos.ppo_config import TrainConfig
 from rl_transformers.policies.gtrxl import PolicyConfig
+from rl_transformers.utils.errors import UserError
 
 
 def env_episodes() -> torch.Tensor:
@@ -56,3 +58,11 @@ def test_probabilities_match_step_by_step_acting(tmp_path: Path) -> None:
                 corridor = float(east)
     assert abs(rows[-1][1] - corridor) < 1e-3 and abs(rows[-1][2] - float(east)) < 1e-3
     assert 0 < rows[-1][2] < 1
+
+
+def test_a_checkpoint_that_is_not_ppo_s_is_named_in_a_user_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(junction_probe, "load", lambda path: object())  # e.g. a Decision Transformer's
+    with pytest.raises(UserError, match=r"dt\.pt: not a PPO step checkpoint"):
+        junction_probe.ppo_checkpoint(tmp_path / "dt.pt")
