@@ -45,6 +45,7 @@ PROBES = {
     "tmaze_alt_400_steps256": "Probe: TMazeAltVeryLong with 256 steps per env in an update",
     "tmaze_alt_400_knn": "Probe: TMazeAltVeryLong with a kNN memory (Memorizing Transformer), 256 steps per env",
     "tmaze_alt_400_knn_detached": "Probe: TMazeAltVeryLong with the kNN memory and a detached critic",
+    "tmaze_alt_200": "Probe: T-Maze corridor 200 (TMazeAltLong's env at corridor_length 200), XL memory of 256",
 }
 """Tuning folders of probes the page shows as tables (a task whose target was judged on a probe) -> title."""
 
