@@ -46,6 +46,7 @@ PROBES = {
     "tmaze_alt_400_knn": "Probe: TMazeAltVeryLong with a kNN memory (Memorizing Transformer), 256 steps per env",
     "tmaze_alt_400_knn_detached": "Probe: TMazeAltVeryLong with the kNN memory and a detached critic",
     "tmaze_alt_200": "Probe: T-Maze corridor 200 (TMazeAltLong's env at corridor_length 200), XL memory of 256",
+    "tmaze_alt_300": "Probe: T-Maze corridor 300 (TMazeAltLong's env at corridor_length 300), XL memory of 384",
 }
 """Tuning folders of probes the page shows as tables (a task whose target was judged on a probe) -> title."""
 
