@@ -7,6 +7,8 @@
     python scripts/train_gtrxl.py --policy lstm                      # baseline, sized to GTrXL's parameters
     python scripts/train_gtrxl.py --policy gru --no-match-params     # baseline of width backbone.d_model
     python scripts/train_gtrxl.py --resume runs/ppo/rlt-TMaze-v0/<run>/   # continue a run
+    python scripts/train_gtrxl.py --init-from runs/ppo/rlt-TMaze-v0/<run>/ --env-kwargs '{"corridor_length": 400}'
+                                                                     # a new run from that run's policy weights
     python scripts/train_gtrxl.py --env-id rlt/CartPoleNoVel-v0 --recipe none  # library defaults, no recipe
     torchrun --nproc_per_node 2 scripts/train_gtrxl.py --threads 1   # data-parallel PPO (gloo on CPU)
 

@@ -111,6 +111,8 @@ class PPOTrainer:
         check_same_step(self.envs)
         obs_space, act_space = self.envs.single_observation_space, self.envs.single_action_space
         self.policy: ActorCritic = make_policy(cfg.policy, obs_space, act_space).to(self.device)
+        if cfg.init_from is not None and resumed is None:
+            self._init_policy(cfg.init_from, obs_space, act_space)
         broadcast_parameters(self.policy, self.dist)
         if cfg.compile:  # compiled acting step and training forward, eager fallback
             from rl_transformers.policies.compile import compile_policy
@@ -328,6 +330,17 @@ class PPOTrainer:
                 self.reward_norm.restart_episodes()
             seed_everything(seed, self.cfg.torch_deterministic)
             self.generator.manual_seed(seed)
+
+    def _init_policy(self, path: str, obs_space: gym.Space, act_space: gym.Space) -> None:
+        try:
+            source, step = ppo_checkpoint.init_policy(
+                self.policy, path, obs_space, act_space, self.cfg.env_id
+            )
+        except BaseException:
+            self.close()
+            raise
+        if self.dist.is_main:
+            print(f"init: policy weights from {source} (saved at env step {step:,})", file=sys.stderr)
 
     def _check_seq_len(self) -> None:
         seq_len, core = self.cfg.ppo.seq_len, self.policy.core

@@ -78,6 +78,23 @@ def load_policy_weights(
     )
 
 
+def init_policy(
+    policy: ActorCritic, path: str | Path, obs_space: gym.Space, act_space: gym.Space, env_id: str
+) -> tuple[Path, int]:
+    """Load the policy weights of the PPO checkpoint ``path`` (a file, or a run directory's latest) into
+    ``policy`` (``--init-from``); returns the file and the env step it was saved at."""
+    source = latest_checkpoint(path) if Path(path).exists() else None
+    if source is None:
+        raise UserError(
+            f"--init-from {path}: no checkpoint there (a step_<n>.pt / last.pt file or a run directory)"
+        )
+    ckpt = load_checkpoint(source, map_location=next(policy.parameters()).device)
+    if not isinstance(ckpt, dict) or "policy" not in ckpt:
+        raise UserError(f"--init-from {source}: no 'policy' weights; not a PPO checkpoint of rl_transformers")
+    load_policy_weights(policy, ckpt, source, obs_space, act_space, env_id)
+    return source, int(ckpt.get("global_step", 0))
+
+
 def load_policy(
     path: str | Path, device: str | torch.device = "cpu", allow_env_modules: Sequence[str] = ()
 ) -> tuple[ActorCritic, TrainConfig]:

@@ -160,6 +160,12 @@ class TrainConfig(RunConfig):
     (x ranks) steps: 200,000 with 32 x 64 runs 97 updates = 198,656 steps."""
     num_envs: int = 32
     """Parallel envs per process (more envs amortise the per-step cost of the policy forward)."""
+    init_from: str | None = None
+    """Start from the policy weights (observation normaliser included) of a PPO checkpoint file or run
+    directory, with a fresh optimizer, schedule and step counter: a curriculum or fine-tuning stage, as
+    rl-zoo's ``--trained-agent`` (which also keeps the optimizer). The policy flags must build the same weights;
+    memory lengths and other weight-free options may differ; the reward scaler (--ppo.norm-reward) starts
+    afresh. A resumed run keeps its own weights."""
     policy: Annotated[PolicyConfig, tyro.conf.arg(name="")] = field(default_factory=PolicyConfig)
     """Policy (--policy transformer|lstm|gru|mlp, --backbone.*)."""
     ppo: PPOConfig = field(default_factory=PPOConfig)
