@@ -24,7 +24,7 @@ from experiments.memory_tasks.cue_signal import signal
 from experiments.memory_tasks.junction_probe import ppo_checkpoint
 from rl_transformers.algos.evaluation import evaluate_episodes
 from rl_transformers.policies.actor_critic import ActorCritic
-from rl_transformers.policies.gtrxl import make_policy
+from rl_transformers.policies.gtrxl import PolicyConfig, make_policy
 from rl_transformers.utils.atomic import atomic_write_text
 from rl_transformers.utils.errors import UserError, run_cli
 
@@ -34,9 +34,9 @@ def memory_for(corridor: int) -> int:
     return 128 * corridor // 100
 
 
-def resized(agent_policy: ActorCritic, policy_cfg: object, mem_len: int) -> ActorCritic:
+def resized(agent_policy: ActorCritic, policy_cfg: PolicyConfig, mem_len: int) -> ActorCritic:
     """``agent_policy``'s weights in a policy whose XL memory holds ``mem_len`` steps."""
-    backbone = policy_cfg.backbone  # type: ignore[attr-defined]
+    backbone = policy_cfg.backbone
     if backbone.memory != "xl":
         raise UserError(f"memory {backbone.memory!r}: this tool resizes XL memories only")
     options = {**backbone.memory_options, "mem_len": mem_len}
