@@ -39,6 +39,14 @@ TASKS = {
 }
 """Records folder -> section title, to which the records' budget is added (its first word names the task in the
 README's line)."""
+CURRICULA = {
+    "tmaze_alt_400_curriculum": (
+        "TMaze400 by curriculum (T-Maze corridor 400, recoverable penalty, XL memory of 512, 256 steps per env; "
+        "stage 1: TMazeAltLong's recipe at corridor 100, 2,000,000 env steps; stage 2 from its final weights)"
+    ),
+}
+"""Records folders of curricula -> section title: the final stage's records (``<arm>/s<seed>.json``) and, in
+``stage1/transfer_<seed>.json``, ``transfer.py``'s rows of each seed's stage-1 policy (the budget of stage 2 is added)."""
 README_BLOCK = "memory-tasks"
 PROBES = {
     "tmaze_alt_400_probe": "Probe: TMazeAltVeryLong (T-Maze corridor 400, recoverable penalty)",
@@ -60,6 +68,41 @@ def task_summaries(records: Path) -> Iterator[tuple[str, dict[str, ArmSummary]]]
             budgets = sorted({run["config"]["total_timesteps"] for arm in runs.values() for run in arm})
             steps = " / ".join(f"{b:,}" for b in budgets)
             yield f"{title}, {steps} env steps", summarise(runs)
+
+
+def curriculum_summaries(records: Path) -> Iterator[tuple[str, str, dict[str, ArmSummary]]]:
+    """(folder, section title with the last stage's budget, per-arm summaries) of each curriculum with records."""
+    for folder, title in CURRICULA.items():
+        if any((records / folder).glob("*/s*.json")):
+            runs = load_records(records / folder)
+            budgets = sorted({run["config"]["total_timesteps"] for arm in runs.values() for run in arm})
+            yield (
+                folder,
+                f"{title}, stage 2 {' / '.join(f'{b:,}' for b in budgets)} env steps",
+                summarise(runs),
+            )
+
+
+def stage_table(folder: Path) -> list[str]:
+    """Per seed: its stage-1 policy's greedy return at the corridor it trained on and, zero-shot, at the last
+    stage's corridor (with the cue's arm probability at the junction), then the last stage's final return."""
+    final = {run["seed"]: run for runs in load_records(folder).values() for run in runs}
+    rows = [
+        "| seed | stage 1 at its corridor | stage 1 zero-shot at the last corridor (p_cue) | final |",
+        "|---|---|---|---|",
+    ]
+    for path in sorted((folder / "stage1").glob("transfer_*.json"), key=lambda p: int(p.stem[9:])):
+        seed = int(path.stem[9:])
+        (stage,) = json.loads(path.read_text(encoding="utf-8")).values()
+        own, last = (
+            stage[str(int(next(iter(stage.values()))["trained_corridor"]))],
+            stage[max(stage, key=int)],
+        )
+        score = f"{sum(final[seed]['returns']) / len(final[seed]['returns']):.2f}" if seed in final else "–"
+        rows.append(
+            f"| {seed} | {own['mean_return']:.2f} | {last['mean_return']:.2f} ({last['p_cue']:.2f}) | {score} |"
+        )
+    return rows
 
 
 def probe_sections(tuning: Path) -> Iterator[str]:
@@ -145,6 +188,12 @@ def render(records: Path, preamble: str) -> str:
                 f"**Partial**: seeds finished of {SEEDS}: {', '.join(short)}. No claim rests on this table until"
                 " every arm has them all (the runs resume from the committed records)."
             )
+    for folder, title, summaries in curriculum_summaries(records):
+        parts += [f"## {title}", "\n".join(table(summaries, SOLVED, REFERENCE, digits=2))]
+        parts += [
+            "Each seed's stages (`transfer.py`, 50 greedy episodes):",
+            "\n".join(stage_table(records / folder)),
+        ]
     parts += probe_sections(records.parent / "tuning")
     parts += tuning_tables(records.parent / "tuning")
     return "\n\n".join(parts) + "\n"
@@ -153,7 +202,8 @@ def render(records: Path, preamble: str) -> str:
 def readme_line(records: Path) -> str:
     """The README's summary: per task, each arm's seeds solved (and finished, where fewer than all)."""
     tasks = []
-    for title, summaries in task_summaries(records):
+    curricula = [(title, summaries) for _, title, summaries in curriculum_summaries(records)]
+    for title, summaries in [*task_summaries(records), *curricula]:
         arms = [
             f"{arm} {sum(m >= SOLVED for m in s.means)}"
             + (f" of {len(s.seeds)}" if len(s.seeds) < SEEDS else "")

@@ -123,3 +123,51 @@ def test_records_are_what_the_page_claims(task: str) -> None:
 def test_readme_line_is_rebuilt_from_the_records() -> None:
     readme = (report.HERE.parents[1] / "README.md").read_text(encoding="utf-8")
     assert report.replace_block(readme, report.README_BLOCK, report.readme_line(RECORDS)) == readme
+
+
+def test_a_curriculum_section_shows_each_seed_s_stages(tmp_path: Path) -> None:
+    """A curriculum's records give its table and, per seed, the stage-1 policy's scores beside the final one."""
+    (folder,) = report.CURRICULA
+    final = tmp_path / "records" / folder / "gtrxl"
+    final.mkdir(parents=True)
+    (final.parent / "stage1").mkdir()
+    source = json.loads((RECORDS / "tmaze_alt_100" / "gtrxl" / "s30.json").read_text(encoding="utf-8"))
+    for seed, score, zero_shot in ((7, 1.0, 0.4), (8, -0.25, 0.55)):
+        record = source | {"seed": seed, "returns": [score] * 50}
+        (final / f"s{seed}.json").write_text(json.dumps(record), encoding="utf-8")
+        rows = {"100": {"trained_corridor": 100.0, "mean_return": 1.0, "p_cue": 0.99},
+                "400": {"trained_corridor": 100.0, "mean_return": zero_shot, "p_cue": 0.5}}  # fmt: skip
+        (final.parent / "stage1" / f"transfer_{seed}.json").write_text(json.dumps({"run/last.pt": rows}))
+    page = report.render(tmp_path / "records", preamble())
+    section = page.split(
+        f"## {report.CURRICULA[folder]}, stage 2 {source['config']['total_timesteps']:,} env"
+    )[1]
+    assert "| 1.00 / -0.25 | 1 of 2 |" in section
+    assert "| 7 | 1.00 | 0.40 (0.50) | 1.00 |" in section and "| 8 | 1.00 | 0.55 (0.50) | -0.25 |" in section
+    assert "TMaze400: gtrxl 1 of 2" in report.readme_line(tmp_path / "records")
+
+
+@pytest.mark.parametrize("folder", sorted(report.CURRICULA))
+def test_curriculum_records_are_what_the_page_claims(folder: str) -> None:
+    """Ten seeds, each a committed run at corridor 400 from the final weights of its own seed's stage 1, which
+    ran TMazeAltLong's shipped recipe (its config and its policy's scores kept beside the records)."""
+    runs = records(folder)
+    if not runs:
+        pytest.skip(f"no records for {folder} yet")
+    assert len({run["seed"] for run in runs}) >= report.SEEDS
+    for run in runs:
+        seed, config = run["seed"], run["config"]
+        assert not run["git_sha"].endswith("-dirty") and len(run["returns"]) == 50
+        spec_kwargs = {**gym.spec(run["env_id"]).kwargs, **config["env_kwargs"]}
+        assert spec_kwargs["corridor_length"] == 400 and spec_kwargs["penalty_on"] == "action"
+        assert f"/s{seed}/" in config["init_from"] and config["init_from"].endswith("/last.pt")
+        stage1 = json.loads((RECORDS / folder / "stage1" / f"config_{seed}.json").read_text(encoding="utf-8"))
+        assert (
+            stage1["seed"] == seed
+            and shipped_recipe_problem({"env_id": stage1["env_id"], "config": stage1}) is None
+        )
+        (rows,) = json.loads((RECORDS / folder / "stage1" / f"transfer_{seed}.json").read_text()).values()
+        assert (
+            rows["100"]["trained_corridor"] == 100
+            and rows["100"]["step"] >= stage1["total_timesteps"] - 2**17
+        )
