@@ -37,7 +37,7 @@ TASKS = {
     "repeat_previous_hard": "RepeatPreviousHard (memory 64)",
     "tmaze_alt_100": "TMazeAltLong (T-Maze corridor 100, recoverable penalty)",
 }
-"""Records folder -> section title, to which the records' budget is added (its first word names the task in the
+"""Records folder -> section title, to which the records' budget is added (what precedes " (" names the task in the
 README's line)."""
 CURRICULA = {
     "tmaze_alt_400_curriculum": (
@@ -209,7 +209,7 @@ def readme_line(records: Path) -> str:
             + (f" of {len(s.seeds)}" if len(s.seeds) < SEEDS else "")
             for arm, s in summaries.items()
         ]
-        tasks.append(f"{title.split(' ')[0]}: {', '.join(arms)}")
+        tasks.append(f"{title.split(' (')[0]}: {', '.join(arms)}")
     return (
         f"**Memory tasks** ([memory_tasks.md](docs/results/memory_tasks.md), generated): seeds of {SEEDS} solved"
         f" (≥ {SOLVED}), task recipes applied; LSTM / GRU parameter-matched, tuned on Easy (at chance"

@@ -144,7 +144,7 @@ def test_a_curriculum_section_shows_each_seed_s_stages(tmp_path: Path) -> None:
     )[1]
     assert "| 1.00 / -0.25 | 1 of 2 |" in section
     assert "| 7 | 1.00 | 0.40 (0.50) | 1.00 |" in section and "| 8 | 1.00 | 0.55 (0.50) | -0.25 |" in section
-    assert "TMaze400: gtrxl 1 of 2" in report.readme_line(tmp_path / "records")
+    assert "TMaze400 by curriculum: gtrxl 1 of 2" in report.readme_line(tmp_path / "records")
 
 
 @pytest.mark.parametrize("folder", sorted(report.CURRICULA))
