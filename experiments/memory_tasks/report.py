@@ -59,15 +59,20 @@ PROBES = {
 """Tuning folders of probes the page shows as tables (a task whose target was judged on a probe) -> title."""
 
 
+def budgets(runs: dict[str, list[dict[str, Any]]]) -> str:
+    """The runs' budgets (``--total-timesteps``), e.g. "2,000,000" or "500,000 / 1,000,000"."""
+    return " / ".join(
+        f"{b:,}" for b in sorted({r["config"]["total_timesteps"] for rs in runs.values() for r in rs})
+    )
+
+
 def task_summaries(records: Path) -> Iterator[tuple[str, dict[str, ArmSummary]]]:
     """(section title with the runs' budget, per-arm summaries) of each task of :data:`TASKS` that has records,
     in their order."""
     for folder, title in TASKS.items():
         if any((records / folder).glob("*/s*.json")):
             runs = load_records(records / folder)
-            budgets = sorted({run["config"]["total_timesteps"] for arm in runs.values() for run in arm})
-            steps = " / ".join(f"{b:,}" for b in budgets)
-            yield f"{title}, {steps} env steps", summarise(runs)
+            yield f"{title}, {budgets(runs)} env steps", summarise(runs)
 
 
 def curriculum_summaries(records: Path) -> Iterator[tuple[str, str, dict[str, ArmSummary]]]:
@@ -75,12 +80,7 @@ def curriculum_summaries(records: Path) -> Iterator[tuple[str, str, dict[str, Ar
     for folder, title in CURRICULA.items():
         if any((records / folder).glob("*/s*.json")):
             runs = load_records(records / folder)
-            budgets = sorted({run["config"]["total_timesteps"] for arm in runs.values() for run in arm})
-            yield (
-                folder,
-                f"{title}, stage 2 {' / '.join(f'{b:,}' for b in budgets)} env steps",
-                summarise(runs),
-            )
+            yield folder, f"{title}, stage 2 {budgets(runs)} env steps", summarise(runs)
 
 
 def stage_table(folder: Path) -> list[str]:
@@ -91,13 +91,11 @@ def stage_table(folder: Path) -> list[str]:
         "| seed | stage 1 at its corridor | stage 1 zero-shot at the last corridor (p_cue) | final |",
         "|---|---|---|---|",
     ]
-    for path in sorted((folder / "stage1").glob("transfer_*.json"), key=lambda p: int(p.stem[9:])):
-        seed = int(path.stem[9:])
-        (stage,) = json.loads(path.read_text(encoding="utf-8")).values()
-        own, last = (
-            stage[str(int(next(iter(stage.values()))["trained_corridor"]))],
-            stage[max(stage, key=int)],
-        )
+    files = {int(p.stem.removeprefix("transfer_")): p for p in (folder / "stage1").glob("transfer_*.json")}
+    for seed, path in sorted(files.items()):
+        (by_corridor,) = json.loads(path.read_text(encoding="utf-8")).values()  # one checkpoint per file
+        trained = int(next(iter(by_corridor.values()))["trained_corridor"])
+        own, last = by_corridor[str(trained)], by_corridor[max(by_corridor, key=int)]
         score = f"{sum(final[seed]['returns']) / len(final[seed]['returns']):.2f}" if seed in final else "–"
         rows.append(
             f"| {seed} | {own['mean_return']:.2f} | {last['mean_return']:.2f} ({last['p_cue']:.2f}) | {score} |"
@@ -110,9 +108,8 @@ def probe_sections(tuning: Path) -> Iterator[str]:
     for folder, title in PROBES.items():
         if any((tuning / folder).glob("*/s*.json")):
             runs = load_records(tuning / folder)
-            budgets = sorted({run["config"]["total_timesteps"] for arm in runs.values() for run in arm})
             yield (
-                f"## {title}, {' / '.join(f'{b:,}' for b in budgets)} env steps\n\n"
+                f"## {title}, {budgets(runs)} env steps\n\n"
                 + "\n".join(table(summarise(runs), SOLVED, REFERENCE, digits=2))
                 + f"\n\n`tuning/{folder}/`: tuning seeds, not a test; the text above says what they show."
             )

@@ -22,6 +22,7 @@ import torch
 
 from experiments.memory_tasks.cue_signal import signal
 from experiments.memory_tasks.junction_probe import ppo_checkpoint
+from rl_transformers.agents.ppo_agent import PPOAgent
 from rl_transformers.algos.evaluation import evaluate_episodes
 from rl_transformers.policies.actor_critic import ActorCritic
 from rl_transformers.policies.gtrxl import PolicyConfig, make_policy
@@ -46,9 +47,8 @@ def resized(agent_policy: ActorCritic, policy_cfg: PolicyConfig, mem_len: int) -
     return policy.eval()
 
 
-def transfer(checkpoint: Path, corridor: int, episodes: int, seed: int) -> dict[str, float]:
-    """Greedy return and the junction's cue signal of ``checkpoint``'s policy at corridor ``corridor``."""
-    agent = ppo_checkpoint(checkpoint)
+def transfer(agent: PPOAgent, corridor: int, episodes: int, seed: int) -> dict[str, float]:
+    """Greedy return and the junction's cue signal of ``agent``'s policy at corridor ``corridor``."""
     cfg = agent.config
     policy = resized(agent.policy, cfg.policy, memory_for(corridor))
     env_kwargs = {**cfg.env_kwargs, "corridor_length": corridor}
@@ -80,9 +80,9 @@ def main(argv: list[str] | None = None) -> None:
 
     table: dict[str, dict[str, dict[str, float]]] = {}
     for path in args.checkpoints:
-        label = f"{path.parent.parent.name}/{path.name}"
+        label, agent = f"{path.parent.parent.name}/{path.name}", ppo_checkpoint(path)
         for corridor in args.corridors:
-            row = transfer(path, corridor, args.episodes, args.seed)
+            row = transfer(agent, corridor, args.episodes, args.seed)
             table.setdefault(label, {})[str(corridor)] = {k: round(v, 6) for k, v in row.items()}
             print(
                 f"{label} at corridor {corridor}: return {row['mean_return']:.2f}, solved "

@@ -36,7 +36,7 @@ def test_memory_sizes() -> None:
 
 
 def test_at_its_own_corridor_the_resized_policy_scores_as_the_checkpoint(checkpoint: Path) -> None:
-    row = transfer.transfer(checkpoint, CORRIDOR, episodes=8, seed=7)
+    row = transfer.transfer(ppo_checkpoint(checkpoint), CORRIDOR, episodes=8, seed=7)
     assert transfer.memory_for(CORRIDOR) == 7 != 8  # both hold the 7-step episode
     returns, _ = ppo_checkpoint(checkpoint).evaluate(8, seed=7)
     assert row["mean_return"] == pytest.approx(float(np.mean(returns)), abs=1e-6)
