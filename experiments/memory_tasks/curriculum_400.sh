@@ -1,33 +1,52 @@
 #!/usr/bin/env bash
-# Recoverable T-Maze corridor 400 by a two-stage curriculum, one seed after another:
+# Recoverable T-Maze corridor 400 by a curriculum, one seed after another:
 #   stage 1: corridor 100 with its shipped recipe (rlt/TMazeAltLong-v0: XL memory 128, 64 envs, 2M steps);
-#   stage 2: corridor 400 from stage 1's final weights (--init-from), XL memory 512, 256 steps per env, 500k
-#            steps, recorded by compare_peer.py (greedy return of the final policy over 50 episodes); its
-#            learning rate follows the tuning runs' schedule (annealed over 4M steps, of which 500k run).
-# Between the stages transfer.py records the stage-1 policy at corridors 100 and 400 (zero-shot).
-# Resumable: a seed whose stage 1 finished keeps it; compare_peer.py skips seeds it has recorded.
+#   then, for each corridor L in $VIA (default none), $VIA_STEPS steps (default 500k) at L from the previous
+#            stage's final weights, with an XL memory of 128*L/100 steps;
+#   last: corridor 400 from the previous stage's final weights (--init-from), XL memory 512, 256 steps per env,
+#            $STAGE2_STEPS steps (default 500k), recorded by compare_peer.py (greedy return of the final policy
+#            over 50 episodes).
+# Every stage after the first keeps the tuning runs' learning-rate schedule (annealed over 4M steps) and 256 steps
+# per env. Between stage 1 and the rest transfer.py records the stage-1 policy at corridors 100 and 400
+# (zero-shot). Resumable: a seed's finished stages are kept; compare_peer.py skips seeds it has recorded.
 #
 #   bash experiments/memory_tasks/curriculum_400.sh runs/c400_curriculum 30 32 34 36 38
+#   VIA=200 bash experiments/memory_tasks/curriculum_400.sh runs/c400_via200 30 32
 set -euo pipefail
 out=${1:?usage: curriculum_400.sh OUT SEED...}
 shift
 py=${PYTHON:-python}
+later=(--ppo.num-steps=256 --ppo.anneal-horizon=4000000)
 mkdir -p "$out/transfer"
-for seed in "$@"; do
-    root=$out/stage1/s$seed
+
+# train_stage ROOT SEED FLAG...: one train_gtrxl.py run in ROOT unless ROOT.done names its finished run folder
+train_stage() {
+    local root=$1 seed=$2
+    shift 2
     if [ ! -f "$root.done" ]; then
         rm -rf "$root"
         "$py" scripts/train_gtrxl.py --env-id rlt/TMazeAltLong-v0 --seed "$seed" --threads 1 --run-root "$root" \
-            --eval-every 0 --no-progress
+            --eval-every 0 --no-progress "$@"
         ls -d "$root"/ppo/rlt-TMazeAltLong-v0/*-s"$seed" > "$root.done"
     fi
-    stage1=$(cat "$root.done")/checkpoints/last.pt
+}
+
+for seed in "$@"; do
+    train_stage "$out/stage1/s$seed" "$seed"
+    stage1=$(cat "$out/stage1/s$seed.done")/checkpoints/last.pt
     if [ ! -f "$out/transfer/s$seed.json" ]; then
         "$py" -m experiments.memory_tasks.transfer "$stage1" --corridors 100 400 --out "$out/transfer/s$seed.json"
     fi
+    from=$stage1
+    for corridor in ${VIA:-}; do
+        root=$out/c$corridor/s$seed
+        train_stage "$root" "$seed" --init-from="$from" --total-timesteps="${VIA_STEPS:-500000}" \
+            --env-kwargs="{\"corridor_length\": $corridor}" \
+            --backbone.memory-options="{\"mem_len\": $((128 * corridor / 100))}" "${later[@]}"
+        from=$(cat "$root.done")/checkpoints/last.pt
+    done
     "$py" scripts/compare_peer.py --arms gtrxl --episodes 50 --reference gtrxl --seeds "$seed" \
-        --env-id rlt/TMazeAltLong-v0 --total-timesteps 500000 --solved 0.9 --out "$out/c400" \
-        --extra=--init-from="$stage1" '--extra=--env-kwargs={"corridor_length": 400}' \
-        '--extra=--backbone.memory-options={"mem_len": 512}' --extra=--ppo.num-steps=256 \
-        --extra=--ppo.anneal-horizon=4000000
+        --env-id rlt/TMazeAltLong-v0 --total-timesteps "${STAGE2_STEPS:-500000}" --solved 0.9 --out "$out/c400" \
+        --extra=--init-from="$from" '--extra=--env-kwargs={"corridor_length": 400}' \
+        '--extra=--backbone.memory-options={"mem_len": 512}' "${later[@]/#/--extra=}"
 done
