@@ -253,6 +253,37 @@ def _residue_chunk(
     return qidx, kidx
 
 
+def _residue_chunk_mask(
+    qidx: Tensor,
+    kidx: Tensor,
+    n_before: int,
+    k_valid: Tensor,
+    q_pos: Tensor,
+    k_pos: Tensor,
+    class_heads: Tensor,
+    allow: Allow,
+) -> Tensor:
+    """Boolean mask (B, H|1, classes, C, keys; True: attend) of one chunk of :func:`residue_classes_attention`: the
+    ``n_before`` class members before the band (valid keys, in ``class_heads``), then the band keys under
+    ``allow``, causality and validity, each query always seeing itself; padded indices (-1) are masked."""
+    b = k_valid.shape[0]
+    n, n_q = qidx.shape
+    n_k = kidx.shape[1]
+    valid = (
+        k_valid.index_select(1, kidx.clamp_min(0).flatten()).view(b, 1, n, 1, n_k)
+        & (kidx >= 0)[None, None, :, None, :]
+    )
+    band = kidx[:, n_before:]
+    qp = q_pos.index_select(1, qidx.clamp_min(0).flatten()).view(b, 1, n, n_q, 1)
+    kp = k_pos.index_select(1, band.clamp_min(0).flatten()).view(b, 1, n, 1, n_k - n_before)
+    ok_band = (valid[..., n_before:] & allow(qp, kp) & (kp <= qp)) | (band[:, None, :] == qidx[:, :, None])
+    ok_before = (class_heads[..., None] & valid[..., :n_before]).expand(-1, -1, -1, n_q, -1)
+    hb = max(ok_band.shape[1], ok_before.shape[1])
+    return torch.cat(
+        [ok_before.expand(b, hb, n, n_q, n_before), ok_band.expand(b, hb, n, n_q, n_k - n_before)], dim=-1
+    )
+
+
 def residue_classes_attention(
     att: Any,
     q: Tensor,
@@ -310,24 +341,8 @@ def residue_classes_attention(
         band_idx = ks[:, n_before:].flatten()
         kb = torch.cat([km[:, :, :n, :n_before], k.index_select(2, band_idx).view(b, h, n, -1, d)], dim=3)
         vb = torch.cat([vm[:, :, :n, :n_before], v.index_select(2, band_idx).view(b, h, n, -1, d)], dim=3)
-        valid = (
-            k_valid.index_select(1, ks.flatten()).view(b, 1, n, 1, n_k) & (kidx >= 0)[None, None, :, None, :]
-        )
-        band = kidx[:, n_before:]
-        qp = q_pos.index_select(1, qs.flatten()).view(b, 1, n, n_q, 1)
-        kp = k_pos.index_select(1, band.clamp_min(0).flatten()).view(b, 1, n, 1, n_k - n_before)
-        ok_band = (valid[..., n_before:] & allow(qp, kp) & (kp <= qp)) | (
-            band[:, None, :] == qidx[:, :, None]
-        )
-        ok_before = (class_heads[..., None] & valid[..., :n_before]).expand(-1, -1, -1, n_q, -1)
-        hb = max(ok_band.shape[1], ok_before.shape[1])
-        mask = torch.cat(
-            [
-                torch.where(ok_before, zero, neg).expand(b, hb, n, n_q, n_before),
-                torch.where(ok_band, zero, neg).expand(b, hb, n, n_q, n_k - n_before),
-            ],
-            dim=-1,
-        )
+        ok = _residue_chunk_mask(qidx, kidx, n_before, k_valid, q_pos, k_pos, class_heads, allow)
+        mask = torch.where(ok, zero, neg)
         out = F.scaled_dot_product_attention(  # 4-D (heads x classes merged) keeps the CPU flash kernel
             qb.reshape(b, h * n, n_q, d),
             kb.reshape(b, h * n, n_k, d),
