@@ -310,6 +310,7 @@ class DTTrainer:
             run_dir=run.dir,
             step=self.step,
             interrupted=run.interrupted,
+            target_reached=run.target_reached,
             metrics=run.finish(self.step, self.checkpoint),
             evaluations=run.evaluations,
             sources=run.sources(),

@@ -490,6 +490,7 @@ class PPOTrainer:
             run_dir=run.dir,
             step=self.global_step,
             interrupted=run.interrupted,
+            target_reached=run.target_reached,
             metrics=run.finish(self.global_step, self._payload),
             evaluations=run.evaluations,
             sources=run.sources(),

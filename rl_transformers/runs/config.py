@@ -17,6 +17,7 @@ to one and those are the names its users type; no other user-visible option uses
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,10 @@ class RunConfig:
     """Also print the logger's table at every log step."""
     progress: bool = True
     """Show a tqdm progress bar."""
+    stop_at: float | None = None
+    """Stop once an evaluation reaches this value of the metric that ranks best.pt (PPO: eval/mean_reward, the
+    greedy mean return; DT: the mean return at the first target), as SB3's StopTrainingOnRewardThreshold does;
+    last.pt is then the policy that reached it. Needs evaluations (--eval-every > 0). None: the whole budget."""
     allow_env_modules: tuple[str, ...] = ()
     """Modules (and their submodules) whose environments a flag or a file may name by entry point or
     ``module:Env-v0`` id, beyond gymnasium, envs, popgym and minigrid (envs/resolve.py). Allowing a module
@@ -61,6 +66,13 @@ class RunConfig:
         check_int("threads (--threads)", self.threads, 1, optional=True)
         check_device(self.device)
         object.__setattr__(self, "allow_env_modules", check_module_names(self.allow_env_modules))
+        if self.stop_at is not None:
+            if isinstance(self.stop_at, bool) or not isinstance(self.stop_at, int | float):
+                raise UserError(f"stop_at (--stop-at): expected a number, got {self.stop_at!r}")
+            if not math.isfinite(self.stop_at):
+                raise UserError(f"stop_at (--stop-at): expected a finite number, got {self.stop_at!r}")
+            if getattr(self, "eval_every", None) == 0:
+                raise UserError("--stop-at needs evaluations to stop on, but --eval-every is 0")
 
 
 def check_module_names(modules: Any, flag: str = "--allow-env-modules") -> tuple[str, ...]:
@@ -91,5 +103,5 @@ def saved_form(config: Any) -> Any:
     return dataclasses.replace(config, **fresh) if fresh else config
 
 
-SHARED_RESUME_MUTABLE = ("device", "threads", "verbose", "progress")
+SHARED_RESUME_MUTABLE = ("device", "threads", "verbose", "progress", "stop_at")
 """RunConfig fields a ``--resume`` may change (each trainer adds its own to RESUME_MUTABLE)."""

@@ -134,6 +134,8 @@ class RunResult:
     """Environment steps (PPO) or gradient updates (DT / BC) done."""
     interrupted: bool = False
     """Ctrl-C, SIGTERM or a callback stopped the run early (its last checkpoint is saved)."""
+    target_reached: bool = False
+    """An evaluation reached ``stop_at`` (``--stop-at``) and the run stopped there, its last checkpoint saved."""
     metrics: dict[str, float] = field(default_factory=dict)
     """The last logged value of each headline tag (what :func:`summary_text` prints)."""
     evaluations: dict[int, dict[str, float]] = field(default_factory=dict)
@@ -153,13 +155,14 @@ class RunResult:
 
 def summary_text(outcome: RunResult) -> str:
     """The final summary both training scripts print: JSON with the run directory, step, whether the run was
-    interrupted, the last logged values of the headline metrics (``metrics``, keyed by their tags), the step and
+    interrupted or stopped at ``--stop-at``, the last logged values of the headline metrics (``metrics``, keyed by their tags), the step and
     checkpoint each comes from (``sources``) and what ``best.pt`` holds (``best``)."""
     data = {
         "algo": outcome.algo,
         "run_dir": None if outcome.run_dir is None else str(outcome.run_dir),
         "step": outcome.step,
         "interrupted": outcome.interrupted,
+        "target_reached": outcome.target_reached,
         "metrics": outcome.metrics,
         "sources": outcome.sources,
         "best": outcome.best,

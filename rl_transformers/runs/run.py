@@ -87,6 +87,8 @@ class Run:
         self.saved_step: int | None = step if resumed is not None else None
         self._resumed_before_evaluating = resumed is not None and bool(resumed.checkpoint.get(EVALUATING))
         self.interrupted = False
+        self.reached: float | None = None  # the evaluation value that met config.stop_at (rank 0)
+        self.target_reached = False
         self.dir: Path | None = None
         self.logger: Logger | None = None
         self.checkpoints: CheckpointManager | None = None
@@ -170,9 +172,11 @@ class Run:
         """True on every rank when any rank got Ctrl-C / SIGTERM or passes ``requested`` (a collective: call it
         once per iteration on every rank)."""
         flag = requested or (self._interrupt is not None and self._interrupt.requested)
+        if getattr(self.config, "stop_at", None) is not None:  # the same on every rank: the collective matches
+            self.target_reached = any_rank(self.reached is not None, self.dist)
         stop = any_rank(flag, self.dist)
         self.interrupted = self.interrupted or stop
-        return stop
+        return stop or self.target_reached
 
     def evaluation_lost(self, step: int) -> bool:
         """Whether this run resumed from a checkpoint of ``step`` saved for an evaluation (:data:`EVALUATING`) that
@@ -210,6 +214,9 @@ class Run:
             self.evaluations[step] = dict(values)
             if self.checkpoints is not None:
                 self.checkpoints.update_metric(step, best)
+            stop_at = getattr(self.config, "stop_at", None)
+            if stop_at is not None and best is not None and best >= stop_at:
+                self.reached = best
             if self.logger is not None:
                 for key, value in values.items():
                     self.logger.record(key, value)
@@ -244,8 +251,15 @@ class Run:
         """Save the final step unless saved; report a stop; return the headline metrics (last logged; their
         steps and checkpoints: :meth:`sources`)."""
         self.save(step, checkpoint)
-        if self.interrupted and self.is_main and self.checkpoints is not None:
-            print(f"stopped at step {step}; checkpoint {self.checkpoints.last_path}", file=sys.stderr)
+        if self.is_main and self.checkpoints is not None:
+            if self.interrupted:
+                print(f"stopped at step {step}; checkpoint {self.checkpoints.last_path}", file=sys.stderr)
+            elif self.target_reached:
+                print(
+                    f"--stop-at {self.config.stop_at:g} reached at step {step} ({self.best_label} "
+                    f"{self.reached:.4g}); checkpoint {self.checkpoints.last_path}",
+                    file=sys.stderr,
+                )
         return {tag: self.latest[tag] for tag in self.headline if tag in self.latest}
 
     def sources(self) -> dict[str, dict[str, Any]]:

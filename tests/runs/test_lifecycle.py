@@ -176,3 +176,46 @@ def test_ppo_final_evaluation_can_be_turned_off(tmp_path: Path, monkeypatch: pyt
     assert result.best is not None and result.best["step"] == 4 * u
     assert result.sources["eval/mean_reward"]["step"] == 4 * u
     assert result.sources["eval/mean_reward"]["checkpoint"] == "best.pt"  # step_<4u>.pt too, best.pt named
+
+
+def test_stop_at_stops_at_the_first_evaluation_that_reaches_it(
+    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """Evaluated every iteration, each scoring its step: --stop-at 3u stops after iteration 3 with last.pt that
+    policy, reported as a reached target, not as an interruption."""
+    _rising_evaluation(family, monkeypatch)
+    u = family.unit
+    result = family.train(family.make(tmp_path, 6, eval_every=1, stop_at=3.0 * u))
+    assert result.target_reached and not result.interrupted
+    assert result.step == 3 * u == saved_step(result.run_dir)
+    assert sorted(result.evaluations) == [u, 2 * u, 3 * u]
+    assert json.loads(summary_text(result))["target_reached"] is True
+    assert f"--stop-at {3.0 * u:g} reached at step {3 * u}" in capsys.readouterr().err
+    saved = json.loads((result.run_dir / "config.json").read_text())
+    assert saved["stop_at"] == 3.0 * u
+
+
+def test_stop_at_not_reached_runs_the_whole_budget(
+    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _rising_evaluation(family, monkeypatch)
+    u = family.unit
+    result = family.train(family.make(tmp_path, 4, eval_every=1, stop_at=4.5 * u))
+    assert not result.target_reached and not result.interrupted and result.step == 4 * u
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"stop_at": 0.9}, "--eval-every is 0"),
+        ({"stop_at": float("nan"), "eval_every": 1}, "finite"),
+        ({"stop_at": "high", "eval_every": 1}, "expected a number"),
+    ],
+)
+def test_stop_at_without_evaluations_or_a_number_is_refused(
+    family: Family, tmp_path: Path, overrides: dict, message: str
+) -> None:
+    from rl_transformers.utils.errors import UserError
+
+    with pytest.raises(UserError, match=message):
+        family.make(tmp_path, 2, **overrides)
