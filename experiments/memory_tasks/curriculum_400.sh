@@ -5,18 +5,24 @@
 #            stage's final weights, with an XL memory of 128*L/100 steps;
 #   last: corridor 400 from the previous stage's final weights (--init-from), XL memory 512, 256 steps per env,
 #            $STAGE2_STEPS steps (default 500k), recorded by compare_peer.py (greedy return of the final policy
-#            over 50 episodes).
+#            over 50 episodes); with $STOP_AT set, the last stage evaluates every $EVAL_EVERY steps (default 50k)
+#            and stops once an evaluation reaches $STOP_AT (--stop-at), so its final policy is that one.
 # Every stage after the first keeps the tuning runs' learning-rate schedule (annealed over 4M steps) and 256 steps
 # per env. Between stage 1 and the rest transfer.py records the stage-1 policy at corridors 100 and 400
 # (zero-shot). Resumable: a seed's finished stages are kept; compare_peer.py skips seeds it has recorded.
 #
 #   bash experiments/memory_tasks/curriculum_400.sh runs/c400_curriculum 30 32 34 36 38
 #   VIA=200 bash experiments/memory_tasks/curriculum_400.sh runs/c400_via200 30 32
+#   STAGE2_STEPS=1500000 STOP_AT=0.9 bash experiments/memory_tasks/curriculum_400.sh runs/c400_long 30 32
 set -euo pipefail
 out=${1:?usage: curriculum_400.sh OUT SEED...}
 shift
 py=${PYTHON:-python}
 later=(--ppo.num-steps=256 --ppo.anneal-horizon=4000000)
+last=()
+if [ -n "${STOP_AT:-}" ]; then
+    last=(--eval-every="${EVAL_EVERY:-50000}" --stop-at="$STOP_AT")
+fi
 mkdir -p "$out/transfer"
 
 # train_stage ROOT SEED FLAG...: one train_gtrxl.py run in ROOT unless ROOT.done names its finished run folder
@@ -48,5 +54,6 @@ for seed in "$@"; do
     "$py" scripts/compare_peer.py --arms gtrxl --episodes 50 --reference gtrxl --seeds "$seed" \
         --env-id rlt/TMazeAltLong-v0 --total-timesteps "${STAGE2_STEPS:-500000}" --solved 0.9 --out "$out/c400" \
         --extra=--init-from="$from" '--extra=--env-kwargs={"corridor_length": 400}' \
-        '--extra=--backbone.memory-options={"mem_len": 512}' "${later[@]/#/--extra=}"
+        '--extra=--backbone.memory-options={"mem_len": 512}' "${later[@]/#/--extra=}" \
+        ${last[@]+"${last[@]/#/--extra=}"}
 done
