@@ -85,18 +85,24 @@ def curriculum_summaries(records: Path) -> Iterator[tuple[str, str, dict[str, Ar
 
 def stage_table(folder: Path) -> list[str]:
     """Per seed: its stage-1 policy's greedy return at the corridor it trained on and, zero-shot, at the last
-    stage's corridor (with the cue's arm probability at the junction), then the last stage's final return."""
+    stage's corridor (with the cue's arm probability at the junction), then the last stage's final return and the
+    env steps it trained (fewer than its budget where ``--stop-at`` ended it)."""
     final = {run["seed"]: run for runs in load_records(folder).values() for run in runs}
     rows = [
-        "| seed | stage 1 at its corridor | stage 1 zero-shot at the last corridor (p_cue) | final |",
-        "|---|---|---|---|",
+        "| seed | stage 1 at its corridor | stage 1 zero-shot at the last corridor (p_cue) | final | env steps at the end |",
+        "|---|---|---|---|---|",
     ]
     files = {int(p.stem.removeprefix("transfer_")): p for p in (folder / "stage1").glob("transfer_*.json")}
     for seed, path in sorted(files.items()):
         (by_corridor,) = json.loads(path.read_text(encoding="utf-8")).values()  # one checkpoint per file
         trained = int(next(iter(by_corridor.values()))["trained_corridor"])
         own, last = by_corridor[str(trained)], by_corridor[max(by_corridor, key=int)]
-        score = f"{sum(final[seed]['returns']) / len(final[seed]['returns']):.2f}" if seed in final else "–"
+        run = final.get(seed)
+        score = (
+            f"{sum(run['returns']) / len(run['returns']):.2f} | {run['total_timesteps']:,}"
+            if run
+            else "– | –"
+        )
         rows.append(
             f"| {seed} | {own['mean_return']:.2f} | {last['mean_return']:.2f} ({last['p_cue']:.2f}) | {score} |"
         )
@@ -175,18 +181,24 @@ def tuning_tables(tuning: Path) -> Iterator[str]:
         )
 
 
+def section(title: str, summaries: dict[str, ArmSummary]) -> list[str]:
+    """A task's heading and table, with a note under it while an arm has fewer than :data:`SEEDS` seeds."""
+    parts = [f"## {title}", "\n".join(table(summaries, SOLVED, REFERENCE, digits=2))]
+    short = [f"`{arm}` {len(s.seeds)}" for arm, s in summaries.items() if len(s.seeds) < SEEDS]
+    if short:
+        parts.append(
+            f"**Partial**: seeds finished of {SEEDS}: {', '.join(short)}. No claim rests on this table until"
+            " every arm has them all (the runs resume from the committed records)."
+        )
+    return parts
+
+
 def render(records: Path, preamble: str) -> str:
     parts = [preamble.rstrip()]
     for title, summaries in task_summaries(records):
-        parts += [f"## {title}", "\n".join(table(summaries, SOLVED, REFERENCE, digits=2))]
-        short = [f"`{arm}` {len(s.seeds)}" for arm, s in summaries.items() if len(s.seeds) < SEEDS]
-        if short:
-            parts.append(
-                f"**Partial**: seeds finished of {SEEDS}: {', '.join(short)}. No claim rests on this table until"
-                " every arm has them all (the runs resume from the committed records)."
-            )
+        parts += section(title, summaries)
     for folder, title, summaries in curriculum_summaries(records):
-        parts += [f"## {title}", "\n".join(table(summaries, SOLVED, REFERENCE, digits=2))]
+        parts += section(title, summaries)
         parts += [
             "Each seed's stages (`transfer.py`, 50 greedy episodes):",
             "\n".join(stage_table(records / folder)),
