@@ -114,6 +114,16 @@ def provenance() -> dict[str, Any]:
     }
 
 
+def provenance_since(before: dict[str, Any]) -> dict[str, Any]:
+    """:func:`provenance` at the end of a run that began under ``before``: where the checkout's commit moved
+    meanwhile, the run's processes imported code of both (its evaluation starts after its training), so the record
+    names the first commit marked ``-dirty`` and no single commit is claimed."""
+    now = provenance()
+    if now["git_sha"] != before["git_sha"] and before["git_sha"] is not None:
+        now["git_sha"] = before["git_sha"].removesuffix("-dirty") + "-dirty"
+    return now
+
+
 def _child_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -280,6 +290,7 @@ def run_arms(
             if path.exists():
                 continue
             print(f"{arm} seed {seed}, {steps:,} env steps ...", flush=True)
+            before = provenance()
             if arm == "peer":
                 record = run_peer_arm(env_id, seed, steps, episodes)
             elif save_every > 0:
@@ -289,7 +300,7 @@ def run_arms(
             else:
                 with tempfile.TemporaryDirectory(prefix="rlt-peer-") as tmp:
                     record = run_library_arm(arm, env_id, seed, steps, episodes, extra, Path(tmp))
-            record |= provenance()
+            record |= provenance_since(before)
             atomic_write_json(path, record)
             if save_every > 0 and arm != "peer":  # the peer's runs do not checkpoint
                 shutil.rmtree(out / PARTIAL / f"{arm}-s{seed}")

@@ -186,3 +186,24 @@ def test_a_checkpointed_partial_run_without_a_ledger_is_refused_not_deleted(tmp_
     with pytest.raises(UserError, match=r"no job\.json saying which command") as err:
         run_arms("rlt/TMazeShort-v0", ("gtrxl",), (0,), 1024, 2, tmp_path, TINY, 64)
     assert str(checkpoint.parents[5]) in str(err.value) and checkpoint.read_bytes() == b"a checkpoint"
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "recorded"),
+    [("abc1234", "abc1234", "abc1234"), ("abc1234", "def5678", "abc1234-dirty"),
+     ("abc1234-dirty", "def5678", "abc1234-dirty")],
+)  # fmt: skip
+def test_a_commit_made_while_a_run_ran_is_not_claimed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, start: str, end: str, recorded: str
+) -> None:
+    """The record names the commit a run began under, and marks it ``-dirty`` where the checkout moved before the
+    run's end (its processes imported both)."""
+    from rl_transformers.study import peer_compare
+
+    shas = iter([start, end])
+    monkeypatch.setattr(
+        peer_compare, "provenance", lambda: {"git_sha": next(shas), "machine": "m", "command": "python x"}
+    )
+    monkeypatch.setattr(peer_compare, "run_library_arm", lambda *args: {"returns": [1.0]})
+    peer_compare.run_arms("rlt/TMazeShort-v0", ("gtrxl",), (0,), 64, 1, tmp_path)
+    assert json.loads((tmp_path / "gtrxl" / "s0.json").read_text())["git_sha"] == recorded
