@@ -44,6 +44,11 @@ CURRICULA = {
         "TMaze400 by curriculum (T-Maze corridor 400, recoverable penalty, XL memory of 512, 256 steps per env; "
         "stage 1: TMazeAltLong's recipe at corridor 100, 2,000,000 env steps; stage 2 from its final weights)"
     ),
+    "tmaze_alt_400_curriculum_stop": (
+        "TMaze400 by curriculum, stopped at 0.9 (T-Maze corridor 400, recoverable penalty, XL memory of 512, 256 "
+        "steps per env; stage 1: TMazeAltLong's recipe at corridor 100, 2,000,000 env steps; stage 2 from its final "
+        "weights, evaluated every 50,000 env steps over 16 greedy episodes, stopped once their mean reaches 0.9)"
+    ),
 }
 """Records folders of curricula -> section title: the final stage's records (``<arm>/s<seed>.json``) and, in
 ``stage1/transfer_<seed>.json``, ``transfer.py``'s rows of each seed's stage-1 policy (the budget of stage 2 is added)."""
@@ -80,7 +85,9 @@ def curriculum_summaries(records: Path) -> Iterator[tuple[str, str, dict[str, Ar
     for folder, title in CURRICULA.items():
         if any((records / folder).glob("*/s*.json")):
             runs = load_records(records / folder)
-            yield folder, f"{title}, stage 2 {budgets(runs)} env steps", summarise(runs)
+            stops = any(r["config"].get("stop_at") is not None for rs in runs.values() for r in rs)
+            budget = f"stage 2 {'at most ' if stops else ''}{budgets(runs)} env steps"
+            yield folder, f"{title}, {budget}", summarise(runs)
 
 
 def stage_table(folder: Path) -> list[str]:

@@ -177,3 +177,19 @@ def test_curriculum_records_are_what_the_page_claims(folder: str) -> None:
             rows["100"]["trained_corridor"] == 100
             and rows["100"]["step"] >= stage1["total_timesteps"] - 2**17
         )
+
+
+def test_a_curriculum_stopped_at_a_target_says_its_budget_is_a_cap(tmp_path: Path) -> None:
+    """Where ``--stop-at`` may end the last stage, its heading gives the budget as "at most" (the stage table
+    gives each seed's steps)."""
+    folder = "tmaze_alt_400_curriculum_stop"
+    final = tmp_path / "records" / folder / "gtrxl"
+    final.mkdir(parents=True)
+    source = json.loads((RECORDS / "tmaze_alt_100" / "gtrxl" / "s30.json").read_text(encoding="utf-8"))
+    budget = source["config"]["total_timesteps"]
+    for stop_at in (None, 0.9):
+        record = source | {"config": source["config"] | {"stop_at": stop_at}}
+        (final / "s30.json").write_text(json.dumps(record), encoding="utf-8")
+        page = report.render(tmp_path / "records", preamble())
+        cap = "at most " if stop_at else ""
+        assert f"## {report.CURRICULA[folder]}, stage 2 {cap}{budget:,} env steps\n" in page
