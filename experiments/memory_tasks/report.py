@@ -217,15 +217,18 @@ def render(records: Path, preamble: str) -> str:
 
 def readme_line(records: Path) -> str:
     """The README's summary: per task, each arm's seeds solved (and finished, where fewer than all)."""
-    tasks = []
+    tasks, labels = [], []
     curricula = [(title, summaries) for _, title, summaries in curriculum_summaries(records)]
     for title, summaries in [*task_summaries(records), *curricula]:
+        label = title.split(" (")[0]
+        shared = [seen for seen in labels if label.startswith(f"{seen}, ")]  # a variant: its difference only
+        labels.append(label)
         arms = [
             f"{arm} {sum(m >= SOLVED for m in s.means)}"
             + (f" of {len(s.seeds)}" if len(s.seeds) < SEEDS else "")
             for arm, s in summaries.items()
         ]
-        tasks.append(f"{title.split(' (')[0]}: {', '.join(arms)}")
+        tasks.append(f"{label.removeprefix(f'{shared[0]}, ') if shared else label}: {', '.join(arms)}")
     return (
         f"**Memory tasks** ([memory_tasks.md](docs/results/memory_tasks.md), generated): seeds of {SEEDS} solved"
         f" (≥ {SOLVED}), task recipes applied; LSTM / GRU parameter-matched, tuned on Easy (at chance"

@@ -193,3 +193,8 @@ def test_a_curriculum_stopped_at_a_target_says_its_budget_is_a_cap(tmp_path: Pat
         page = report.render(tmp_path / "records", preamble())
         cap = "at most " if stop_at else ""
         assert f"## {report.CURRICULA[folder]}, stage 2 {cap}{budget:,} env steps\n" in page
+    # beside the first curriculum, the README's line names only what this one adds to it
+    (tmp_path / "records" / next(iter(report.CURRICULA)) / "gtrxl").mkdir(parents=True)
+    shutil.copy(final / "s30.json", tmp_path / "records" / next(iter(report.CURRICULA)) / "gtrxl")
+    line = report.readme_line(tmp_path / "records")
+    assert line.endswith(" TMaze400 by curriculum: gtrxl 1 of 1; stopped at 0.9: gtrxl 1 of 1."), line
