@@ -217,7 +217,8 @@ def render(records: Path, preamble: str) -> str:
 
 def readme_line(records: Path) -> str:
     """The README's summary: per task, each arm's seeds solved (and finished, where fewer than all)."""
-    tasks, labels = [], []
+    tasks: list[str] = []
+    labels: list[str] = []
     curricula = [(title, summaries) for _, title, summaries in curriculum_summaries(records)]
     for title, summaries in [*task_summaries(records), *curricula]:
         label = title.split(" (")[0]
