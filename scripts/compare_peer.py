@@ -48,6 +48,10 @@ class CompareConfig:
     """Checkpoint each library run every N env steps, in <out>/.partial/, so that a run stopped midway (a killed
     job, a machine's end) resumes from its last checkpoint when the same command runs again; its record lists
     the steps it resumed from. 0: a run stopped midway starts again."""
+    keep_runs: bool = False
+    """Keep each library run's folder (config, progress log, evaluation, checkpoints) in <out>/runs/<arm>-s<seed>/,
+    named by its record's run_dir, e.g. to train a later stage from its weights (train_gtrxl.py --init-from);
+    without it a run that does not checkpoint works in a temporary folder."""
     report_only: bool = False
     """Only print the table of the records in --out."""
     extra: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = field(default_factory=tuple)
@@ -83,6 +87,7 @@ def main(cfg: CompareConfig) -> None:
             cfg.out,
             cfg.extra,
             cfg.save_every,
+            cfg.keep_runs,
         )
     summaries = summarise(load_records(cfg.out))
     print("\n".join(table(summaries, cfg.solved, cfg.reference, digits=cfg.digits)))

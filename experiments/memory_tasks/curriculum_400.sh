@@ -5,8 +5,9 @@
 #            stage's final weights, with an XL memory of 128*L/100 steps;
 #   last: corridor 400 from the previous stage's final weights (--init-from), XL memory 512, 256 steps per env,
 #            $STAGE2_STEPS steps (default 500k), recorded by compare_peer.py (greedy return of the final policy
-#            over 50 episodes); with $STOP_AT set, the last stage evaluates every $EVAL_EVERY steps (default 50k)
-#            and stops once an evaluation reaches $STOP_AT (--stop-at), so its final policy is that one.
+#            over 50 episodes; its run folder is kept in OUT/c400/runs/, checkpoints included); with $STOP_AT
+#            set, the last stage evaluates every $EVAL_EVERY steps (default 50k) and stops once an evaluation
+#            reaches $STOP_AT (--stop-at), so its final policy is that one.
 # Every stage after the first keeps the tuning runs' learning-rate schedule (annealed over 4M steps) and 256 steps
 # per env. Between stage 1 and the rest transfer.py records the stage-1 policy at corridors 100 and 400
 # (zero-shot). Resumable: a seed's finished stages are kept; compare_peer.py skips seeds it has recorded.
@@ -53,7 +54,7 @@ for seed in "$@"; do
     done
     "$py" scripts/compare_peer.py --arms gtrxl --episodes 50 --reference gtrxl --seeds "$seed" \
         --env-id rlt/TMazeAltLong-v0 --total-timesteps "${STAGE2_STEPS:-500000}" --solved 0.9 --out "$out/c400" \
-        --extra=--init-from="$from" '--extra=--env-kwargs={"corridor_length": 400}' \
+        --keep-runs --extra=--init-from="$from" '--extra=--env-kwargs={"corridor_length": 400}' \
         '--extra=--backbone.memory-options={"mem_len": 512}' "${later[@]/#/--extra=}" \
         ${last[@]+"${last[@]/#/--extra=}"}
 done

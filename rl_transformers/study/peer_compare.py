@@ -57,6 +57,9 @@ ZOO_LSTM = [
 ]
 PARTIAL = ".partial"
 """The folder of ``--out`` that holds the runs under way when they checkpoint (``run_arms(save_every=...)``)."""
+KEPT = "runs"
+"""The folder of ``--out`` that keeps each finished library run (``run_arms(keep_runs=True)``): its config, progress
+log, evaluation and checkpoints, e.g. to train a later stage from its weights (``--init-from``)."""
 XL_RELATIVE = ["--backbone.position", "xl_relative"]
 """GTrXL's own positions, which the arms made before the recipes' default (rotary positions) keep."""
 ARMS: dict[str, list[str]] = {
@@ -279,11 +282,13 @@ def run_arms(
     out: Path,
     extra: tuple[str, ...] = (),
     save_every: int = 0,
+    keep_runs: bool = False,
 ) -> None:
     """Every (arm, seed) whose record is missing, seed-major (so a stopped comparison has whole seeds). With
     ``save_every`` > 0 a library run works in ``<out>/.partial/<arm>-s<seed>/``, checkpointing every that many env
     steps, so a run stopped midway resumes there (:func:`run_library_arm`); the folder goes once the record is
-    written."""
+    written. With ``keep_runs`` it works there too and then moves to ``<out>/runs/<arm>-s<seed>/``, which the
+    record names (``run_dir``); otherwise a run without checkpoints works in a temporary folder."""
     for seed in seeds:
         for arm in arms:
             path = out / arm / f"s{seed}.json"
@@ -293,15 +298,47 @@ def run_arms(
             before = provenance()
             if arm == "peer":
                 record = run_peer_arm(env_id, seed, steps, episodes)
-            elif save_every > 0:
-                work = out / PARTIAL / f"{arm}-s{seed}"
-                work.mkdir(parents=True, exist_ok=True)
-                record = run_library_arm(arm, env_id, seed, steps, episodes, extra, work, save_every)
+            elif save_every > 0 or keep_runs:
+                record = _run_in_out(arm, env_id, seed, steps, episodes, extra, out, save_every, keep_runs)
             else:
                 with tempfile.TemporaryDirectory(prefix="rlt-peer-") as tmp:
                     record = run_library_arm(arm, env_id, seed, steps, episodes, extra, Path(tmp))
             record |= provenance_since(before)
             atomic_write_json(path, record)
-            if save_every > 0 and arm != "peer":  # the peer's runs do not checkpoint
-                shutil.rmtree(out / PARTIAL / f"{arm}-s{seed}")
+            if arm != "peer" and (save_every > 0 or keep_runs):  # the peer's runs do not checkpoint
+                work = out / PARTIAL / f"{arm}-s{seed}"
+                if keep_runs:
+                    work.rename(out / KEPT / f"{arm}-s{seed}")
+                else:
+                    shutil.rmtree(work)
             print(f"  mean {np.mean(record['returns']):.4g}", flush=True)
+
+
+def _run_in_out(
+    arm: str,
+    env_id: str,
+    seed: int,
+    steps: int,
+    episodes: int,
+    extra: tuple[str, ...],
+    out: Path,
+    save_every: int,
+    keep_runs: bool,
+) -> dict[str, Any]:
+    """:func:`run_library_arm` in ``<out>/.partial/<arm>-s<seed>/``; with ``keep_runs`` the record names the
+    folder the run will move to (``run_dir``, relative to ``out``), which must not exist yet: a kept run with no
+    record is the user's to delete, not to overwrite."""
+    work = out / PARTIAL / f"{arm}-s{seed}"
+    kept = Path(KEPT) / f"{arm}-s{seed}"
+    if keep_runs and (out / kept).exists():
+        raise UserError(
+            f"already holds a kept run {kept} but no record {arm}/s{seed}.json: delete the folder to run it again",
+            source=str(out),
+        )
+    work.mkdir(parents=True, exist_ok=True)
+    record = run_library_arm(arm, env_id, seed, steps, episodes, extra, work, save_every)
+    if keep_runs:
+        run_dir = next((work / f"{arm}-s{seed}").rglob("config.json")).parent
+        record["run_dir"] = str(kept / run_dir.relative_to(work))
+        (out / KEPT).mkdir(exist_ok=True)
+    return record

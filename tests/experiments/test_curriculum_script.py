@@ -59,6 +59,7 @@ def test_the_shipped_protocol_trains_stage_1_then_corridor_400_from_its_weights(
         "--corridors", "100", "400"
     ]  # fmt: skip
     assert last[0] == "scripts/compare_peer.py" and flag(last, "--total-timesteps") == "500000"
+    assert "--keep-runs" in last  # stage 2's checkpoints stay for a later stage
     extra = [a.removeprefix("--extra=") for a in last if a.startswith("--extra=")]
     assert flag(extra, "--init-from") == transfer[2] and transfer[2].endswith("-s30/checkpoints/last.pt")
     assert json.loads(flag(extra, "--env-kwargs")) == {"corridor_length": 400}

@@ -207,3 +207,29 @@ def test_a_commit_made_while_a_run_ran_is_not_claimed(
     monkeypatch.setattr(peer_compare, "run_library_arm", lambda *args: {"returns": [1.0]})
     peer_compare.run_arms("rlt/TMazeShort-v0", ("gtrxl",), (0,), 64, 1, tmp_path)
     assert json.loads((tmp_path / "gtrxl" / "s0.json").read_text())["git_sha"] == recorded
+
+
+def test_a_kept_run_holds_its_checkpoint_and_is_never_overwritten(tmp_path: Path) -> None:
+    """--keep-runs: the finished run's folder stays in <out>/runs/, named by the record, with the final checkpoint a
+    later stage can start from; a kept folder whose record is missing is refused rather than replaced."""
+    from rl_transformers.runs.checkpoint_load import read_checkpoint
+    from rl_transformers.study.peer_compare import KEPT, PARTIAL, run_arms
+
+    run_arms("rlt/TMazeShort-v0", ("gtrxl",), (0,), 256, 2, tmp_path, TINY, keep_runs=True)
+    record = json.loads((tmp_path / "gtrxl" / "s0.json").read_text())
+    run_dir = tmp_path / record["run_dir"]
+    assert (
+        run_dir.is_relative_to(tmp_path / KEPT / "gtrxl-s0")
+        and not (tmp_path / PARTIAL / "gtrxl-s0").exists()
+    )
+    assert json.loads((run_dir / "config.json").read_text()) == record["config"]
+    assert (
+        int(read_checkpoint(run_dir / "checkpoints" / "last.pt")["global_step"]) == record["total_timesteps"]
+    )
+
+    (tmp_path / "gtrxl" / "s0.json").unlink()
+    with pytest.raises(
+        UserError, match=r"already holds a kept run runs/gtrxl-s0 but no record gtrxl/s0\.json"
+    ):
+        run_arms("rlt/TMazeShort-v0", ("gtrxl",), (0,), 256, 2, tmp_path, TINY, keep_runs=True)
+    assert (run_dir / "checkpoints" / "last.pt").exists()
