@@ -91,6 +91,18 @@ def test_via_stages_stop_at_and_resuming(tmp_path: Path) -> None:
     assert again[0] == "scripts/compare_peer.py"
 
 
+def test_a_longer_last_corridor_after_a_stage_at_400(tmp_path: Path) -> None:
+    """LAST=1000 after VIA=400: the last stage trains corridor 1,000 from the corridor-400 stage's weights with an
+    XL memory scaled to it, and records where its corridor says."""
+    _, transfer, c400, last = run(tmp_path, ["32"], VIA="400", LAST="1000")
+    assert transfer[transfer.index("--corridors") + 1 :][:2] == ["100", "1000"]
+    assert json.loads(flag(c400, "--backbone.memory-options")) == {"mem_len": 512}
+    extra = [a.removeprefix("--extra=") for a in last if a.startswith("--extra=")]
+    assert "/c400/s32/" in flag(extra, "--init-from") and flag(last, "--out").endswith("/out/c1000")
+    assert json.loads(flag(extra, "--env-kwargs")) == {"corridor_length": 1000}
+    assert json.loads(flag(extra, "--backbone.memory-options")) == {"mem_len": 1280}
+
+
 def test_no_output_folder_is_a_usage_error() -> None:
     result = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True)
     assert result.returncode != 0 and "usage: curriculum_400.sh OUT SEED" in result.stderr
