@@ -2,7 +2,7 @@
 # Recoverable T-Maze corridor 400 by a curriculum, one seed after another:
 #   stage 1: corridor 100 with its shipped recipe (rlt/TMazeAltLong-v0: XL memory 128, 64 envs, 2M steps);
 #   then, for each corridor L in $VIA (default none), $VIA_STEPS steps (default 500k) at L from the previous
-#            stage's final weights, with an XL memory of 128*L/100 steps;
+#            stage's final weights, with an XL memory of 128*L/100 steps (with $STOP_AT set, stopped as the last);
 #   last: corridor $LAST (default 400) from the previous stage's final weights (--init-from), an XL memory of
 #            128*LAST/100 steps (512 at 400), 256 steps per env, $STAGE2_STEPS steps (default 500k), recorded by
 #            compare_peer.py in OUT/c$LAST/ (greedy return of the final policy over 50 episodes; the run folder,
@@ -53,7 +53,8 @@ for seed in "$@"; do
         root=$out/c$via/s$seed
         train_stage "$root" "$seed" --init-from="$from" --total-timesteps="${VIA_STEPS:-500000}" \
             --env-kwargs="{\"corridor_length\": $via}" \
-            --backbone.memory-options="{\"mem_len\": $((128 * via / 100))}" "${later[@]}"
+            --backbone.memory-options="{\"mem_len\": $((128 * via / 100))}" "${later[@]}" \
+            ${stop[@]+"${stop[@]}"}
         from=$(cat "$root.done")/checkpoints/last.pt
     done
     "$py" scripts/compare_peer.py --arms gtrxl --episodes 50 --reference gtrxl --seeds "$seed" \

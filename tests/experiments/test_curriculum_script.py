@@ -78,7 +78,8 @@ def test_via_stages_stop_at_and_resuming(tmp_path: Path) -> None:
     }
     _, _, c200, c300, last = run(tmp_path, ["31"], **env)
     for call, corridor, memory in ((c200, 200, 256), (c300, 300, 384)):
-        assert flag(call, "--total-timesteps") == "1000" and flag(call, "--eval-every") == "0"
+        assert flag(call, "--total-timesteps") == "1000" and flag(call, "--stop-at") == "0.9"
+        assert call[call.index("--eval-every") :].count("--eval-every=500") == 1  # the later flag wins
         assert json.loads(flag(call, "--env-kwargs")) == {"corridor_length": corridor}
         assert json.loads(flag(call, "--backbone.memory-options")) == {"mem_len": memory}
     assert "/stage1/s31/" in flag(c200, "--init-from") and "/c200/s31/" in flag(c300, "--init-from")
