@@ -16,6 +16,7 @@ x and θ; the zoo's ``CartPoleNoVel-v1`` zeroes the two velocities: the same inf
 from __future__ import annotations
 
 import ast
+import importlib.util
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,16 +51,22 @@ RECIPE_KEYS = frozenset(
 )
 
 
+def zoo_folder() -> Path:
+    """The installed rl_zoo3 package's folder, found without importing it: importing rl_zoo3 replaces gymnasium's
+    ``TimeLimit`` with its own subclass for the whole process (its ``gym_patches``), which would change every env
+    made afterwards, this library's included."""
+    spec = importlib.util.find_spec("rl_zoo3")
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError("the peer needs rl_zoo3 and sb3-contrib: pip install -e '.[peers]'")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
 def zoo_recipe(zoo_key: str, path: Path | None = None) -> dict[str, Any]:
     """The zoo's ``ppo_lstm.yml`` entry ``zoo_key`` (from the installed rl_zoo3 unless ``path`` is given)."""
     import yaml
 
     if path is None:
-        try:
-            import rl_zoo3
-        except ImportError:
-            raise UserError("the peer needs rl_zoo3 and sb3-contrib: pip install -e '.[peers]'") from None
-        path = Path(rl_zoo3.__file__).parent / "hyperparams" / "ppo_lstm.yml"
+        path = zoo_folder() / "hyperparams" / "ppo_lstm.yml"
     table = yaml.safe_load(path.read_text(encoding="utf-8"))
     if not isinstance(table, dict) or zoo_key not in table:
         keys = sorted(table) if isinstance(table, dict) else []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 from pathlib import Path
@@ -48,10 +49,30 @@ def test_recipe_from_a_file_and_unknown_entries(tmp_path: Path) -> None:
 
 
 def test_installed_zoo_recipe_is_the_published_one() -> None:
-    pytest.importorskip("rl_zoo3", reason="the peers extra (rl_zoo3) is not installed")
+    if importlib.util.find_spec("rl_zoo3") is None:  # not importorskip: importing rl_zoo3 patches gymnasium
+        pytest.skip("the peers extra (rl_zoo3) is not installed")
     recipe = zoo_recipe("CartPoleNoVel-v1")
     assert (recipe["n_envs"], recipe["n_steps"], recipe["batch_size"], recipe["n_epochs"]) == (8, 32, 256, 20)
     assert (recipe["gamma"], recipe["gae_lambda"], recipe["learning_rate"]) == (0.98, 0.8, "lin_0.001")
+
+
+def test_reading_the_zoo_recipe_leaves_gymnasium_unpatched() -> None:
+    """rl_zoo3's import swaps gymnasium's TimeLimit for its own subclass process-wide; the recipe is read from its
+    file without that import, so this library's envs keep gymnasium's wrapper (a fresh process: other tests may
+    have imported rl_zoo3 in this one)."""
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("rl_zoo3") is None:
+        pytest.skip("the peers extra (rl_zoo3) is not installed")
+    code = (
+        "import gymnasium, sys\n"
+        "from rl_transformers.study.peer_ppo import zoo_recipe\n"
+        "assert zoo_recipe('CartPoleNoVel-v1')['n_envs'] == 8\n"
+        "print(gymnasium.wrappers.TimeLimit.__module__, 'rl_zoo3' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["gymnasium.wrappers.common", "False"]
 
 
 def test_compare_command_on_a_tiny_budget(tmp_path: Path) -> None:
