@@ -60,6 +60,11 @@ PROBES = {
     "tmaze_alt_400_knn_detached": "Probe: TMazeAltVeryLong with the kNN memory and a detached critic",
     "tmaze_alt_200": "Probe: T-Maze corridor 200 (TMazeAltLong's env at corridor_length 200), XL memory of 256",
     "tmaze_alt_300": "Probe: T-Maze corridor 300 (TMazeAltLong's env at corridor_length 300), XL memory of 384",
+    "tmaze_alt_1000_probe": (
+        "Probe: T-Maze corridor 1,000 by curriculum (corridor 100's recipe, then corridor 400, then 1,000, each "
+        "from the last's final weights; at 1,000 an XL memory of 1,280, evaluated every 100,000 env steps and "
+        "stopped at 0.9)"
+    ),
 }
 """Tuning folders of probes the page shows as tables (a task whose target was judged on a probe) -> title."""
 
@@ -117,14 +122,14 @@ def stage_table(folder: Path) -> list[str]:
 
 
 def probe_sections(tuning: Path) -> Iterator[str]:
-    """One section per folder of :data:`PROBES` with records: its table, marked as tuning seeds."""
+    """One section per folder of :data:`PROBES` with records: its table, marked as a probe, not a test."""
     for folder, title in PROBES.items():
         if any((tuning / folder).glob("*/s*.json")):
             runs = load_records(tuning / folder)
             yield (
                 f"## {title}, {budgets(runs)} env steps\n\n"
                 + "\n".join(table(summarise(runs), SOLVED, REFERENCE, digits=2))
-                + f"\n\n`tuning/{folder}/`: tuning seeds, not a test; the text above says what they show."
+                + f"\n\n`tuning/{folder}/`: a probe, not a test; the text above says what its seeds show."
             )
 
 

@@ -63,7 +63,7 @@ def test_page_is_rebuilt_from_the_records_at_another_path(tmp_path: Path) -> Non
     assert "## Optuna tuning" not in page and "## Probe" not in page
 
 
-def test_a_probe_is_a_table_of_its_tuning_seeds(tmp_path: Path) -> None:
+def test_a_probe_is_a_table_of_its_seeds(tmp_path: Path) -> None:
     """Each long-corridor probe's records give its section: its budget, every seed's final score and the
     solved count."""
     sections = list(report.probe_sections(report.HERE / "tuning"))
@@ -72,7 +72,7 @@ def test_a_probe_is_a_table_of_its_tuning_seeds(tmp_path: Path) -> None:
         runs = [
             json.loads(p.read_text()) for p in sorted((report.HERE / "tuning" / name).glob("gtrxl/s*.json"))
         ]
-        assert [r["seed"] for r in runs] == [100, 101]
+        assert len(runs) == 2  # tuning seeds 100 and 101, or the corridor-1,000 probe's 46 and 47
         for r in runs:  # the recoverable T-Maze at a corridor of 200 or more
             spec = gym.spec(r["env_id"])
             assert spec.kwargs["penalty_on"] == "action"
