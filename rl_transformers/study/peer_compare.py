@@ -306,12 +306,19 @@ def run_arms(
             record |= provenance_since(before)
             atomic_write_json(path, record)
             if arm != "peer" and (save_every > 0 or keep_runs):  # the peer's runs do not checkpoint
-                work = out / PARTIAL / f"{arm}-s{seed}"
+                work, kept = _run_folders(arm, seed)
                 if keep_runs:
-                    work.rename(out / KEPT / f"{arm}-s{seed}")
+                    (out / work).rename(out / kept)
                 else:
-                    shutil.rmtree(work)
+                    shutil.rmtree(out / work)
             print(f"  mean {np.mean(record['returns']):.4g}", flush=True)
+
+
+def _run_folders(arm: str, seed: int) -> tuple[Path, Path]:
+    """Where a library run works and, kept, ends up: ``.partial/<arm>-s<seed>`` and ``runs/<arm>-s<seed>``,
+    relative to the comparison's folder."""
+    name = f"{arm}-s{seed}"
+    return Path(PARTIAL) / name, Path(KEPT) / name
 
 
 def _run_in_out(
@@ -328,8 +335,8 @@ def _run_in_out(
     """:func:`run_library_arm` in ``<out>/.partial/<arm>-s<seed>/``; with ``keep_runs`` the record names the
     folder the run will move to (``run_dir``, relative to ``out``), which must not exist yet: a kept run with no
     record is the user's to delete, not to overwrite."""
-    work = out / PARTIAL / f"{arm}-s{seed}"
-    kept = Path(KEPT) / f"{arm}-s{seed}"
+    partial, kept = _run_folders(arm, seed)
+    work = out / partial
     if keep_runs and (out / kept).exists():
         raise UserError(
             f"already holds a kept run {kept} but no record {arm}/s{seed}.json: delete the folder to run it again",
