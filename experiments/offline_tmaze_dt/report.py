@@ -88,6 +88,62 @@ def seed_rows(runs: dict[int, list[dict[str, Any]]]) -> list[str]:
     return lines
 
 
+def seed_ranges(seeds: list[int]) -> str:
+    """``[100, 101, 102, 105]`` as ``100-102, 105``."""
+    spans: list[list[int]] = []
+    for seed in sorted(seeds):
+        if spans and seed == spans[-1][1] + 1:
+            spans[-1][1] = seed
+        else:
+            spans.append([seed, seed])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def count_rows(folder_root: Path) -> list[str]:
+    """Per recipe (folder) and corridor: the runs, their seeds, how many found the cue (success >= 0.9 at some
+    evaluation), held it at the end, and which never found it."""
+    lines = [
+        "| recipe | L | runs | seeds | found the cue | held at the end | never found it (seeds) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for folder in sorted(p for p in folder_root.iterdir() if p.is_dir()) if folder_root.exists() else []:
+        for L, rs in load(folder).items():
+            found = [r for r in rs if first_solved(r) is not None]
+            held = sum(r["final_success"] >= SOLVED for r in rs)
+            never = [r["seed"] for r in rs if first_solved(r) is None]
+            lines.append(
+                f"| `{folder.name}` | {L} | {len(rs)} | {seed_ranges([r['seed'] for r in rs])} | {len(found)} "
+                f"| {held} | {len(never)}{f' ({seed_ranges(never)})' if never else ''} |"
+            )
+    return lines
+
+
+COMPARISONS = (("heads2", "cosine_800", 10),)
+"""(recipe, against, corridor): tuning folders whose rates of never finding the cue are compared."""
+
+
+def comparison_lines(tuning: Path) -> list[str]:
+    """For each of :data:`COMPARISONS` with runs on both sides: the never-found counts and the one-sided
+    Fisher exact p that the first recipe's rate is the lower (scipy)."""
+    from scipy.stats import fisher_exact
+
+    lines = []
+    for name, against, L in COMPARISONS:
+        a, b = load(tuning / name).get(L, []), load(tuning / against).get(L, [])
+        if not a or not b:
+            continue
+        never_a = sum(first_solved(r) is None for r in a)
+        never_b = sum(first_solved(r) is None for r in b)
+        table = [[never_a, len(a) - never_a], [never_b, len(b) - never_b]]
+        p = float(fisher_exact(table, alternative="less").pvalue)
+        lines.append(
+            f"- corridor {L}: `{name}` never found the cue in {never_a} of {len(a)} runs, `{against}` in "
+            f"{never_b} of {len(b)}; one-sided Fisher exact test that `{name}`'s rate is the lower: p = {p:.3f} "
+            "(the only comparison made, so no correction)"
+        )
+    return lines
+
+
 def tuning_rows(tuning: Path) -> list[str]:
     """Per recipe (folder of ``tuning/``, ``superseded/`` or ``diagnosis/``), corridor and seed: the success at every evaluation,
     and whether the run found the cue at some evaluation and held it at the end."""
@@ -160,7 +216,11 @@ def render(
     if gaps:
         parts += ["", "Not run:", "", *gaps]
     parts += ["", "## Every seed", "", *seed_rows(runs)]
-    parts += ["", "## Recipe evidence (tuning seeds, not the test seeds)", "", *tuning_rows(tuning)]
+    parts += ["", "## Recipe evidence (tuning seeds, not the test seeds)", "", *count_rows(tuning)]
+    compared = comparison_lines(tuning)
+    if compared:
+        parts += ["", *compared]
+    parts += ["", "<details><summary>Every tuning run</summary>", "", *tuning_rows(tuning), "", "</details>"]
     for folder, title in EXTRA_SECTIONS:
         if (extra / folder).exists():
             parts += ["", f"## {title}", "", *tuning_rows(extra / folder)]

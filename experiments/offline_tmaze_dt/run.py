@@ -27,17 +27,23 @@ DATASET_COMMAND = (
 )
 RECIPE_FILE = HERE / "recipe.json"
 """The shipped recipe (data, read by this script and by tests/algos/test_dt_tmaze_learns.py): the backbone
-(the offline memory table's DT: ``full``, d = 64, 2 layers, 1 head, no dropout), the DT flags besides the
-context, budget and seed, the updates per corridor length and the evaluations per run (evenly spaced, the last
-at the end of the budget)."""
+(the offline memory table's DT: ``full``, d = 64, 2 layers, 1 head, no dropout) and the backbone fields that
+differ at one corridor, the DT flags besides the context, budget and seed, the updates per corridor length and
+the evaluations per run (evenly spaced, the last at the end of the budget)."""
 _RECIPE = json.loads(RECIPE_FILE.read_text())
 BACKBONE: dict[str, Any] = _RECIPE["backbone"]
+BACKBONE_BY_CORRIDOR = {int(k): dict(v) for k, v in _RECIPE.get("backbone_by_corridor", {}).items()}
 RECIPE: dict[str, Any] = _RECIPE["dt"]
 BUDGET = {int(k): int(v) for k, v in _RECIPE["budget"].items()}
 TEST_SEEDS = {int(k): [int(s) for s in v] for k, v in _RECIPE["test_seeds"].items()}
 """The test seeds of each corridor: 0-9, but 10-19 at corridor 10, whose budget was raised after its seeds 0-9
 had run (those runs: ``superseded/``)."""
 EVALUATIONS = int(_RECIPE["evaluations"])
+
+
+def backbone_of(length: int) -> dict[str, Any]:
+    """The backbone of corridor ``length``: :data:`BACKBONE` with that corridor's own fields."""
+    return {**BACKBONE, **BACKBONE_BY_CORRIDOR.get(length, {})}
 
 
 def settings_of(length: int, seed: int, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -50,7 +56,7 @@ def settings_of(length: int, seed: int, overrides: dict[str, Any]) -> dict[str, 
         "total_steps": budget,
         "eval_every": max(1, budget // EVALUATIONS),
         "seed": seed,
-        **{f"backbone.{k}": v for k, v in BACKBONE.items()},
+        **{f"backbone.{k}": v for k, v in backbone_of(length).items()},
     }
     settings.update(overrides)
     return settings

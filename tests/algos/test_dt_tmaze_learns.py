@@ -31,6 +31,7 @@ def test_dt_solves_tmaze_corridor_10(tmp_path: Path) -> None:
     (dataset,) = build_memory_datasets(
         MemoryBuildConfig(task="tmaze", memory_lengths=(LENGTH,), random_share=0.2, root=root, progress=False)
     )
+    backbone = {**recipe["backbone"], **recipe.get("backbone_by_corridor", {}).get(str(LENGTH), {})}
     dt = dict(recipe["dt"])
     dt["target_returns"] = tuple(dt["target_returns"])
     budget = int(recipe["budget"][str(LENGTH)])
@@ -38,7 +39,7 @@ def test_dt_solves_tmaze_corridor_10(tmp_path: Path) -> None:
         dataset=dataset.dataset_id,
         dataset_root=root,
         context_len=LENGTH + 1,
-        backbone=dt_backbone_config(**recipe["backbone"]),
+        backbone=dt_backbone_config(**backbone),
         total_steps=budget,
         eval_every=0,
         seed=SEED,

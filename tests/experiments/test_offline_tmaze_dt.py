@@ -51,10 +51,21 @@ def test_records_are_runs_of_the_shipped_recipe_from_committed_code() -> None:
         assert settings["context_len"] == r["corridor"] + 1  # the whole episode in context
         assert settings["total_steps"] == recipe["budget"][str(r["corridor"])]
         assert {k: settings[k] for k in recipe["dt"]} == recipe["dt"]
-        assert {k: settings[f"backbone.{k}"] for k in recipe["backbone"]} == recipe["backbone"]
+        backbone = {
+            **recipe["backbone"],
+            **recipe.get("backbone_by_corridor", {}).get(str(r["corridor"]), {}),
+        }
+        assert {k: settings[f"backbone.{k}"] for k in backbone} == backbone
         assert r["curve"][-1]["step"] == settings["total_steps"]
         assert r["final_success"] == r["curve"][-1]["success"]
         assert r["final_return"] == r["curve"][-1]["return"]
+
+
+def test_a_corridor_backbone_field_names_a_corridor_and_a_backbone_field() -> None:
+    recipe = json.loads((EXPERIMENT / "recipe.json").read_text())
+    for corridor, fields in recipe.get("backbone_by_corridor", {}).items():
+        assert corridor in recipe["budget"], corridor
+        assert set(fields) <= set(recipe["backbone"]), fields
 
 
 def test_solved_counts_on_the_page_match_the_records() -> None:
@@ -100,3 +111,30 @@ def test_the_median_wall_time_leaves_out_resumed_runs(tmp_path: Path) -> None:
         path.unlink()
     row = next(line for line in report().render(records=copy).splitlines() if line.startswith("| 10 | 11 ("))
     assert row.endswith("| – |")
+
+
+def test_the_never_found_rates_are_compared_by_fisher_exact(tmp_path: Path) -> None:
+    """3 of 10 against 0 of 10: the one-sided p is the hypergeometric chance that all 3 misses fall in the second
+    group, C(17, 10) / C(20, 10), computed here by hand."""
+    from math import comb
+
+    module = report()
+    name, against, length = module.COMPARISONS[0]
+    record = json.loads(sorted((EXPERIMENT / "records" / f"L{length}").glob("s*.json"))[0].read_text())
+    at_chance = [{**p, "success": 0.56} for p in record["curve"]]
+    solved = [{**p, "success": 1.0} for p in record["curve"]]
+    for folder, misses in ((name, 0), (against, 3)):
+        (tmp_path / folder / f"L{length}").mkdir(parents=True)
+        for seed in range(10):
+            curve = at_chance if seed < misses else solved
+            fields = {"seed": seed, "curve": curve, "final_success": curve[-1]["success"]}
+            (tmp_path / folder / f"L{length}" / f"s{seed}.json").write_text(json.dumps({**record, **fields}))
+    (line,) = module.comparison_lines(tmp_path)
+    assert f"in 0 of 10 runs, `{against}` in 3 of 10" in line
+    assert f"p = {comb(17, 10) / comb(20, 10):.3f}" in line
+    counts = "\n".join(module.count_rows(tmp_path))
+    assert f"| `{against}` | {length} | 10 | 0-9 | 7 | 7 | 3 (0-2) |" in counts
+
+
+def test_seed_ranges_are_written_as_spans() -> None:
+    assert report().seed_ranges([105, 100, 101, 102, 200]) == "100-102, 105, 200"
