@@ -119,12 +119,13 @@ def count_rows(folder_root: Path) -> list[str]:
 
 
 COMPARISONS = (("heads2", "cosine_800", 10),)
-"""(recipe, against, corridor): tuning folders whose rates of never finding the cue are compared."""
+"""(recipe, against, corridor): tuning folders whose rates of failing the corridor are compared."""
 
 
 def comparison_lines(tuning: Path) -> list[str]:
-    """For each of :data:`COMPARISONS` with runs on both sides: the never-found counts and the one-sided
-    Fisher exact p that the first recipe's rate is the lower (scipy)."""
+    """For each of :data:`COMPARISONS` with runs on both sides: how many runs end below :data:`SOLVED` (never
+    found the cue, or found and lost it) and the one-sided Fisher exact p that the first recipe's rate is the
+    lower (scipy)."""
     from scipy.stats import fisher_exact
 
     lines = []
@@ -132,13 +133,13 @@ def comparison_lines(tuning: Path) -> list[str]:
         a, b = load(tuning / name).get(L, []), load(tuning / against).get(L, [])
         if not a or not b:
             continue
-        never_a = sum(first_solved(r) is None for r in a)
-        never_b = sum(first_solved(r) is None for r in b)
-        table = [[never_a, len(a) - never_a], [never_b, len(b) - never_b]]
+        failed_a = sum(r["final_success"] < SOLVED for r in a)
+        failed_b = sum(r["final_success"] < SOLVED for r in b)
+        table = [[failed_a, len(a) - failed_a], [failed_b, len(b) - failed_b]]
         p = float(fisher_exact(table, alternative="less").pvalue)
         lines.append(
-            f"- corridor {L}: `{name}` never found the cue in {never_a} of {len(a)} runs, `{against}` in "
-            f"{never_b} of {len(b)}; one-sided Fisher exact test that `{name}`'s rate is the lower: p = {p:.3f} "
+            f"- corridor {L}: `{name}` ends below {SOLVED} in {failed_a} of {len(a)} runs, `{against}` in "
+            f"{failed_b} of {len(b)}; one-sided Fisher exact test that `{name}`'s rate is the lower: p = {p:.3f} "
             "(the only comparison made, so no correction)"
         )
     return lines

@@ -113,8 +113,8 @@ def test_the_median_wall_time_leaves_out_resumed_runs(tmp_path: Path) -> None:
     assert row.endswith("| – |")
 
 
-def test_the_never_found_rates_are_compared_by_fisher_exact(tmp_path: Path) -> None:
-    """3 of 10 against 0 of 10: the one-sided p is the hypergeometric chance that all 3 misses fall in the second
+def test_the_failure_rates_are_compared_by_fisher_exact(tmp_path: Path) -> None:
+    """3 of 10 runs ending at chance against 0 of 10: the one-sided p is the hypergeometric chance that all 3 misses fall in the second
     group, C(17, 10) / C(20, 10), computed here by hand."""
     from math import comb
 
@@ -130,7 +130,7 @@ def test_the_never_found_rates_are_compared_by_fisher_exact(tmp_path: Path) -> N
             fields = {"seed": seed, "curve": curve, "final_success": curve[-1]["success"]}
             (tmp_path / folder / f"L{length}" / f"s{seed}.json").write_text(json.dumps({**record, **fields}))
     (line,) = module.comparison_lines(tmp_path)
-    assert f"in 0 of 10 runs, `{against}` in 3 of 10" in line
+    assert f"ends below 0.9 in 0 of 10 runs, `{against}` in 3 of 10" in line
     assert f"p = {comb(17, 10) / comb(20, 10):.3f}" in line
     counts = "\n".join(module.count_rows(tmp_path))
     assert f"| `{against}` | {length} | 10 | 0-9 | 7 | 7 | 3 (0-2) |" in counts
