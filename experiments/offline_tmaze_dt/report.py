@@ -99,20 +99,29 @@ def seed_ranges(seeds: list[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
-def count_rows(folder_root: Path) -> list[str]:
+Folders = dict[str, dict[int, list[dict[str, Any]]]]
+"""{recipe folder name: :func:`load` of it}, in name order."""
+
+
+def load_folders(root: Path) -> Folders:
+    """Every recipe folder under ``root`` (``tuning/``, ``superseded/``, ``diagnosis/``), each read once."""
+    folders = sorted(p for p in root.iterdir() if p.is_dir()) if root.exists() else []
+    return {folder.name: load(folder) for folder in folders}
+
+
+def count_rows(folders: Folders) -> list[str]:
     """Per recipe (folder) and corridor: the runs, their seeds, how many found the cue (success >= 0.9 at some
     evaluation), held it at the end, and which never found it."""
     lines = [
         "| recipe | L | runs | seeds | found the cue | held at the end | never found it (seeds) |",
         "|---|---|---|---|---|---|---|",
     ]
-    for folder in sorted(p for p in folder_root.iterdir() if p.is_dir()) if folder_root.exists() else []:
-        for L, rs in load(folder).items():
-            found = [r for r in rs if first_solved(r) is not None]
-            held = sum(r["final_success"] >= SOLVED for r in rs)
+    for name, runs in folders.items():
+        for L, rs in runs.items():
             never = [r["seed"] for r in rs if first_solved(r) is None]
+            held = sum(r["final_success"] >= SOLVED for r in rs)
             lines.append(
-                f"| `{folder.name}` | {L} | {len(rs)} | {seed_ranges([r['seed'] for r in rs])} | {len(found)} "
+                f"| `{name}` | {L} | {len(rs)} | {seed_ranges([r['seed'] for r in rs])} | {len(rs) - len(never)} "
                 f"| {held} | {len(never)}{f' ({seed_ranges(never)})' if never else ''} |"
             )
     return lines
@@ -122,7 +131,7 @@ COMPARISONS = (("heads2", "cosine_800", 10),)
 """(recipe, against, corridor): tuning folders whose rates of failing the corridor are compared."""
 
 
-def comparison_lines(tuning: Path) -> list[str]:
+def comparison_lines(folders: Folders) -> list[str]:
     """For each of :data:`COMPARISONS` with runs on both sides: how many runs end below :data:`SOLVED` (never
     found the cue, or found and lost it) and the one-sided Fisher exact p that the first recipe's rate is the
     lower (scipy)."""
@@ -130,7 +139,7 @@ def comparison_lines(tuning: Path) -> list[str]:
 
     lines = []
     for name, against, L in COMPARISONS:
-        a, b = load(tuning / name).get(L, []), load(tuning / against).get(L, [])
+        a, b = folders.get(name, {}).get(L, []), folders.get(against, {}).get(L, [])
         if not a or not b:
             continue
         failed_a = sum(r["final_success"] < SOLVED for r in a)
@@ -145,20 +154,20 @@ def comparison_lines(tuning: Path) -> list[str]:
     return lines
 
 
-def tuning_rows(tuning: Path) -> list[str]:
+def tuning_rows(folders: Folders) -> list[str]:
     """Per recipe (folder of ``tuning/``, ``superseded/`` or ``diagnosis/``), corridor and seed: the success at every evaluation,
     and whether the run found the cue at some evaluation and held it at the end."""
     lines = [
         "| recipe | L | seed | success at each evaluation | found (≥ 0.9 once) | held at the end |",
         "|---|---|---|---|---|---|",
     ]
-    for folder in sorted(p for p in tuning.iterdir() if p.is_dir()) if tuning.exists() else []:
-        for L, rs in load(folder).items():
+    for name, runs in folders.items():
+        for L, rs in runs.items():
             for r in rs:
                 curve = " ".join(f"{p['success']:.2f}" for p in r["curve"])
                 found = "yes" if first_solved(r) is not None else "no"
                 held = "yes" if r["final_success"] >= SOLVED else "no"
-                lines.append(f"| `{folder.name}` | {L} | {r['seed']} | {curve} | {found} | {held} |")
+                lines.append(f"| `{name}` | {L} | {r['seed']} | {curve} | {found} | {held} |")
     return lines
 
 
@@ -217,14 +226,15 @@ def render(
     if gaps:
         parts += ["", "Not run:", "", *gaps]
     parts += ["", "## Every seed", "", *seed_rows(runs)]
-    parts += ["", "## Recipe evidence (tuning seeds, not the test seeds)", "", *count_rows(tuning)]
-    compared = comparison_lines(tuning)
+    tuned = load_folders(tuning)
+    parts += ["", "## Recipe evidence (tuning seeds, not the test seeds)", "", *count_rows(tuned)]
+    compared = comparison_lines(tuned)
     if compared:
         parts += ["", *compared]
-    parts += ["", "<details><summary>Every tuning run</summary>", "", *tuning_rows(tuning), "", "</details>"]
+    parts += ["", "<details><summary>Every tuning run</summary>", "", *tuning_rows(tuned), "", "</details>"]
     for folder, title in EXTRA_SECTIONS:
         if (extra / folder).exists():
-            parts += ["", f"## {title}", "", *tuning_rows(extra / folder)]
+            parts += ["", f"## {title}", "", *tuning_rows(load_folders(extra / folder))]
     parts += ["", "## Provenance", "", *provenance(runs)]
     return "\n".join(parts) + "\n"
 

@@ -129,10 +129,10 @@ def test_the_failure_rates_are_compared_by_fisher_exact(tmp_path: Path) -> None:
             curve = at_chance if seed < misses else solved
             fields = {"seed": seed, "curve": curve, "final_success": curve[-1]["success"]}
             (tmp_path / folder / f"L{length}" / f"s{seed}.json").write_text(json.dumps({**record, **fields}))
-    (line,) = module.comparison_lines(tmp_path)
+    (line,) = module.comparison_lines(module.load_folders(tmp_path))
     assert f"ends below 0.9 in 0 of 10 runs, `{against}` in 3 of 10" in line
     assert f"p = {comb(17, 10) / comb(20, 10):.3f}" in line
-    counts = "\n".join(module.count_rows(tmp_path))
+    counts = "\n".join(module.count_rows(module.load_folders(tmp_path)))
     assert f"| `{against}` | {length} | 10 | 0-9 | 7 | 7 | 3 (0-2) |" in counts
 
 
