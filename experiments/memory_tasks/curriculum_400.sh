@@ -8,7 +8,9 @@
 #            compare_peer.py in OUT/c$LAST/ (greedy return of the final policy over 50 episodes; the run folder,
 #            checkpoints included, is kept in OUT/c$LAST/runs/ for a later stage); with $STOP_AT set, the last
 #            stage evaluates every $EVAL_EVERY steps (default 50k) and stops once an evaluation reaches $STOP_AT
-#            (--stop-at), so its final policy is that one.
+#            (--stop-at), so its final policy is that one; with $SAVE_EVERY set, the last stage checkpoints every
+#            that many steps and resumes from its last checkpoint when the same command runs again, keeping
+#            $KEEP_CHECKPOINTS checkpoints (default 1; more for probing the run's checkpoints while it goes on).
 # Every stage after the first keeps the tuning runs' learning-rate schedule (annealed over 4M steps) and 256 steps
 # per env. Between stage 1 and the rest transfer.py records the stage-1 policy at corridors 100 and $LAST
 # (zero-shot). Resumable: a seed's finished stages are kept; compare_peer.py skips seeds it has recorded.
@@ -17,6 +19,7 @@
 #   VIA=200 bash experiments/memory_tasks/curriculum_400.sh runs/c400_via200 30 32
 #   STAGE2_STEPS=1500000 STOP_AT=0.9 bash experiments/memory_tasks/curriculum_400.sh runs/c400_long 30 32
 #   VIA=400 LAST=1000 bash experiments/memory_tasks/curriculum_400.sh runs/c1000 30
+#   SAVE_EVERY=250000 KEEP_CHECKPOINTS=80 VIA=400 LAST=1000 bash experiments/memory_tasks/curriculum_400.sh runs/c1000 30
 set -euo pipefail
 out=${1:?usage: curriculum_400.sh OUT SEED...}
 shift
@@ -26,6 +29,10 @@ corridor=${LAST:-400}
 stop=()
 if [ -n "${STOP_AT:-}" ]; then
     stop=(--eval-every="${EVAL_EVERY:-50000}" --stop-at="$STOP_AT")
+fi
+save=()
+if [ -n "${SAVE_EVERY:-}" ]; then
+    save=(--save-every="$SAVE_EVERY" --extra=--keep-checkpoints="${KEEP_CHECKPOINTS:-1}")
 fi
 mkdir -p "$out/transfer"
 
@@ -62,5 +69,5 @@ for seed in "$@"; do
         --out "$out/c$corridor" --keep-runs --extra=--init-from="$from" \
         "--extra=--env-kwargs={\"corridor_length\": $corridor}" \
         "--extra=--backbone.memory-options={\"mem_len\": $((128 * corridor / 100))}" "${later[@]/#/--extra=}" \
-        ${stop[@]+"${stop[@]/#/--extra=}"}
+        ${stop[@]+"${stop[@]/#/--extra=}"} ${save[@]+"${save[@]}"}
 done

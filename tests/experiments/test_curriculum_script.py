@@ -104,6 +104,19 @@ def test_a_longer_last_corridor_after_a_stage_at_400(tmp_path: Path) -> None:
     assert json.loads(flag(extra, "--backbone.memory-options")) == {"mem_len": 1280}
 
 
+def test_save_every_checkpoints_the_last_stage_only(tmp_path: Path) -> None:
+    """SAVE_EVERY makes the last stage resumable and keeps KEEP_CHECKPOINTS of its checkpoints; the stages before
+    it do not checkpoint (they are short and restart whole)."""
+    _, _, c400, last = run(
+        tmp_path, ["33"], VIA="400", LAST="1000", SAVE_EVERY="250000", KEEP_CHECKPOINTS="80"
+    )
+    assert flag(last, "--save-every") == "250000" and "--extra=--keep-checkpoints=80" in last
+    assert not any(a.startswith(("--save-every", "--keep-checkpoints")) for a in c400)
+    (tmp_path / "plain").mkdir()
+    _, _, plain = run(tmp_path / "plain", ["33"])
+    assert not any("save-every" in a or "keep-checkpoints" in a for a in plain)
+
+
 def test_no_output_folder_is_a_usage_error() -> None:
     result = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True)
     assert result.returncode != 0 and "usage: curriculum_400.sh OUT SEED" in result.stderr
