@@ -18,6 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
+
+import envs  # noqa: F401  (registers the rlt/ ids)
 from rl_transformers.study.peer_report import ArmSummary, load_records, replace_block, summarise, table
 from rl_transformers.study.tuning_space import DEFAULT_REACH
 from rl_transformers.tune.tuner import warmup_steps
@@ -97,12 +100,14 @@ def curriculum_summaries(records: Path) -> Iterator[tuple[str, str, dict[str, Ar
 
 def stage_table(folder: Path) -> list[str]:
     """Per seed: its stage-1 policy's greedy return at the corridor it trained on and, zero-shot, at the last
-    stage's corridor (with the cue's arm probability at the junction), then the last stage's final return and the
-    env steps it trained (fewer than its budget where ``--stop-at`` ended it)."""
+    stage's corridor (with the cue's arm probability at the junction), then the last stage's final return, the
+    env steps it trained (fewer than its budget where ``--stop-at`` ended it) and the episodes they make: every
+    T-Maze episode lasts L + 1 steps and holds one decision at the junction, the only one that reads the cue."""
     final = {run["seed"]: run for runs in load_records(folder).values() for run in runs}
     rows = [
-        "| seed | stage 1 at its corridor | stage 1 zero-shot at the last corridor (p_cue) | final | env steps at the end |",
-        "|---|---|---|---|---|",
+        "| seed | stage 1 at its corridor | stage 1 zero-shot at the last corridor (p_cue) | final | env steps at the end"
+        " | episodes (junction decisions) |",
+        "|---|---|---|---|---|---|",
     ]
     files = {int(p.stem.removeprefix("transfer_")): p for p in (folder / "stage1").glob("transfer_*.json")}
     for seed, path in sorted(files.items()):
@@ -111,9 +116,9 @@ def stage_table(folder: Path) -> list[str]:
         own, last = by_corridor[str(trained)], by_corridor[max(by_corridor, key=int)]
         run = final.get(seed)
         score = (
-            f"{sum(run['returns']) / len(run['returns']):.2f} | {run['total_timesteps']:,}"
+            f"{sum(run['returns']) / len(run['returns']):.2f} | {run['total_timesteps']:,} | {episodes(run):,.0f}"
             if run
-            else "– | –"
+            else "– | – | –"
         )
         rows.append(
             f"| {seed} | {own['mean_return']:.2f} | {last['mean_return']:.2f} ({last['p_cue']:.2f}) | {score} |"
@@ -121,15 +126,29 @@ def stage_table(folder: Path) -> list[str]:
     return rows
 
 
+def episodes(run: dict[str, Any]) -> float:
+    """The T-Maze episodes of a run's training: its env steps over the episode's L + 1 steps (L from the run's
+    env kwargs over its env id's registered ones)."""
+    kwargs = {**gym.spec(run["env_id"]).kwargs, **run["config"]["env_kwargs"]}
+    return run["total_timesteps"] / (kwargs["corridor_length"] + 1)
+
+
 def probe_sections(tuning: Path) -> Iterator[str]:
     """One section per folder of :data:`PROBES` with records: its table, marked as a probe, not a test."""
     for folder, title in PROBES.items():
         if any((tuning / folder).glob("*/s*.json")):
             runs = load_records(tuning / folder)
+            stages = (
+                "\n".join(stage_table(tuning / folder)) + "\n\n"
+                if (tuning / folder / "stage1").is_dir()
+                else ""
+            )
             yield (
                 f"## {title}, {budgets(runs)} env steps\n\n"
                 + "\n".join(table(summarise(runs), SOLVED, REFERENCE, digits=2))
-                + f"\n\n`tuning/{folder}/`: a probe, not a test; the text above says what its seeds show."
+                + "\n\n"
+                + stages
+                + f"`tuning/{folder}/`: a probe, not a test; the text above says what its seeds show."
             )
 
 

@@ -82,6 +82,11 @@ def test_a_probe_is_a_table_of_its_seeds(tmp_path: Path) -> None:
         solved = sum(sum(r["returns"]) / len(r["returns"]) >= report.SOLVED for r in runs)
         assert section.startswith(f"## {title}, {budget:,} env steps")
         assert f"| {scores} | {solved} of 2 |" in section and f"`tuning/{name}/`" in section
+        staged = (report.HERE / "tuning" / name / "stage1").is_dir()  # a curriculum probe: its seeds' stages
+        for r in runs:
+            corridor = {**gym.spec(r["env_id"]).kwargs, **r["config"]["env_kwargs"]}["corridor_length"]
+            row = f"| {r['total_timesteps']:,} | {round(r['total_timesteps'] / (corridor + 1)):,} |"
+            assert (row in section) == staged
     assert not list(report.probe_sections(tmp_path))
 
 
@@ -144,8 +149,9 @@ def test_a_curriculum_section_shows_each_seed_s_stages(tmp_path: Path) -> None:
     )[1]
     assert "| 1.00 / -0.25 | 1 of 2 |" in section
     steps = f"{source['total_timesteps']:,}"
-    assert f"| 7 | 1.00 | 0.40 (0.50) | 1.00 | {steps} |" in section
-    assert f"| 8 | 1.00 | 0.55 (0.50) | -0.25 | {steps} |" in section
+    decisions = f"{round(source['total_timesteps'] / 101):,}"  # corridor 100: an episode of 101 steps
+    assert f"| 7 | 1.00 | 0.40 (0.50) | 1.00 | {steps} | {decisions} |" in section
+    assert f"| 8 | 1.00 | 0.55 (0.50) | -0.25 | {steps} | {decisions} |" in section
     assert f"**Partial**: seeds finished of {report.SEEDS}: `gtrxl` 2." in section
     assert "TMaze400 by curriculum: gtrxl 1 of 2" in report.readme_line(tmp_path / "records")
 
